@@ -1,0 +1,130 @@
+"""Credit schemes: the registry and the one entry point the trainer calls.
+
+Schemes live one per module in :mod:`datc.credit.schemes` (imported automatically) or in the
+user's own module, named by ``_target_`` in a ``configs/credit/*.yaml`` file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from datc.credit.base import (
+    NEEDS,
+    CreditBatch,
+    CreditOutput,
+    CreditScheme,
+    Normalization,
+    NoParams,
+    Output,
+)
+from datc.registry import Registry
+
+CREDIT_SCHEMES: Registry[CreditScheme] = Registry("credit scheme")
+
+__all__ = [
+    "CREDIT_SCHEMES",
+    "CreditBatch",
+    "CreditOutput",
+    "CreditScheme",
+    "compute_credit",
+    "credit_scheme",
+    "register_credit",
+    "resolve_scheme",
+]
+
+
+def credit_scheme(
+    name: str,
+    *,
+    needs: Iterable[str] = (),
+    output: Output = "weights",
+    normalization: Normalization = "per_response",
+    params: type = NoParams,
+) -> Callable[[Callable], CreditScheme]:
+    """Wrap a function as a :class:`CreditScheme` without registering it (for ``_target_``)."""
+    needs = frozenset(needs)
+    unknown = needs - NEEDS
+    if unknown:
+        raise ValueError(f"scheme {name!r} declares unknown inputs {sorted(unknown)}; known: {sorted(NEEDS)}")
+    if output not in ("scores", "weights"):
+        raise ValueError(f"scheme {name!r}: output must be 'scores' or 'weights', got {output!r}")
+
+    def deco(fn: Callable) -> CreditScheme:
+        return CreditScheme(name, fn, needs, output, normalization, params, (fn.__doc__ or "").strip())
+
+    return deco
+
+
+def register_credit(name: str, **kwargs: Any) -> Callable[[Callable], CreditScheme]:
+    """Decorator: build a :class:`CreditScheme` and register it by name (duplicates refused)."""
+
+    def deco(fn: Callable) -> CreditScheme:
+        return CREDIT_SCHEMES.register(name)(credit_scheme(name, **kwargs)(fn))
+
+    return deco
+
+
+def _import_schemes() -> None:
+    from datc.credit import schemes
+
+    for mod in pkgutil.iter_modules(schemes.__path__):
+        importlib.import_module(f"{schemes.__name__}.{mod.name}")
+
+
+def resolve_scheme(credit_cfg: dict[str, Any]) -> tuple[CreditScheme, Any]:
+    """Turn a ``credit`` config node into (scheme, params).
+
+    ``name: <registered>`` picks a registered scheme; ``_target_: pkg.module.obj`` imports a
+    user's scheme (a :class:`CreditScheme`, e.g. made with :func:`credit_scheme`). All other
+    fields are the scheme's parameters, checked against its params dataclass.
+    """
+    fields = dict(credit_cfg)
+    target = fields.pop("_target_", None)
+    name = fields.pop("name", None)
+    if target is not None:
+        from hydra.utils import get_object
+
+        scheme = get_object(target)
+        if not isinstance(scheme, CreditScheme):
+            raise ValueError(
+                f"credit._target_ {target!r} is a {type(scheme).__name__}, not a CreditScheme; "
+                "decorate the function with datc.credit.credit_scheme(...)"
+            )
+    elif name is not None:
+        scheme = CREDIT_SCHEMES.get(name)
+    else:
+        raise ValueError(f"credit needs a 'name' (one of {CREDIT_SCHEMES.names()}) or a '_target_'")
+    return scheme, scheme.make_params(fields)
+
+
+@torch.no_grad()
+def compute_credit(scheme: CreditScheme, batch: CreditBatch, params: Any) -> CreditOutput:
+    """Run a scheme on a batch and return token weights (METHOD §1: ``Â = A · w``).
+
+    Score-based schemes go through the shared weight step of METHOD §2.5
+    (:func:`datc.credit.weights.scores_to_weights`); weight-returning schemes are taken as they
+    are, with masked positions zeroed.
+    """
+    mask = batch.response_mask
+    missing = [n for n in scheme.needs if getattr(batch, n) is None]
+    if missing:
+        raise ValueError(f"credit scheme {scheme.name!r} needs {missing}, which the trainer did not fill")
+    out = scheme.fn(batch, params).detach()
+    if out.shape != mask.shape:
+        raise ValueError(f"credit scheme {scheme.name!r} returned shape {tuple(out.shape)}, expected {tuple(mask.shape)}")
+    if scheme.output == "scores":
+        from datc.credit.weights import scores_to_weights
+
+        weights, fallback = scores_to_weights(out, mask, params)
+        return CreditOutput(weights, out, fallback, "per_response")
+    weights = torch.where(mask, out.float(), torch.zeros((), dtype=torch.float32))
+    fallback = torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
+    return CreditOutput(weights, None, fallback, scheme.normalization)
+
+
+_import_schemes()

@@ -1,0 +1,84 @@
+"""The credit-scheme interface: what a scheme receives, declares and returns.
+
+A credit scheme is exactly the function that produces the token weights ``w`` in
+``Â_{i,t} = A_i · w_{i,t}`` (METHOD §1). Every scheme has one signature::
+
+    fn(batch: CreditBatch, params) -> Tensor  # (B, T) scores or weights, no gradient
+
+and declares (``needs``) which optional fields of :class:`CreditBatch` it reads. The trainer
+fills exactly those fields and never branches on a scheme's name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+# ---- the optional inputs a scheme may declare ------------------------------------------------
+RM_GRAD = "rm_grad"  # (B, T, d_rm) dR/dh_t: reward-model input-embedding gradient per response token
+RM_EMBEDDING = "rm_embedding"  # (V, d_rm) the reward model's input-embedding matrix E
+POLICY_LOGITS = "policy_logits"  # (B, T, V) rollout-policy logits z_t (already divided by temperature)
+ENTROPY = "entropy"  # (B, T) entropy of the rollout policy at each response position, nats
+OLD_LOGPS = "old_logps"  # (B, T) log pi_old(y_t)
+NEEDS = frozenset({RM_GRAD, RM_EMBEDDING, POLICY_LOGITS, ENTROPY, OLD_LOGPS})
+
+Output = Literal["scores", "weights"]
+Normalization = Literal["per_response", "global", "none"]
+
+
+@dataclass
+class CreditBatch:
+    """One rollout batch's tensors, as a credit scheme sees them. Shapes: B responses, T
+    response positions (right-padded), V vocabulary, d reward-model hidden size."""
+
+    response_ids: Tensor  # (B, T) long, sampled token ids y_t
+    response_mask: Tensor  # (B, T) bool, True on valid (unpadded) response tokens
+    advantages: Tensor  # (B,) float, group advantages A_i
+    rm_grad: Tensor | None = None  # (B, T, d), see RM_GRAD
+    rm_embedding: Tensor | None = None  # (V, d), see RM_EMBEDDING
+    policy_logits: Tensor | None = None  # (B, T, V), see POLICY_LOGITS
+    entropy: Tensor | None = None  # (B, T), see ENTROPY
+    old_logps: Tensor | None = None  # (B, T), see OLD_LOGPS
+    generator: torch.Generator | None = None  # for schemes that draw random numbers
+
+
+@dataclass
+class CreditOutput:
+    """What the trainer gets back from :func:`datc.credit.compute_credit`."""
+
+    weights: Tensor  # (B, T) float, 0 on masked positions; Â = A · w
+    scores: Tensor | None  # (B, T) raw scores s_t for score-based schemes (diagnostics), else None
+    fallback: Tensor  # (B,) bool, True where a response fell back to w = 1
+    normalization: Normalization  # how the weights are normalized (per_response, global, none)
+
+
+@dataclass
+class NoParams:
+    """A scheme without parameters."""
+
+
+@dataclass(frozen=True)
+class CreditScheme:
+    name: str
+    fn: Callable[[CreditBatch, Any], Tensor]
+    needs: frozenset[str]
+    output: Output  # "scores": shared weight step (METHOD §2.5) turns them into weights
+    normalization: Normalization  # for output="weights": how the scheme normalizes
+    params: type = NoParams  # dataclass of the scheme's config fields (with defaults)
+    doc: str = ""
+
+    def make_params(self, fields: dict[str, Any]) -> Any:
+        """Build the params dataclass from config fields; unknown fields are a clear error."""
+        valid = {f.name for f in dataclasses.fields(self.params)}
+        unknown = sorted(set(fields) - valid)
+        if unknown:
+            raise ValueError(
+                f"credit scheme {self.name!r} has no field(s) {unknown}; "
+                f"valid fields: {sorted(valid) or 'none'}"
+            )
+        return self.params(**fields)

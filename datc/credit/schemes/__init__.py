@@ -1,0 +1,1 @@
+"""One module per registered credit scheme; every module here is imported by datc.credit."""
