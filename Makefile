@@ -1,0 +1,35 @@
+# Set-up and everyday commands. `make demo` and `make test` work on a fresh clone.
+#
+# On a machine without an NVIDIA GPU, installs are constrained by constraints/cpu.txt so
+# torch stays at the CPU build (an unconstrained torch resolves to a multi-GB CUDA build).
+# With a GPU (nvidia-smi present) pip installs the normal CUDA torch. Override with
+# `make CONSTRAINTS=` (no constraint) or `make CONSTRAINTS=path/to/file.txt`.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+CONSTRAINTS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,constraints/cpu.txt)
+PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
+PYTEST_ARGS ?=
+
+.PHONY: venv demo test lint bench clean-runs
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
+	$(BIN)/python -m pip install --quiet $(PIP_C) -e '.[dev]'
+	$(BIN)/python -c "import torch; print('torch', torch.__version__, 'cuda' if torch.cuda.is_available() else 'cpu')"
+	touch $@
+
+venv: $(VENV)/.installed  ## create the virtual environment and install the project
+
+demo: venv  ## the default experiment: GRPO on the dense task with a tiny GPT-2 (prepare step included)
+	$(BIN)/datc-train experiment=demo
+
+test: venv  ## the test suite, slow end-to-end tests included
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check datc tests scripts

@@ -1,0 +1,3 @@
+from datc.train import main
+
+main()

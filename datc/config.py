@@ -1,0 +1,266 @@
+"""Typed schemas for the composed Hydra config, checked before any model loads.
+
+``validate(cfg)`` merges the composed config into these dataclasses (unknown keys and wrong
+types are refused by OmegaConf), then checks ranges and cross-field rules. Every failure is a
+:class:`ConfigError` whose one-line message names the field and the valid choices or range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A bad config value; the message names the field and what would be valid."""
+
+
+@dataclass
+class WarmStartConfig:
+    steps: int = 300
+    lr: float = 3e-3
+    batch_size: int = 32
+
+
+@dataclass
+class PolicyConfig:
+    name: str = "tiny_gpt2"
+    path: str | None = None
+    tokenizer: str | None = None
+    arch: dict[str, Any] = field(default_factory=dict)
+    dtype: str = "auto"
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+
+
+@dataclass
+class RuleConfig:
+    name: str = "length"
+    weight: float = 1.0
+
+
+@dataclass
+class RewardTrainConfig:
+    steps: int = 600
+    lr: float = 1e-3
+    batch_size: int = 64
+    n_prompts: int = 512
+    samples_per_prompt: int = 4
+
+
+@dataclass
+class RewardConfig:
+    name: str = "testbed"
+    path: str | None = None
+    arch: dict[str, Any] = field(default_factory=dict)
+    train: RewardTrainConfig = field(default_factory=RewardTrainConfig)
+    scale: float = 1.0
+    rules: list[RuleConfig] = field(default_factory=list)
+
+
+@dataclass
+class DataConfig:
+    name: str = "keywords"
+    task: str | None = "keywords"
+    path: str | None = None
+    prompt_field: str = "prompt"
+    train_split: str = "train"
+    eval_split: str = "eval"
+    train_size: int = 4096
+    eval_size: int = 256
+    norm_len: int = 16
+    max_prompt_tokens: int = 32
+
+
+@dataclass
+class TrainerConfig:
+    steps: int = 80
+    batch_size: int = 64
+    num_generations: int = 8
+    mini_batch_size: int = 64
+    micro_batch_size: int = 64
+    epochs: int = 1
+    max_new_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    mask_truncated: bool = False
+    lr: float = 5e-4
+    weight_decay: float = 0.0
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    lr_scheduler: str = "constant_with_warmup"
+    warmup_steps: int = 5
+    max_grad_norm: float = 1.0
+    scale_rewards: str = "group"
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
+    beta: float = 0.04
+    loss_agg: str = "token-mean"
+    eval_every: int = 20
+    eval_size: int = 256
+    eval_batch_size: int = 128
+    eval_seed: int = 1234
+    checkpoint_every: int = 20
+    keep_checkpoints: int = 2
+    resume: str = "auto"
+    threads: int = 1
+    device: str = "auto"
+    progress: bool = True
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "none"
+    project: str = "datc"
+    entity: str | None = None
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+    mode: str = "auto"
+    log_samples: int = 8
+
+
+@dataclass
+class DeepSpeedConfig:
+    name: str = "none"
+
+
+@dataclass
+class TrainConfig:
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    credit: dict[str, Any] = field(default_factory=lambda: {"name": "grpo"})
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    seed: int = 0
+    run_name: str = "run"
+    run_dir: str = "runs/run"
+    cache_dir: str = ".cache/datc"
+    results_dir: str | None = None
+
+
+CHOICES = {
+    "policy.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "trainer.scale_rewards": ("group", "batch", "none"),
+    "trainer.loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+    "trainer.resume": ("auto", "never", "must"),
+    "trainer.device": ("auto", "cpu", "cuda"),
+    "trainer.lr_scheduler": (
+        "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_min_lr", "polynomial",
+    ),
+    "logger.name": ("none", "wandb"),
+    "logger.mode": ("auto", "online", "offline", "disabled"),
+    "deepspeed.name": ("none",),
+}
+
+POSITIVE = [
+    "trainer.steps", "trainer.batch_size", "trainer.mini_batch_size", "trainer.micro_batch_size",
+    "trainer.epochs", "trainer.max_new_tokens", "trainer.lr", "trainer.temperature",
+    "trainer.eval_every", "trainer.eval_size", "trainer.eval_batch_size",
+    "trainer.checkpoint_every", "trainer.keep_checkpoints", "trainer.threads", "trainer.max_grad_norm",
+    "data.train_size", "data.eval_size", "data.norm_len", "data.max_prompt_tokens",
+    "policy.warm_start.lr", "policy.warm_start.batch_size", "reward.train.lr",
+    "reward.train.batch_size", "reward.train.n_prompts", "reward.train.samples_per_prompt",
+]
+NON_NEGATIVE = [
+    "trainer.weight_decay", "trainer.warmup_steps", "trainer.beta", "trainer.epsilon_low",
+    "trainer.epsilon_high", "policy.warm_start.steps", "reward.train.steps",
+]
+
+
+def _get(cfg: TrainConfig, dotted: str) -> Any:
+    obj: Any = cfg
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def to_schema(cfg: DictConfig | dict) -> TrainConfig:
+    """Merge a composed config into the typed schema (types and key names checked)."""
+    raw = OmegaConf.create(cfg) if not isinstance(cfg, DictConfig) else cfg.copy()
+    OmegaConf.set_struct(raw, False)
+    raw.pop("hydra", None)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), raw)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "config"
+        msg = str(e).splitlines()[0]
+        if "not in" in msg or "Key '" in msg:
+            parent = key.rsplit(".", 1)[0] if "." in key else ""
+            valid = _valid_keys(parent)
+            msg += f"; valid keys{' of ' + parent if parent else ''}: {', '.join(valid)}"
+        raise ConfigError(f"{key}: {msg}") from None
+
+
+def _valid_keys(parent: str) -> list[str]:
+    node: Any = OmegaConf.structured(TrainConfig)
+    for part in [p for p in parent.split(".") if p]:
+        node = node.get(part) if isinstance(node, DictConfig) else None
+        if node is None:
+            return []
+    return sorted(node.keys()) if isinstance(node, DictConfig) else []
+
+
+def validate(cfg: DictConfig | dict) -> TrainConfig:
+    """Typed and range-checked config, or a :class:`ConfigError` naming the field."""
+    c = to_schema(cfg)
+    for key, choices in CHOICES.items():
+        if _get(c, key) not in choices:
+            raise ConfigError(f"{key}: {_get(c, key)!r} is not valid; choose one of {', '.join(choices)}")
+    for key in POSITIVE:
+        if not _get(c, key) > 0:
+            raise ConfigError(f"{key}: must be > 0, got {_get(c, key)}")
+    for key in NON_NEGATIVE:
+        if not _get(c, key) >= 0:
+            raise ConfigError(f"{key}: must be >= 0, got {_get(c, key)}")
+    t = c.trainer
+    if t.num_generations < 2:
+        raise ConfigError(
+            f"trainer.num_generations: must be >= 2 (group advantages compare responses to the same prompt), got {t.num_generations}"
+        )
+    if t.batch_size % t.num_generations:
+        raise ConfigError(
+            f"trainer.batch_size: {t.batch_size} responses do not divide into groups of "
+            f"trainer.num_generations={t.num_generations}; use a multiple of {t.num_generations}"
+        )
+    if t.batch_size % t.mini_batch_size:
+        raise ConfigError(f"trainer.mini_batch_size: {t.mini_batch_size} must divide trainer.batch_size={t.batch_size}")
+    if t.mini_batch_size % t.micro_batch_size:
+        raise ConfigError(
+            f"trainer.micro_batch_size: {t.micro_batch_size} must divide trainer.mini_batch_size={t.mini_batch_size}"
+        )
+    if not 0 < t.top_p <= 1:
+        raise ConfigError(f"trainer.top_p: must be in (0, 1], got {t.top_p}")
+    if len(t.adam_betas) != 2 or not all(0 <= b < 1 for b in t.adam_betas):
+        raise ConfigError(f"trainer.adam_betas: must be two values in [0, 1), got {t.adam_betas}")
+    if c.data.task is None and c.data.path is None:
+        raise ConfigError("data.path: a real prompt dataset needs a path (hub name or local files) when data.task is null")
+    from datc.tasks import TASKS
+
+    if c.data.task is not None and c.data.task not in TASKS:
+        raise ConfigError(f"data.task: {c.data.task!r} is not a testbed task; choose one of {', '.join(TASKS.names())} or null")
+    if c.policy.path is None and not c.policy.arch:
+        raise ConfigError("policy.arch: a testbed policy (policy.path=null) needs an architecture")
+    if c.reward.path is None and c.data.task is None:
+        raise ConfigError("reward.path: a real dataset has no gold reward to train a testbed reward model on; set reward.path")
+    from datc.rewards.rules import RULES
+
+    for i, rule in enumerate(c.reward.rules):
+        if rule.name not in RULES:
+            raise ConfigError(f"reward.rules[{i}].name: {rule.name!r} is unknown; choose one of {', '.join(RULES.names())}")
+    from datc.credit import CREDIT_SCHEMES, resolve_scheme
+    from datc.registry import RegistryError
+
+    if "_target_" not in c.credit and c.credit.get("name") not in CREDIT_SCHEMES:
+        raise ConfigError(
+            f"credit.name: {c.credit.get('name')!r} is not a registered credit scheme; "
+            f"choose one of {', '.join(CREDIT_SCHEMES.names())} or give a _target_"
+        )
+    try:
+        resolve_scheme(c.credit)
+    except (ValueError, TypeError, ImportError, RegistryError) as e:
+        raise ConfigError(f"credit: {e}") from None
+    return c

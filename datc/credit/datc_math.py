@@ -1,0 +1,309 @@
+"""DATC's per-token scores (METHOD §2, steps 2-4) as pure tensor functions.
+
+Per token ``t`` (one row): ``g`` (d,) the reward gradient at the token's reward-model input
+embedding, ``E`` (V, d) the reward model's input-embedding matrix, ``z`` (V,) the rollout
+policy's logits, ``π = softmax(z)``, ``y`` the sampled id, ``ρ = E g`` (V,) and
+
+- force ``f``: ``jacobian``: ``f = (diag π - π πᵀ) ρ = π ⊙ (ρ - π·ρ)``;
+  ``identity``: ``f = ρ - mean_v ρ``;
+- displacement ``u = sign · (e_y - π)``;
+- score ``s``: ``projection`` ``⟨f,u⟩/‖u‖``, ``work`` ``⟨f,u⟩``, ``cosine``
+  ``⟨f,u⟩/(‖f‖‖u‖)``; a zero denominator gives ``s = 0`` (no displacement or no force).
+
+The fast functions use METHOD's cheap identities, in a form that keeps relative precision when
+``π`` is peaked. Every score is unchanged by adding a constant to all entries of ``ρ``, so ``ρ``
+is taken relative to the mode ``m`` of ``π``, ``ρ'_v = g·(E_v - E_m)``; with ``D = π - e_m`` and
+``Q = π² - (Σπ²) e_m`` (exact entry-wise: their ``m`` entries are minus sums of the others),
+
+- ``π·ρ' = g · (D E)``, ``Σ_v π_v² ρ'_v = g · (Q E)``: the two ``[chunk, V] × [V, d]`` products
+  (METHOD's ``πᵀE`` and ``(π²)ᵀE``, shifted by ``E_m``), and ``ρ'_y = g · (E_y - E_m)``;
+- ``⟨f_jac, e_y - π⟩ = π_y ρ'_y + (Σπ² - π_y) (π·ρ') - Σ_v π_v² ρ'_v``;
+- ``⟨f_id, e_y - π⟩ = ρ_y - π·ρ = ρ'_y - π·ρ'``;
+- ``‖e_y - π‖² = (1 - π_y)² + Σ_{v≠y} π_v²``, with ``1 - π_y = Σ_{v≠y} π_v``.
+
+``jacobian``/``identity`` with ``work``/``projection`` never form ``ρ``; ``cosine`` and the
+magnitude score need ``‖f‖`` and so form ``ρ`` for one chunk at a time. Rows are processed in
+chunks, so the extra memory is ``O(chunk · V)`` (``O(chunk · k · d)`` with ``top_k``) and no
+``(N, V, d)`` tensor is built. Computation is in float32 (float64 if any input is float64).
+
+``top_k``: ``π`` is replaced by its ``k`` largest entries, renormalised (the force and the
+displacement both use the truncated ``π``; ``identity``'s force does not involve ``π``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+LOGIT_MAPS = ("jacobian", "identity")
+ALIGNMENTS = ("projection", "work", "cosine")
+
+
+@torch.no_grad()
+def datc_scores(
+    g: Tensor,
+    E: Tensor,
+    logits: Tensor,
+    y: Tensor,
+    sign: Tensor,
+    *,
+    logit_map: str = "jacobian",
+    alignment: str = "projection",
+    chunk_size: int = 1024,
+    top_k: int | None = None,
+    rows: Tensor | None = None,
+) -> Tensor:
+    """DATC alignment scores ``s_t`` (METHOD §2 steps 2-4), via the closed forms.
+
+    Args:
+        g: (M, d) reward gradients ``∂R/∂h_t``.
+        E: (V, d) reward-model input-embedding matrix.
+        logits: (M, V) rollout-policy logits ``z_t``.
+        y: (M,) long, sampled token ids.
+        sign: (M,) ``sign(A_i)`` of each token's response, in {-1, 0, 1} (ones: unsigned).
+        logit_map: ``jacobian`` | ``identity``.
+        alignment: ``projection`` | ``work`` | ``cosine``.
+        chunk_size: rows per chunk; bounds the extra memory to ``O(chunk_size · V)``.
+        top_k: keep the ``k`` largest entries of ``π_t`` (renormalised); None: exact.
+        rows: (N,) long, the rows to score (e.g. the valid tokens of a flattened batch), gathered
+            one chunk at a time so ``logits`` is never copied whole; None: all M rows.
+
+    Returns:
+        (N,) scores, float32 (float64 if any input is float64).
+    """
+    _check_options(logit_map, alignment, chunk_size, top_k)
+    _check_shapes(g, E, logits, y, sign)
+    dtype = _compute_dtype(g, E, logits)
+    E = E.to(dtype)
+    need_rho = alignment == "cosine"
+    out = []
+    for sel in _chunks(g.shape[0], rows, chunk_size):
+        work, u_norm, f_norm = _chunk_terms(
+            g[sel].to(dtype), E, logits[sel], y[sel], logit_map, top_k, need_rho
+        )
+        signed = sign[sel].to(dtype) * work
+        if alignment == "work":
+            out.append(signed)
+        elif alignment == "projection":
+            out.append(_safe_div(signed, u_norm))
+        else:
+            out.append(_safe_div(signed, f_norm * u_norm))
+    return _cat(out, g, dtype)
+
+
+@torch.no_grad()
+def force_norm(
+    g: Tensor,
+    E: Tensor,
+    logits: Tensor,
+    *,
+    logit_map: str = "jacobian",
+    chunk_size: int = 1024,
+    top_k: int | None = None,
+    rows: Tensor | None = None,
+) -> Tensor:
+    """``‖f_t‖``, the magnitude of the reward force in logit space (``datc_magnitude``).
+
+    Shapes and options as in :func:`datc_scores`; returns (N,). Needs ``ρ_t`` one chunk at a
+    time.
+    """
+    _check_options(logit_map, "work", chunk_size, top_k)
+    ref = torch.zeros(g.shape[0], dtype=torch.long, device=g.device)
+    _check_shapes(g, E, logits, ref, ref)
+    dtype = _compute_dtype(g, E, logits)
+    E = E.to(dtype)
+    out = []
+    for sel in _chunks(g.shape[0], rows, chunk_size):
+        z = logits[sel]
+        _, _, f_norm = _chunk_terms(g[sel].to(dtype), E, z, z.argmax(-1), logit_map, top_k, True)
+        out.append(f_norm)
+    return _cat(out, g, dtype)
+
+
+@torch.no_grad()
+def rm_saliency(g: Tensor, E: Tensor, y: Tensor) -> Tensor:
+    """``|g_t · E[y_t]|`` (METHOD §3 ``rm_saliency``): g (N, d), E (V, d), y (N,) -> (N,).
+
+    Gradient-times-input saliency of the reward model; ignores the policy.
+    """
+    dtype = _compute_dtype(g, E)
+    return (g.to(dtype) * E[y].to(dtype)).sum(-1).abs()
+
+
+# ---- slow reference (tests only) ---------------------------------------------------------------
+def reference_force(
+    g: Tensor, E: Tensor, logits: Tensor, logit_map: str, top_k: int | None = None
+) -> Tensor:
+    """(N, V) explicit ``f_t = J_t ρ_t`` or ``ρ_t - mean ρ_t``, one token at a time."""
+    pi = reference_pi(logits, top_k)
+    out = []
+    for t in range(g.shape[0]):
+        rho = E @ g[t]  # (V,)
+        if logit_map == "jacobian":
+            jac = torch.diag(pi[t]) - torch.outer(pi[t], pi[t])  # (V, V)
+            out.append(jac @ rho)
+        else:
+            out.append(rho - rho.mean())
+    return torch.stack(out)
+
+
+def reference_scores(
+    g: Tensor,
+    E: Tensor,
+    logits: Tensor,
+    y: Tensor,
+    sign: Tensor,
+    *,
+    logit_map: str,
+    alignment: str,
+    top_k: int | None = None,
+) -> Tensor:
+    """(N,) METHOD §2 steps 2-4 with explicit ``ρ_t, J_t, f_t, u_t`` vectors (tests only)."""
+    pi = reference_pi(logits, top_k)
+    f = reference_force(g, E, logits, logit_map, top_k)
+    out = []
+    for t in range(g.shape[0]):
+        u = sign[t] * (torch.nn.functional.one_hot(y[t], pi.shape[-1]).to(pi) - pi[t])
+        work = f[t] @ u
+        if alignment == "work":
+            out.append(work)
+        elif alignment == "projection":
+            out.append(work / u.norm() if u.norm() > 0 else work * 0)
+        else:
+            den = f[t].norm() * u.norm()
+            out.append(work / den if den > 0 else work * 0)
+    return torch.stack(out)
+
+
+def reference_pi(logits: Tensor, top_k: int | None = None) -> Tensor:
+    """(N, V) ``softmax(logits)``, restricted to its ``top_k`` largest entries and renormalised."""
+    pi = torch.softmax(logits, dim=-1)
+    if top_k is None or top_k >= pi.shape[-1]:
+        return pi
+    keep = torch.zeros_like(pi).scatter(-1, pi.topk(top_k, dim=-1).indices, 1.0)
+    pi = pi * keep
+    return pi / pi.sum(-1, keepdim=True)
+
+
+# ---- internals -------------------------------------------------------------------------------
+def _chunk_terms(
+    g: Tensor,
+    E: Tensor,
+    logits: Tensor,
+    y: Tensor,
+    logit_map: str,
+    top_k: int | None,
+    need_rho: bool,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """For one chunk of c rows: ``⟨f, e_y - π⟩`` (c,), ``‖e_y - π‖`` (c,) and, if ``need_rho``,
+    ``‖f‖`` (c,) (else None).
+
+    ``π`` is held on a support of K entries: the whole vocabulary (``sup`` None) or the top-k ids
+    ``sup`` (c, K). ``ρ`` is taken relative to the mode ``m`` of ``π``: ``ρ'_v = g·(E_v - E_m)``.
+    Every term below is then of the order of the result even when ``π`` is peaked (the mode's
+    entries, which would cancel, are written as minus sums of the other entries);
+    ``ρ'`` on the support is formed only if ``need_rho``.
+    """
+    dtype = g.dtype
+    pi = torch.softmax(logits.to(dtype), dim=-1)  # (c, V)
+    sup = None
+    if top_k is not None and top_k < pi.shape[-1]:
+        pi, sup = pi.topk(top_k, dim=-1)  # (c, K), (c, K), sorted: the mode first
+        pi = pi / pi.sum(-1, keepdim=True)
+        at_m = torch.zeros_like(pi, dtype=torch.bool)
+        at_m[:, 0] = True
+        m, at_y = sup[:, 0], sup == y[:, None]  # at_y is all False if y is off the support
+    else:
+        m = pi.argmax(-1)
+        at_m = torch.zeros_like(pi, dtype=torch.bool).scatter(-1, m[:, None], True)
+        at_y = torch.zeros_like(pi, dtype=torch.bool).scatter(-1, y[:, None], True)
+    pi_y = torch.where(at_y, pi, 0.0).sum(-1)  # (c,)
+    not_y = torch.where(at_y, 0.0, pi)  # (c, K)
+    u_norm = (not_y.sum(-1).square() + not_y.square().sum(-1)).sqrt()  # ‖e_y - π‖
+    not_m = torch.where(at_m, 0.0, pi)  # (c, K)
+    pi_m, not_m_sum, not_m_sq = (pi - not_m).sum(-1), not_m.sum(-1), not_m.square().sum(-1)
+    s2_minus_pi_y = not_m_sq - pi_m * not_m_sum + (pi_m - pi_y)  # Σπ² - π_y, (c,)
+    E_m = E[m]  # (c, d)
+    rho_y = (g * (E[y] - E_m)).sum(-1)  # (c,) ρ'_y, exactly 0 when y = m
+    E_sup = E[sup] if sup is not None else None  # (c, K, d), top-k only
+
+    if need_rho:
+        rho = g @ E.T if sup is None else torch.einsum("cd,ckd->ck", g, E_sup)  # (c, K)
+        rho_rel = torch.where(at_m, 0.0, rho - (g * E_m).sum(-1, keepdim=True))  # ρ' on support
+        pi_rho = (pi * rho_rel).sum(-1)  # (c,) π·ρ'
+        if logit_map == "jacobian":
+            work = pi_y * rho_y + s2_minus_pi_y * pi_rho - (pi.square() * rho_rel).sum(-1)
+            f_norm = (pi * (rho_rel - pi_rho[:, None])).norm(dim=-1)
+        else:
+            work = rho_y - pi_rho
+            rho_full = rho if sup is None else g @ E.T  # identity's force spans the vocabulary
+            f_norm = (rho_full - rho_full.mean(-1, keepdim=True)).norm(dim=-1)
+        return work, u_norm, f_norm
+
+    # The two products, with π - e_m and π² - (Σπ²) e_m (exact entry-wise) for πᵀE and (π²)ᵀE.
+    if sup is None:
+        d_e = torch.where(at_m, -not_m_sum[:, None], pi) @ E  # (c, d) Σ_v π_v (E_v - E_m)
+    else:
+        E_rel = E_sup - E_m[:, None, :]  # (c, K, d)
+        d_e = torch.einsum("ck,ckd->cd", pi, E_rel)
+    pi_rho = (g * d_e).sum(-1)  # (c,) π·ρ'
+    if logit_map == "identity":
+        return rho_y - pi_rho, u_norm, None
+    if sup is None:
+        q_e = torch.where(at_m, -not_m_sq[:, None], pi.square()) @ E  # Σ_v π_v² (E_v - E_m)
+    else:
+        q_e = torch.einsum("ck,ckd->cd", pi.square(), E_rel)
+    work = pi_y * rho_y + s2_minus_pi_y * pi_rho - (g * q_e).sum(-1)
+    return work, u_norm, None
+
+
+def _safe_div(num: Tensor, den: Tensor) -> Tensor:
+    """``num / den`` where ``den > 0``, else 0 (a zero norm means no displacement or force)."""
+    return torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny), 0.0)
+
+
+def _chunks(m: int, rows: Tensor | None, chunk_size: int) -> Iterator[slice | Tensor]:
+    """Row selectors covering ``rows`` (or 0..m-1) in order, ``chunk_size`` at a time."""
+    n = m if rows is None else rows.numel()
+    for start in range(0, n, chunk_size):
+        stop = min(start + chunk_size, n)
+        yield slice(start, stop) if rows is None else rows[start:stop]
+
+
+def _cat(parts: list[Tensor], like: Tensor, dtype: torch.dtype) -> Tensor:
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=dtype, device=like.device)
+
+
+def _compute_dtype(*tensors: Tensor) -> torch.dtype:
+    dtype = torch.float32
+    for t in tensors:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
+def _check_options(logit_map: str, alignment: str, chunk_size: int, top_k: int | None) -> None:
+    if logit_map not in LOGIT_MAPS:
+        raise ValueError(f"logit_map must be one of {LOGIT_MAPS}, got {logit_map!r}")
+    if alignment not in ALIGNMENTS:
+        raise ValueError(f"alignment must be one of {ALIGNMENTS}, got {alignment!r}")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
+
+
+def _check_shapes(g: Tensor, E: Tensor, logits: Tensor, y: Tensor, sign: Tensor) -> None:
+    m, d = g.shape
+    v, d_e = E.shape
+    if d != d_e:
+        raise ValueError(f"reward gradient width {d} != embedding width {d_e}")
+    if logits.shape != (m, v):
+        raise ValueError(
+            f"logits {tuple(logits.shape)} must be (rows, V) = ({m}, {v}); a policy vocabulary "
+            "that differs from the reward model's (e.g. padded differently) must be aligned first"
+        )
+    if y.shape != (m,) or sign.shape != (m,):
+        raise ValueError(f"y {tuple(y.shape)} and sign {tuple(sign.shape)} must be ({m},)")
+

@@ -1,0 +1,66 @@
+"""Prompt data: testbed tasks generated to local JSONL files, real datasets by hub name or
+local files; both loaded through ``datasets``."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+from datc.utils import atomic_dir, config_hash
+
+GEN_SEED = 0  # the testbed's prompt sets are the same for every run seed (paired comparisons)
+
+
+def testbed_data_dir(cache_dir: str, task: str, train_size: int, eval_size: int, norm_len: int) -> Path:
+    from datc.tasks import TASKS
+
+    key = config_hash({"task": task, "train": train_size, "eval": eval_size, "norm_len": norm_len, "seed": GEN_SEED, "v": 1})
+    out = Path(cache_dir) / "data" / f"{task}-{key}"
+    if (out / "eval.jsonl").exists():
+        return out
+    t = TASKS.get(task)(norm_len)
+    rng = random.Random(GEN_SEED)
+    with atomic_dir(out) as tmp:
+        for split, n in (("train", train_size), ("eval", eval_size)):
+            with open(tmp / f"{split}.jsonl", "w") as f:
+                for _ in range(n):
+                    f.write(json.dumps(t.make_example(rng)) + "\n")
+    return out
+
+
+def load_prompts(data_cfg, cache_dir: str) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """(train, eval) datasets of prompt rows. Testbed tasks are generated once and cached; a
+    real dataset is ``data.path`` (a local directory or data file, or a hub dataset name)."""
+    if data_cfg.task is not None and data_cfg.path is None:
+        d = testbed_data_dir(cache_dir, data_cfg.task, data_cfg.train_size, data_cfg.eval_size, data_cfg.norm_len)
+        files = {"train": str(d / "train.jsonl"), "eval": str(d / "eval.jsonl")}
+        ds = datasets.load_dataset("json", data_files=files, cache_dir=str(Path(cache_dir) / "hf_datasets"))
+        return ds["train"], ds["eval"]
+    path = data_cfg.path
+    try:
+        if os.path.isfile(path):
+            ext = "json" if path.endswith((".json", ".jsonl")) else Path(path).suffix.lstrip(".")
+            ds = datasets.load_dataset(ext, data_files={data_cfg.train_split: path})
+        else:
+            ds = datasets.load_dataset(path)
+    except Exception as e:  # datasets raises many types for "not found / offline"
+        raise FileNotFoundError(
+            f"data.path={path!r} could not be loaded ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
+            "Offline, point data.path at a local copy (a directory saved with datasets, or a .jsonl/.csv/.parquet file)."
+        ) from None
+    for split in (data_cfg.train_split, data_cfg.eval_split):
+        if split not in ds:
+            raise ValueError(f"data: split {split!r} not in {path!r}; splits: {list(ds)} (set data.train_split / data.eval_split)")
+    train, evald = ds[data_cfg.train_split], ds[data_cfg.eval_split]
+    if data_cfg.prompt_field not in train.column_names:
+        raise ValueError(f"data.prompt_field: {data_cfg.prompt_field!r} is not a column of {path!r}; columns: {train.column_names}")
+    return train, evald
+
+
+def rows(ds: datasets.Dataset, indices) -> list[dict[str, Any]]:
+    return [ds[int(i)] for i in indices]

@@ -1,0 +1,27 @@
+"""Per-token log-probabilities and entropies from logits, without materializing full
+log-probabilities over the vocabulary for the whole batch."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def selective_log_softmax(logits: Tensor, index: Tensor, chunk: int = 16) -> Tensor:
+    """``log_softmax(logits)[..., index]`` computed per chunk of rows: ``z_y - logsumexp(z)``
+    (as TRL's ``selective_log_softmax``). logits (B, T, V), index (B, T) -> (B, T) float32."""
+    parts = []
+    for i in range(0, logits.shape[0], chunk):
+        z = logits[i : i + chunk].float()
+        parts.append(z.gather(-1, index[i : i + chunk, :, None]).squeeze(-1) - torch.logsumexp(z, -1))
+    return torch.cat(parts)
+
+
+@torch.no_grad()
+def entropy_from_logits(logits: Tensor, chunk: int = 16) -> Tensor:
+    """Entropy of ``softmax(logits)`` in nats, per position. (B, T, V) -> (B, T) float32."""
+    out = torch.empty(logits.shape[:2], dtype=torch.float32, device=logits.device)
+    for i in range(0, logits.shape[0], chunk):
+        logp = torch.log_softmax(logits[i : i + chunk].float(), -1)
+        out[i : i + chunk] = -(logp.exp() * logp).sum(-1)
+    return out

@@ -1,0 +1,98 @@
+"""Policy and reward models: tiny ones built from config for the testbed, real ones loaded by
+hub id or local directory through the same ``from_pretrained`` path."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    PreTrainedModel,
+)
+
+
+class ModelLoadError(RuntimeError):
+    """A model or tokenizer that cannot be loaded, with how to point at a local copy."""
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("trainer.device=cuda but no CUDA device is visible; use trainer.device=cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto``: bfloat16 on a GPU that supports it, float32 otherwise (CPU runs stay fp32)."""
+    if name == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    return getattr(torch, name)
+
+
+def _model_config(arch: dict[str, Any], tokenizer, **extra: Any):
+    arch = dict(arch)
+    model_type = arch.pop("model_type")
+    return AutoConfig.for_model(
+        model_type,
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **arch,
+        **extra,
+    )
+
+
+def build_causal_lm(arch: dict[str, Any], tokenizer, seed: int) -> PreTrainedModel:
+    """A randomly initialised causal LM of ``arch["model_type"]`` (e.g. gpt2, llama, qwen2)."""
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(_model_config(arch, tokenizer))
+
+
+def build_reward_model(arch: dict[str, Any], tokenizer, seed: int) -> PreTrainedModel:
+    """A randomly initialised ``...ForSequenceClassification`` with one output (the score)."""
+    torch.manual_seed(seed)
+    return AutoModelForSequenceClassification.from_config(_model_config(arch, tokenizer, num_labels=1))
+
+
+def load_pretrained(kind: str, path: str, field: str, dtype: torch.dtype | None = None) -> PreTrainedModel:
+    """Load a policy (``kind="causal_lm"``) or a reward model (``kind="reward"``) by hub id or
+    local directory. Offline, a hub id that is not cached fails at once with a message naming
+    the field to set to a local copy."""
+    cls = AutoModelForCausalLM if kind == "causal_lm" else AutoModelForSequenceClassification
+    kwargs: dict[str, Any] = {"dtype": dtype} if dtype is not None else {}
+    if not os.path.isdir(path):
+        # Try the local cache first so that an offline machine never waits on the network.
+        try:
+            return cls.from_pretrained(path, local_files_only=True, **kwargs)
+        except OSError:
+            pass
+    try:
+        model = cls.from_pretrained(path, **kwargs)
+    except OSError as e:
+        if os.path.isdir(path):
+            raise ModelLoadError(f"{field}={path!r}: the directory does not hold a loadable model ({e})") from None
+        raise ModelLoadError(
+            f"{field}={path!r} is neither a local directory nor a cached hub model, and the hub could "
+            f"not be reached. Download it on a machine with network access "
+            f"(`hf download {path} --local-dir DIR`) and set {field}=DIR."
+        ) from None
+    if kind == "reward" and model.config.num_labels != 1:
+        raise ModelLoadError(
+            f"{field}={path!r} has {model.config.num_labels} outputs; a reward model must have exactly one"
+        )
+    return model
+
+
+def freeze(model: PreTrainedModel) -> PreTrainedModel:
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model

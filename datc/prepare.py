@@ -1,0 +1,217 @@
+"""The prepare step: the testbed's tokenizer, prompt data, warm-started policy and trained
+reward model, each cached under ``cache_dir`` keyed by the config that made it.
+
+``datc-train`` calls :func:`ensure_assets` first, so an empty cache is filled automatically;
+``datc-prepare`` runs it alone. Real models (``policy.path`` / ``reward.path``) skip the
+steps they do not need.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from datc.config import TrainConfig
+from datc.data import load_prompts
+from datc.metrics import pearson, within_group_corr
+from datc.models import build_causal_lm, build_reward_model, load_pretrained
+from datc.rewards.model import build_rm_inputs, rm_forward
+from datc.rollout import encode_prompts, position_ids, sample_groups
+from datc.tasks import TASKS, Task, gold_contributions
+from datc.tokenizer import build_testbed_tokenizer, load_tokenizer
+from datc.utils import atomic_dir, atomic_write_json, config_hash, quiet_libraries
+
+log = logging.getLogger("datc.prepare")
+
+PREPARE_VERSION = 1  # bump when the prepare procedure changes, so caches are rebuilt
+PREP_SEED = 0  # the warm start and the reward model are shared by every run seed
+
+
+@dataclass
+class Assets:
+    tokenizer_path: str
+    policy_path: str
+    reward_path: str
+    rm_report: dict[str, Any] | None  # the reward model's fit to gold (testbed only)
+    train: Any  # datasets.Dataset of prompt rows
+    eval: Any
+    task: Task | None
+
+
+def tokens_to_ids(tok, tokens: list[str]) -> list[int]:
+    return tok.convert_tokens_to_ids(tokens)
+
+
+def gold_of(task: Task, tok, examples, response_ids: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gold reward (B,) and per-token gold contribution (B, T) of sampled responses."""
+    B, T = response_ids.shape
+    contrib = torch.zeros(B, T)
+    for i in range(B):
+        n = int(response_mask[i].sum())
+        toks = tok.convert_ids_to_tokens(response_ids[i, :n].tolist())
+        contrib[i, :n] = torch.tensor(gold_contributions(task, examples[i], toks))
+    return contrib.sum(-1), contrib
+
+
+def _pad_responses(tok, responses: list[list[int]], T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.full((len(responses), T), tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros(len(responses), T, dtype=torch.bool)
+    for i, r in enumerate(responses):
+        r = r[:T]
+        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        mask[i, : len(r)] = True
+    return ids, mask
+
+
+def warm_start(policy, tok, task: Task, train_rows: list[dict], steps: int, lr: float, batch_size: int, max_new_tokens: int) -> list[float]:
+    """Supervised fine-tuning on the task's demonstrations (loss on response tokens only), so
+    the policy writes in-distribution text of mixed quality before RL."""
+    rng = random.Random(PREP_SEED)
+    opt = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
+    policy.train()
+    losses = []
+    for _ in range(steps):
+        examples = rng.sample(train_rows, batch_size)
+        prompt_ids, prompt_mask = encode_prompts(tok, examples, "prompt", "cpu")
+        resp = [tokens_to_ids(tok, task.demonstration(ex, rng)) for ex in examples]
+        resp_ids, resp_mask = _pad_responses(tok, resp, max_new_tokens)
+        ids = torch.cat([prompt_ids, resp_ids], 1)
+        am = torch.cat([prompt_mask, resp_mask], 1)
+        labels = torch.where(torch.cat([torch.zeros_like(prompt_mask), resp_mask], 1), ids, torch.full_like(ids, -100))
+        loss = policy(input_ids=ids, attention_mask=am.long(), position_ids=position_ids(am), labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    policy.eval()
+    return losses
+
+
+def _rm_pool(policy, tok, task: Task, rows: list[dict], samples_per_prompt: int, max_new_tokens: int, with_perturbations: bool):
+    """Responses to train or test the reward model on: the warm policy's own samples (what RL
+    starts from) plus the task's perturbations (what RL may push towards)."""
+    rng = random.Random(PREP_SEED + 1)
+    prefixes, responses, golds = [], [], []
+    for i in range(0, len(rows), 64):
+        chunk = rows[i : i + 64]
+        ro = sample_groups(policy, tok, chunk, samples_per_prompt, max_new_tokens)
+        g, _ = gold_of(task, tok, ro.examples, ro.response_ids, ro.response_mask)
+        for j, ex in enumerate(ro.examples):
+            prefixes.append(ex)
+            responses.append(ro.response_ids[j, : int(ro.response_mask[j].sum())].tolist())
+            golds.append(float(g[j]))
+        if with_perturbations:
+            for ex in chunk:
+                for toks in task.perturbations(ex, rng):
+                    prefixes.append(ex)
+                    responses.append(tokens_to_ids(tok, toks[:max_new_tokens]))
+                    golds.append(float(task.gold(ex, [t for t in toks[:max_new_tokens]])))
+    return prefixes, responses, torch.tensor(golds)
+
+
+def _rm_batch_scores(rm, tok, examples, responses, max_new_tokens):
+    p_ids, p_mask = encode_prompts(tok, examples, "prompt", "cpu")
+    r_ids, r_mask = _pad_responses(tok, responses, max_new_tokens)
+    inp = build_rm_inputs(p_ids, p_mask, r_ids, r_mask, tok.pad_token_id)
+    return rm_forward(rm, rm.get_input_embeddings()(inp.input_ids), inp.attention_mask)
+
+
+def train_reward_model(rm, policy, tok, task: Task, train_rows, eval_rows, rcfg, max_new_tokens: int) -> dict[str, Any]:
+    """Regress the gold reward (MSE) on warm-policy samples and perturbations; report the fit,
+    above all the within-group correlation on fresh warm-policy samples of held-out prompts."""
+    torch.manual_seed(PREP_SEED)
+    prefixes, responses, golds = _rm_pool(policy, tok, task, train_rows[: rcfg.n_prompts], rcfg.samples_per_prompt, max_new_tokens, True)
+    rng = torch.Generator().manual_seed(PREP_SEED)
+    opt = torch.optim.AdamW(rm.parameters(), lr=rcfg.lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / max(rcfg.steps, 1))
+    rm.train()
+    losses = []
+    for _ in range(rcfg.steps):
+        idx = torch.randint(len(responses), (rcfg.batch_size,), generator=rng).tolist()
+        pred = _rm_batch_scores(rm, tok, [prefixes[i] for i in idx], [responses[i] for i in idx], max_new_tokens)
+        loss = torch.nn.functional.mse_loss(pred, golds[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(rm.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    rm.eval()
+    # Held-out test: 8 samples of the warm policy per eval prompt, as GRPO will see them.
+    G = 8
+    ex, resp, gold = _rm_pool(policy, tok, task, eval_rows[:64], G, max_new_tokens, False)
+    with torch.no_grad():
+        pred = torch.cat([_rm_batch_scores(rm, tok, ex[i : i + 128], resp[i : i + 128], max_new_tokens) for i in range(0, len(resp), 128)])
+    return {
+        "train_pool": len(responses),
+        "final_train_mse": sum(losses[-50:]) / len(losses[-50:]) if losses else None,
+        "heldout_corr": pearson(pred, gold),
+        "heldout_within_group_corr": within_group_corr(pred, gold, G),
+        "heldout_gold_mean": float(gold.mean()),
+    }
+
+
+def ensure_assets(cfg: TrainConfig) -> Assets:
+    """Build whatever the config needs and the cache does not have; return where it all is."""
+    quiet_libraries()
+    cache = Path(cfg.cache_dir)
+    if cfg.policy.tokenizer is not None:
+        tok_path = cfg.policy.tokenizer
+    elif cfg.policy.path is not None:
+        tok_path = cfg.policy.path
+    else:
+        tok_path = str(cache / f"tokenizer/testbed-v{PREPARE_VERSION}")
+        if not (Path(tok_path) / "tokenizer.json").exists():
+            with atomic_dir(tok_path) as tmp:
+                build_testbed_tokenizer(tmp)
+    tok = load_tokenizer(tok_path)
+    train_ds, eval_ds = load_prompts(cfg.data, cfg.cache_dir)
+    task = TASKS.get(cfg.data.task)(cfg.data.norm_len) if cfg.data.task is not None else None
+
+    policy_path = cfg.policy.path
+    data_key = {"task": cfg.data.task, "train": cfg.data.train_size, "norm_len": cfg.data.norm_len}
+    pol_key = {"v": PREPARE_VERSION, "arch": dict(cfg.policy.arch), "ws": asdict(cfg.policy.warm_start),
+               "data": data_key, "tok": tok_path, "T": cfg.trainer.max_new_tokens}
+    if policy_path is None:
+        policy_path = str(cache / "policy" / f"{cfg.policy.name}-{cfg.data.name}-{config_hash(pol_key)}")
+        if not (Path(policy_path) / "config.json").exists():
+            t0 = time.time()
+            policy = build_causal_lm(cfg.policy.arch, tok, PREP_SEED)
+            losses = warm_start(policy, tok, task, list(train_ds), cfg.policy.warm_start.steps, cfg.policy.warm_start.lr,
+                                cfg.policy.warm_start.batch_size, cfg.trainer.max_new_tokens)
+            with atomic_dir(policy_path) as tmp:
+                policy.save_pretrained(tmp)
+                tok.save_pretrained(tmp)
+                atomic_write_json(tmp / "warm_start.json", {"key": pol_key, "final_loss": losses[-1] if losses else None,
+                                                            "seconds": round(time.time() - t0, 1)})
+            log.info("warm-started policy in %.0fs (loss %.3f) -> %s", time.time() - t0, losses[-1] if losses else float("nan"), policy_path)
+
+    reward_path = cfg.reward.path
+    rm_report = None
+    if reward_path is None:
+        rm_key = {"v": PREPARE_VERSION, "arch": dict(cfg.reward.arch), "train": asdict(cfg.reward.train), "policy": policy_path}
+        reward_path = str(cache / "reward" / f"{cfg.reward.name}-{cfg.policy.name}-{cfg.data.name}-{config_hash(rm_key)}")
+        report_file = Path(reward_path) / "rm_report.json"
+        if not report_file.exists():
+            t0 = time.time()
+            policy = load_pretrained("causal_lm", policy_path, "policy.path")
+            rm = build_reward_model(cfg.reward.arch, tok, PREP_SEED)
+            rm_report = train_reward_model(rm, policy, tok, task, list(train_ds), list(eval_ds), cfg.reward.train, cfg.trainer.max_new_tokens)
+            rm_report["seconds"] = round(time.time() - t0, 1)
+            with atomic_dir(reward_path) as tmp:
+                rm.save_pretrained(tmp)
+                tok.save_pretrained(tmp)
+                atomic_write_json(tmp / "rm_report.json", rm_report)
+            log.info("trained reward model in %.0fs: within-group corr with gold %.3f -> %s",
+                     rm_report["seconds"], rm_report["heldout_within_group_corr"], reward_path)
+        else:
+            import json
+
+            rm_report = json.loads(report_file.read_text())
+    return Assets(tok_path, policy_path, reward_path, rm_report, train_ds, eval_ds, task)

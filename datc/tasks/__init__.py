@@ -1,0 +1,8 @@
+"""Testbed tasks: synthetic prompt sets whose gold reward and per-token gold contribution are
+known exactly, so a run can measure gold reward (not just the reward model's score) and
+credit accuracy. Each task is one module registered in :data:`TASKS`."""
+
+from datc.tasks.base import TASKS, Task, gold_contributions
+from datc.tasks import arithmetic, keywords  # noqa: F401  (registration)
+
+__all__ = ["TASKS", "Task", "gold_contributions"]

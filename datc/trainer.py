@@ -1,0 +1,396 @@
+"""The training loop, top to bottom: rollout → reward → credit → loss → update.
+
+``train(cfg)`` is called by the Hydra entry point (:mod:`datc.train`) and directly by tests.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+from transformers import get_scheduler
+
+from datc.advantages import group_advantages
+from datc.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from datc.config import ConfigError, TrainConfig, validate
+from datc.credit import compute_credit, resolve_scheme
+from datc.credit.base import ENTROPY, OLD_LOGPS, POLICY_LOGITS, RM_EMBEDDING, RM_GRAD, CreditBatch
+from datc.credit.diagnostics import credit_metrics
+from datc.logger import RunLogger
+from datc.logprobs import entropy_from_logits, selective_log_softmax
+from datc.losses import AggNorm, aggregate, clipped_policy_loss
+from datc.metrics import pearson, within_group_corr
+from datc.models import freeze, load_pretrained, resolve_device, resolve_dtype
+from datc.prepare import Assets, ensure_assets, gold_of
+from datc.rewards.model import build_rm_inputs, score
+from datc.rewards.rules import RULES, RuleContext
+from datc.rollout import Rollout, position_ids, sample_groups
+from datc.rundir import RunDir
+from datc.tokenizer import load_tokenizer
+from datc.utils import atomic_write_json, quiet_libraries, rng_state, seed_everything, set_rng_state
+
+
+# ============================================================================================
+# Plumbing: prompts, models, policy passes
+# ============================================================================================
+
+
+class PromptSampler:
+    """Prompts for step ``s`` are a pure function of (seed, s): consecutive slices of a stream
+    of per-epoch permutations, so a resumed run draws exactly the prompts it would have."""
+
+    def __init__(self, n: int, per_step: int, seed: int) -> None:
+        self.n, self.per_step, self.seed = n, per_step, seed
+        self._perms: dict[int, list[int]] = {}
+
+    def _perm(self, epoch: int) -> list[int]:
+        if epoch not in self._perms:
+            g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+            self._perms = {epoch: torch.randperm(self.n, generator=g).tolist()}
+        return self._perms[epoch]
+
+    def indices(self, step: int) -> list[int]:
+        start = step * self.per_step
+        return [self._perm(i // self.n)[i % self.n] for i in range(start, start + self.per_step)]
+
+
+@dataclass
+class Models:
+    policy: Any
+    ref: Any | None
+    rm: Any
+    tok: Any
+
+
+def load_models(c: TrainConfig, assets: Assets, device: torch.device) -> Models:
+    dtype = resolve_dtype(c.policy.dtype, device)
+    tok = load_tokenizer(assets.tokenizer_path)
+    policy = load_pretrained("causal_lm", assets.policy_path, "policy.path").to(device)  # fp32 master weights
+    ref = freeze(load_pretrained("causal_lm", assets.policy_path, "policy.path", dtype).to(device)) if c.trainer.beta > 0 else None
+    rm = freeze(load_pretrained("reward", assets.reward_path, "reward.path", dtype).to(device))
+    rm_tok = load_tokenizer(assets.reward_path) if c.reward.path is not None else tok
+    if rm_tok.get_vocab() != tok.get_vocab():
+        raise ConfigError(
+            f"reward.path: the reward model's tokenizer ({assets.reward_path}) and the policy's "
+            f"({assets.tokenizer_path}) assign different token ids; the reward model must read the "
+            "policy's sampled ids as they are (use a reward model of the policy's family)"
+        )
+    return Models(policy, ref, rm, tok)
+
+
+def policy_logits(model, ro: Rollout, rows: slice | torch.Tensor, temperature: float) -> torch.Tensor:
+    """Logits over the response positions, divided by the sampling temperature. (b, T, V)"""
+    ids, am = ro.input_ids[rows], ro.attention_mask[rows]
+    P = ro.prompt_ids.shape[1]
+    logits = model(input_ids=ids, attention_mask=am.long(), position_ids=position_ids(am)).logits
+    return logits[:, P - 1 : -1].float() / temperature
+
+
+@torch.no_grad()
+def rollout_policy_pass(model, ro: Rollout, temperature: float, micro: int, keep_logits: bool):
+    """One no-grad pass of a frozen or pre-update policy: log-probs, entropies and (when a
+    credit scheme declares them) the logits. Returns (logps (B,T), entropy (B,T), logits|None)."""
+    logps, ents, all_logits = [], [], []
+    for i in range(0, ro.response_ids.shape[0], micro):
+        z = policy_logits(model, ro, slice(i, i + micro), temperature)
+        logps.append(selective_log_softmax(z, ro.response_ids[i : i + micro]))
+        ents.append(entropy_from_logits(z))
+        if keep_logits:
+            all_logits.append(z)
+    return torch.cat(logps), torch.cat(ents), torch.cat(all_logits) if keep_logits else None
+
+
+# ============================================================================================
+# Evaluation
+# ============================================================================================
+
+
+@torch.no_grad()
+def evaluate(c: TrainConfig, m: Models, rows: list[dict], task, device: torch.device) -> tuple[dict[str, float], list[dict]]:
+    """Held-out prompts, one sample each, drawn with the eval seed inside a forked RNG so the
+    training's random stream is untouched. Returns metrics under ``eval/`` and sample rows."""
+    t = c.trainer
+    devices = [device.index or 0] if device.type == "cuda" else []
+    golds, scores, kls, lens, ents, truncs, samples = [], [], [], [], [], [], []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(t.eval_seed)
+        for i in range(0, len(rows), t.eval_batch_size):
+            chunk = rows[i : i + t.eval_batch_size]
+            ro = sample_groups(m.policy, m.tok, chunk, 1, t.max_new_tokens, t.temperature, t.top_p, c.data.prompt_field)
+            inp = build_rm_inputs(ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask, m.tok.pad_token_id)
+            s = score(m.rm, inp, ro.response_mask, batch_size=t.eval_batch_size).scores
+            logps, ent, _ = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size, False)
+            mask = ro.response_mask.float()
+            if m.ref is not None:
+                ref_logps, _, _ = rollout_policy_pass(m.ref, ro, t.temperature, t.micro_batch_size, False)
+                d = ref_logps - logps
+                kls.append(((d.exp() - d - 1) * mask).sum(-1) / mask.sum(-1).clamp(min=1))
+            scores.append(s)
+            lens.append(mask.sum(-1))
+            ents.append((ent * mask).sum(-1) / mask.sum(-1).clamp(min=1))
+            truncs.append(ro.truncated.float())
+            if task is not None:
+                golds.append(gold_of(task, m.tok, ro.examples, ro.response_ids, ro.response_mask)[0])
+            if i == 0:
+                for j in range(min(c.logger.log_samples, len(chunk))):
+                    n = int(ro.response_mask[j].sum())
+                    samples.append({"prompt": chunk[j][c.data.prompt_field],
+                                    "response": m.tok.decode(ro.response_ids[j, :n].tolist()),
+                                    "rm_score": float(s[j]), "gold": float(golds[-1][j]) if golds else None})
+    scores_t = torch.cat(scores)
+    out = {
+        "eval/rm_score": float(scores_t.mean()),
+        "eval/response_len": float(torch.cat(lens).mean()),
+        "eval/entropy": float(torch.cat(ents).mean()),
+        "eval/truncated_frac": float(torch.cat(truncs).mean()),
+    }
+    if kls:
+        out["eval/kl"] = float(torch.cat(kls).mean())
+    if golds:
+        gold_t = torch.cat(golds)
+        out["eval/gold"] = float(gold_t.mean())
+        out["eval/rm_gold_corr"] = pearson(scores_t, gold_t)
+    return out, samples
+
+
+# ============================================================================================
+# Training
+# ============================================================================================
+
+
+def _resolved(cfg: DictConfig | dict) -> dict[str, Any]:
+    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
+    out = OmegaConf.to_container(node, resolve=True)
+    out.pop("hydra", None)
+    return out
+
+
+def _git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                              cwd=Path(__file__).parent).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def train(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict[str, Any]:
+    """Run one experiment; return its summary (also written to ``<run_dir>/summary.json``)."""
+    c = validate(cfg)  # typed and range-checked before any model loads
+    resolved = _resolved(cfg)
+    run = RunDir.open(run_dir or c.run_dir, resolved, c.trainer.resume)
+    if run.summary_file.exists():  # this run already finished: nothing to redo
+        import json
+
+        return json.loads(run.summary_file.read_text())
+    t = c.trainer
+    torch.set_num_threads(t.threads)
+    quiet_libraries()
+    seed_everything(c.seed)
+    device = resolve_device(t.device)
+    scheme, credit_params = resolve_scheme(c.credit)
+
+    assets = ensure_assets(c)
+    m = load_models(c, assets, device)
+    policy = m.policy
+    policy.eval()  # dropout off: the loss must see the distribution that sampled (ratio = 1 on-policy)
+    opt = torch.optim.AdamW(policy.parameters(), lr=t.lr, betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
+    updates_per_step = t.epochs * (t.batch_size // t.mini_batch_size)
+    sched = get_scheduler(t.lr_scheduler, opt, num_warmup_steps=t.warmup_steps * updates_per_step,
+                          num_training_steps=t.steps * updates_per_step)
+    train_rows, eval_rows = assets.train, list(assets.eval)[: t.eval_size]
+    sampler = PromptSampler(len(train_rows), t.batch_size // t.num_generations, c.seed)
+    logger = RunLogger(run.path, run.metrics_file, c.logger, c.run_name, run.run_id, resolved)
+
+    start, elapsed = 0, 0.0
+    ckpt = latest_checkpoint(run.path) if run.resumable else None
+    if ckpt is not None:
+        state = load_checkpoint(ckpt)
+        policy.load_state_dict(state["policy"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        start, elapsed = state["step"], state["elapsed"]
+    run.truncate_metrics(start if ckpt is not None else -1)
+
+    def do_eval(step: int) -> None:
+        metrics, samples = evaluate(c, m, eval_rows, assets.task, device)
+        logger.log(metrics, step)
+        logger.log_samples(samples, step)
+
+    if start == 0:
+        do_eval(0)
+    needs = scheme.needs
+    on_policy = t.epochs == 1 and t.mini_batch_size == t.batch_size
+    rm_embedding = m.rm.get_input_embeddings().weight.detach().float() if RM_EMBEDDING in needs else None
+    bar = tqdm(range(start, t.steps), initial=start, total=t.steps, disable=not t.progress, desc=c.run_name)
+    for it in bar:
+        t0 = time.perf_counter()
+        examples = [train_rows[i] for i in sampler.indices(it)]
+
+        # ---- rollout: G samples per prompt ------------------------------------------------
+        ro = sample_groups(policy, m.tok, examples, t.num_generations, t.max_new_tokens, t.temperature, t.top_p, c.data.prompt_field)
+        mask = ro.response_mask
+        if t.mask_truncated:  # TRL's mask_truncated_completions: no loss on unfinished responses
+            mask = mask & ~ro.truncated[:, None]
+        t1 = time.perf_counter()
+
+        # ---- reward: frozen RM (+ its input-embedding gradient when declared) + rules ------
+        inp = build_rm_inputs(ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask, m.tok.pad_token_id)
+        rm_out = score(m.rm, inp, ro.response_mask, with_grad=RM_GRAD in needs, batch_size=t.micro_batch_size)
+        gold, gold_contrib = (gold_of(assets.task, m.tok, ro.examples, ro.response_ids, ro.response_mask)
+                              if assets.task is not None else (None, None))
+        rewards = c.reward.scale * rm_out.scores
+        rule_metrics = {}
+        if c.reward.rules:
+            ctx = RuleContext(ro.response_mask, ro.truncated, gold, ro.examples)
+            for rule in c.reward.rules:
+                r = RULES.get(rule.name)(ctx).to(rewards)
+                rewards = rewards + rule.weight * r
+                rule_metrics[f"reward/rule_{rule.name}"] = float(r.mean())
+        advantages = group_advantages(rewards, t.num_generations, t.scale_rewards)
+        t2 = time.perf_counter()
+
+        # ---- credit: token weights w, Â = A · w ------------------------------------------
+        need_pass = not on_policy or bool(needs & {POLICY_LOGITS, ENTROPY, OLD_LOGPS})
+        old_logps = entropy = logits = None
+        if need_pass:
+            old_logps, entropy, logits = rollout_policy_pass(policy, ro, t.temperature, t.micro_batch_size, POLICY_LOGITS in needs)
+        ref_logps = rollout_policy_pass(m.ref, ro, t.temperature, t.micro_batch_size, False)[0] if m.ref is not None else None
+        credit = compute_credit(scheme, CreditBatch(
+            response_ids=ro.response_ids, response_mask=mask, advantages=advantages,
+            rm_grad=rm_out.grad, rm_embedding=rm_embedding, policy_logits=logits, entropy=entropy,
+            old_logps=old_logps, generator=torch.Generator().manual_seed(c.seed * 1_000_003 + it),
+        ), credit_params)
+        token_adv = advantages[:, None] * credit.weights  # (B, T)
+        t3 = time.perf_counter()
+
+        # ---- loss and update ----------------------------------------------------------------
+        stats = _update(c, policy, opt, sched, ro, mask, token_adv, old_logps, ref_logps)
+        t4 = time.perf_counter()
+
+        # ---- metrics, eval, checkpoint ------------------------------------------------------
+        step = it + 1
+        elapsed += t4 - t0
+        n_tokens = int(ro.response_mask.sum())
+        rollout_entropy = stats.pop("entropy") if entropy is None else float((entropy * ro.response_mask).sum() / max(n_tokens, 1))
+        metrics = {
+            "reward/total": float(rewards.mean()),
+            "reward/rm_score": float(rm_out.scores.mean()),
+            "reward/rm_score_std": float(rm_out.scores.std()),
+            "reward/advantage_abs": float(advantages.abs().mean()),
+            **rule_metrics,
+            "rollout/response_len": float(ro.response_mask.float().sum(-1).mean()),
+            "rollout/truncated_frac": float(ro.truncated.float().mean()),
+            "rollout/entropy": rollout_entropy,
+            **{f"loss/{k}": v for k, v in stats.items() if k != "entropy"},
+            **credit_metrics(credit, advantages, mask, gold_contrib),
+            "perf/step_s": t4 - t0, "perf/rollout_s": t1 - t0, "perf/reward_s": t2 - t1,
+            "perf/credit_s": t3 - t2, "perf/update_s": t4 - t3,
+            "perf/tokens_per_s": n_tokens / (t4 - t0), "perf/samples_per_s": t.batch_size / (t4 - t0),
+        }
+        if gold is not None:
+            metrics["reward/gold"] = float(gold.mean())
+            metrics["reward/rm_gold_corr"] = within_group_corr(rm_out.scores, gold, t.num_generations)
+        logger.log(metrics, step)
+        if step % t.eval_every == 0 or step == t.steps:
+            do_eval(step)
+        if step % t.checkpoint_every == 0 or step == t.steps:
+            save_checkpoint(run.path, step, {"policy": policy.state_dict(), "optimizer": opt.state_dict(),
+                                             "scheduler": sched.state_dict(), "rng": rng_state(), "elapsed": elapsed},
+                            t.keep_checkpoints)
+        bar.set_postfix({k.split("/")[1]: f"{metrics[k]:.3f}" for k in ("reward/gold", "reward/rm_score", "loss/kl") if k in metrics})
+
+    summary = _summary(c, run, assets, elapsed)
+    atomic_write_json(run.summary_file, summary)
+    if c.results_dir is not None:
+        atomic_write_json(Path(c.results_dir) / f"{c.run_name}.json", summary)
+    logger.finish({k: v for k, v in summary["eval"]["final"].items()})
+    return summary
+
+
+def _update(c: TrainConfig, policy, opt, sched, ro: Rollout, mask, token_adv, old_logps, ref_logps) -> dict[str, float]:
+    """``epochs`` passes over the rollout batch in mini-batches (one optimizer step each),
+    accumulated over micro-batches; the aggregation normalizers are the mini-batch's, so the
+    accumulated gradient equals the mini-batch's gradient."""
+    t = c.trainer
+    B, T = ro.response_ids.shape
+    sums: dict[str, float] = {"pg": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio": 0.0, "entropy": 0.0, "total": 0.0,
+                              "grad_norm": 0.0, "skipped_steps": 0.0}
+    n_tok_total, n_updates = 0.0, 0
+    for _ in range(t.epochs):
+        order = torch.randperm(B) if t.mini_batch_size < B else torch.arange(B)
+        for mb in order.split(t.mini_batch_size):
+            norm = AggNorm(num_seqs=len(mb), num_tokens=float(mask[mb].sum()), norm_len=T)
+            opt.zero_grad(set_to_none=True)
+            for micro in mb.split(t.micro_batch_size):
+                z = policy_logits(policy, ro, micro, t.temperature)
+                logps = selective_log_softmax(z, ro.response_ids[micro])
+                old = old_logps[micro] if old_logps is not None else logps.detach()
+                out = clipped_policy_loss(logps, old, token_adv[micro], t.epsilon_low, t.epsilon_high, t.beta,
+                                          ref_logps[micro] if ref_logps is not None else None)
+                mk = mask[micro]
+                loss = aggregate(out.loss, mk, t.loss_agg, norm)
+                loss.backward()
+                mkf = mk.float()
+                with torch.no_grad():
+                    sums["total"] += float(loss)
+                    sums["clip_frac"] += float((out.clipped.float() * mkf).sum())
+                    sums["ratio"] += float((out.ratio * mkf).sum())
+                    sums["entropy"] += float((entropy_from_logits(z.detach()) * ro.response_mask[micro]).sum())
+                    if out.kl is not None:
+                        sums["kl"] += float((out.kl * mkf).sum())
+                n_tok_total += float(mkf.sum())
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), t.max_grad_norm)
+            if torch.isfinite(grad_norm):
+                opt.step()
+            else:  # never step on a non-finite gradient
+                sums["skipped_steps"] += 1
+            sched.step()
+            sums["grad_norm"] += float(grad_norm)
+            n_updates += 1
+    n_tok = max(n_tok_total, 1.0)
+    return {
+        "total": sums["total"] / n_updates,
+        "kl": sums["kl"] / n_tok,
+        "clip_frac": sums["clip_frac"] / n_tok,
+        "ratio": sums["ratio"] / n_tok,
+        "grad_norm": sums["grad_norm"] / n_updates,
+        "skipped_steps": sums["skipped_steps"],
+        "lr": sched.get_last_lr()[0],
+        "entropy": sums["entropy"] / max(float(ro.response_mask.sum()) * t.epochs, 1.0),
+    }
+
+
+def _summary(c: TrainConfig, run: RunDir, assets: Assets, elapsed: float) -> dict[str, Any]:
+    rows = run.read_metrics()
+    evals = [r for r in rows if "eval/rm_score" in r]
+    trains = [r for r in rows if "perf/step_s" in r]
+    out: dict[str, Any] = {
+        "run_name": c.run_name, "run_id": run.run_id, "seed": c.seed,
+        "credit": c.credit.get("name", c.credit.get("_target_")), "policy": c.policy.name, "data": c.data.name,
+        "steps": c.trainer.steps, "wall_time_s": round(elapsed, 2), "git_commit": _git_commit(),
+        "eval": {"initial": {k: v for k, v in evals[0].items() if k != "step"} if evals else {},
+                 "final": {k: v for k, v in evals[-1].items() if k != "step"} if evals else {},
+                 "curve": [{"step": r["step"], "gold": r.get("eval/gold"), "rm_score": r["eval/rm_score"]} for r in evals]},
+        "rm_report": assets.rm_report,
+    }
+    golds = [(r["step"], r["eval/gold"]) for r in evals if r.get("eval/gold") is not None]
+    if len(golds) > 1:  # normalized area under the gold curve (trapezoid rule, per step)
+        area = sum((s1 - s0) * (g0 + g1) / 2 for (s0, g0), (s1, g1) in zip(golds, golds[1:], strict=False))
+        out["eval"]["gold_auc"] = area / (golds[-1][0] - golds[0][0])
+    if trains:
+        keys = [k for k in trains[0] if k.startswith(("perf/", "credit/"))]
+        out["train_mean"] = {k: _mean([r.get(k) for r in trains]) for k in keys}
+    return out
+
+
+def _mean(xs: list) -> float | None:
+    xs = [x for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]
+    return sum(xs) / len(xs) if xs else None
