@@ -51,7 +51,7 @@ def datc_scores(
     *,
     logit_map: str = "jacobian",
     alignment: str = "projection",
-    chunk_size: int = 1024,
+    chunk_size: int = 256,
     top_k: int | None = None,
     rows: Tensor | None = None,
 ) -> Tensor:
@@ -73,7 +73,7 @@ def datc_scores(
     Returns:
         (N,) scores, float32 (float64 if any input is float64).
     """
-    _check_options(logit_map, alignment, chunk_size, top_k)
+    check_options(logit_map, alignment, chunk_size, top_k)
     _check_shapes(g, E, logits, y, sign)
     dtype = _compute_dtype(g, E, logits)
     E = E.to(dtype)
@@ -100,7 +100,7 @@ def force_norm(
     logits: Tensor,
     *,
     logit_map: str = "jacobian",
-    chunk_size: int = 1024,
+    chunk_size: int = 256,
     top_k: int | None = None,
     rows: Tensor | None = None,
 ) -> Tensor:
@@ -109,14 +109,13 @@ def force_norm(
     Shapes and options as in :func:`datc_scores`; returns (N,). Needs ``ρ_t`` one chunk at a
     time.
     """
-    _check_options(logit_map, "work", chunk_size, top_k)
-    ref = torch.zeros(g.shape[0], dtype=torch.long, device=g.device)
-    _check_shapes(g, E, logits, ref, ref)
+    check_options(logit_map, "work", chunk_size, top_k)
+    _check_shapes(g, E, logits)
     dtype = _compute_dtype(g, E, logits)
     E = E.to(dtype)
     out = []
     for sel in _chunks(g.shape[0], rows, chunk_size):
-        z = logits[sel]
+        z = logits[sel]  # the displacement terms are unused, so any ids serve as y
         _, _, f_norm = _chunk_terms(g[sel].to(dtype), E, z, z.argmax(-1), logit_map, top_k, True)
         out.append(f_norm)
     return _cat(out, g, dtype)
@@ -130,6 +129,18 @@ def rm_saliency(g: Tensor, E: Tensor, y: Tensor) -> Tensor:
     """
     dtype = _compute_dtype(g, E)
     return (g.to(dtype) * E[y].to(dtype)).sum(-1).abs()
+
+
+def check_options(logit_map: str, alignment: str, chunk_size: int, top_k: int | None) -> None:
+    """Raise ValueError naming the option and its valid values if one is out of range."""
+    if logit_map not in LOGIT_MAPS:
+        raise ValueError(f"logit_map must be one of {LOGIT_MAPS}, got {logit_map!r}")
+    if alignment not in ALIGNMENTS:
+        raise ValueError(f"alignment must be one of {ALIGNMENTS}, got {alignment!r}")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
 
 
 # ---- slow reference (tests only) ---------------------------------------------------------------
@@ -283,18 +294,9 @@ def _compute_dtype(*tensors: Tensor) -> torch.dtype:
     return dtype
 
 
-def _check_options(logit_map: str, alignment: str, chunk_size: int, top_k: int | None) -> None:
-    if logit_map not in LOGIT_MAPS:
-        raise ValueError(f"logit_map must be one of {LOGIT_MAPS}, got {logit_map!r}")
-    if alignment not in ALIGNMENTS:
-        raise ValueError(f"alignment must be one of {ALIGNMENTS}, got {alignment!r}")
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
-
-
-def _check_shapes(g: Tensor, E: Tensor, logits: Tensor, y: Tensor, sign: Tensor) -> None:
+def _check_shapes(
+    g: Tensor, E: Tensor, logits: Tensor, y: Tensor | None = None, sign: Tensor | None = None
+) -> None:
     m, d = g.shape
     v, d_e = E.shape
     if d != d_e:
@@ -304,6 +306,6 @@ def _check_shapes(g: Tensor, E: Tensor, logits: Tensor, y: Tensor, sign: Tensor)
             f"logits {tuple(logits.shape)} must be (rows, V) = ({m}, {v}); a policy vocabulary "
             "that differs from the reward model's (e.g. padded differently) must be aligned first"
         )
-    if y.shape != (m,) or sign.shape != (m,):
-        raise ValueError(f"y {tuple(y.shape)} and sign {tuple(sign.shape)} must be ({m},)")
-
+    for name, t in (("y", y), ("sign", sign)):
+        if t is not None and t.shape != (m,):
+            raise ValueError(f"{name} {tuple(t.shape)} must be ({m},)")

@@ -62,9 +62,7 @@ def _check_range(
 
 
 @torch.no_grad()
-def scores_to_weights(
-    scores: Tensor, mask: Tensor, params: WeightParams
-) -> tuple[Tensor, Tensor]:
+def scores_to_weights(scores: Tensor, mask: Tensor, params: WeightParams) -> tuple[Tensor, Tensor]:
     """Turn per-token scores into token weights with mean exactly 1 per response (METHOD §2.5).
 
     Args:

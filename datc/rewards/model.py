@@ -51,7 +51,8 @@ def rm_forward(rm, inputs_embeds: Tensor, attention_mask: Tensor) -> Tensor:
     """The reward model's score of left-padded inputs, read at the last position. (B,) float.
     Shared by reward-model training and scoring, so both compute exactly the same function."""
     out = rm(inputs_embeds=inputs_embeds, attention_mask=attention_mask.long(), position_ids=position_ids(attention_mask)).logits
-    return out[:, 0].float()
+    s = out[:, 0]
+    return s if s.dtype == torch.float64 else s.float()  # bf16/fp16 scores are upcast
 
 
 def score(rm, inputs: RMInputs, response_mask: Tensor, with_grad: bool = False, batch_size: int = 64) -> RMScore:
@@ -71,7 +72,8 @@ def score(rm, inputs: RMInputs, response_mask: Tensor, with_grad: bool = False, 
             if with_grad:
                 (g,) = torch.autograd.grad(s.sum(), h)  # scores are independent per row
                 pos = inputs.response_pos[i : i + batch_size]
-                g = g.gather(1, pos[:, :, None].expand(-1, -1, g.shape[-1])).float()
+                g = g.gather(1, pos[:, :, None].expand(-1, -1, g.shape[-1]))
+                g = g if g.dtype == torch.float64 else g.float()
                 grads.append(g * response_mask[i : i + batch_size, :, None])
         scores.append(s.detach().float())
     return RMScore(torch.cat(scores), torch.cat(grads) if with_grad else None)

@@ -1,0 +1,39 @@
+"""Shared fixtures: the testbed tokenizer and tiny models of both families, built in memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from datc.models import build_causal_lm, build_reward_model
+from datc.tokenizer import build_testbed_tokenizer, load_tokenizer
+from datc.utils import quiet_libraries
+
+quiet_libraries()
+torch.set_num_threads(1)
+
+ARCHS = {
+    "gpt2": dict(model_type="gpt2", n_layer=2, n_head=2, n_embd=32, n_positions=64),
+    "llama": dict(model_type="llama", num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                  hidden_size=32, intermediate_size=64, max_position_embeddings=64),
+}
+
+
+@pytest.fixture(scope="session")
+def tok(tmp_path_factory):
+    return load_tokenizer(build_testbed_tokenizer(tmp_path_factory.mktemp("tok")))
+
+
+@pytest.fixture(params=sorted(ARCHS))
+def family(request):
+    return request.param
+
+
+@pytest.fixture
+def policy(tok, family):
+    return build_causal_lm(ARCHS[family], tok, 0).eval()
+
+
+@pytest.fixture
+def reward_model(tok, family):
+    return build_reward_model(ARCHS[family], tok, 0).eval()
