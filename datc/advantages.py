@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 SCALE_EPS = 1e-4  # TRL's GRPOTrainer adds 1e-4 to the std

@@ -48,6 +48,7 @@ class RewardTrainConfig:
     batch_size: int = 64
     n_prompts: int = 512
     samples_per_prompt: int = 4
+    group_weight: float = 4.0
 
 
 @dataclass
@@ -166,7 +167,7 @@ POSITIVE = [
 ]
 NON_NEGATIVE = [
     "trainer.weight_decay", "trainer.warmup_steps", "trainer.beta", "trainer.epsilon_low",
-    "trainer.epsilon_high", "policy.warm_start.steps", "reward.train.steps",
+    "trainer.epsilon_high", "policy.warm_start.steps", "reward.train.steps", "reward.train.group_weight",
 ]
 
 

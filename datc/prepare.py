@@ -93,26 +93,28 @@ def warm_start(policy, tok, task: Task, train_rows: list[dict], steps: int, lr: 
     return losses
 
 
-def _rm_pool(policy, tok, task: Task, rows: list[dict], samples_per_prompt: int, max_new_tokens: int, with_perturbations: bool):
-    """Responses to train or test the reward model on: the warm policy's own samples (what RL
-    starts from) plus the task's perturbations (what RL may push towards)."""
+def _rm_pool(policy, tok, task: Task, rows: list[dict], samples_per_prompt: int, max_new_tokens: int,
+             with_perturbations: bool) -> list[tuple[dict, list[list[int]], torch.Tensor]]:
+    """Responses grouped by prompt, to train or test the reward model on: the warm policy's own
+    samples (what RL starts from) plus the task's perturbations (what RL may push towards).
+    Returns ``[(example, [response ids], gold (n,)), ...]``, one entry per prompt."""
     rng = random.Random(PREP_SEED + 1)
-    prefixes, responses, golds = [], [], []
+    groups = []
     for i in range(0, len(rows), 64):
         chunk = rows[i : i + 64]
         ro = sample_groups(policy, tok, chunk, samples_per_prompt, max_new_tokens)
         g, _ = gold_of(task, tok, ro.examples, ro.response_ids, ro.response_mask)
-        for j, ex in enumerate(ro.examples):
-            prefixes.append(ex)
-            responses.append(ro.response_ids[j, : int(ro.response_mask[j].sum())].tolist())
-            golds.append(float(g[j]))
-        if with_perturbations:
-            for ex in chunk:
+        for k, ex in enumerate(chunk):
+            resp, gold = [], []
+            for j in range(k * samples_per_prompt, (k + 1) * samples_per_prompt):
+                resp.append(ro.response_ids[j, : int(ro.response_mask[j].sum())].tolist())
+                gold.append(float(g[j]))
+            if with_perturbations:
                 for toks in task.perturbations(ex, rng):
-                    prefixes.append(ex)
-                    responses.append(tokens_to_ids(tok, toks[:max_new_tokens]))
-                    golds.append(float(task.gold(ex, [t for t in toks[:max_new_tokens]])))
-    return prefixes, responses, torch.tensor(golds)
+                    resp.append(tokens_to_ids(tok, toks[:max_new_tokens]))
+                    gold.append(task.gold(ex, toks[:max_new_tokens]))
+            groups.append((ex, resp, torch.tensor(gold)))
+    return groups
 
 
 def _rm_batch_scores(rm, tok, examples, responses, max_new_tokens):
@@ -122,20 +124,35 @@ def _rm_batch_scores(rm, tok, examples, responses, max_new_tokens):
     return rm_forward(rm, rm.get_input_embeddings()(inp.input_ids), inp.attention_mask)
 
 
+RM_GROUP = 8  # responses per prompt in a reward-model batch, and per prompt in its held-out test
+
+
 def train_reward_model(rm, policy, tok, task: Task, train_rows, eval_rows, rcfg, max_new_tokens: int) -> dict[str, Any]:
-    """Regress the gold reward (MSE) on warm-policy samples and perturbations; report the fit,
-    above all the within-group correlation on fresh warm-policy samples of held-out prompts."""
+    """Fit the gold reward on groups of responses to the same prompt. The loss is the MSE plus
+    the MSE of the within-group deviations (prediction and gold each centred on their group's
+    mean): GRPO only ever compares responses to one prompt, so that ranking is what the reward
+    model must get right. Reports the fit on fresh warm-policy samples of held-out prompts."""
     torch.manual_seed(PREP_SEED)
-    prefixes, responses, golds = _rm_pool(policy, tok, task, train_rows[: rcfg.n_prompts], rcfg.samples_per_prompt, max_new_tokens, True)
+    pool = _rm_pool(policy, tok, task, train_rows[: rcfg.n_prompts], rcfg.samples_per_prompt, max_new_tokens, True)
     rng = torch.Generator().manual_seed(PREP_SEED)
     opt = torch.optim.AdamW(rm.parameters(), lr=rcfg.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / max(rcfg.steps, 1))
     rm.train()
+    n_prompts = max(rcfg.batch_size // RM_GROUP, 1)
     losses = []
     for _ in range(rcfg.steps):
-        idx = torch.randint(len(responses), (rcfg.batch_size,), generator=rng).tolist()
-        pred = _rm_batch_scores(rm, tok, [prefixes[i] for i in idx], [responses[i] for i in idx], max_new_tokens)
-        loss = torch.nn.functional.mse_loss(pred, golds[idx])
+        examples, responses, golds = [], [], []
+        for p in torch.randint(len(pool), (n_prompts,), generator=rng).tolist():
+            ex, resp, gold = pool[p]
+            pick = torch.randint(len(resp), (RM_GROUP,), generator=rng)
+            examples += [ex] * RM_GROUP
+            responses += [resp[j] for j in pick.tolist()]
+            golds.append(gold[pick])
+        gold = torch.cat(golds)
+        pred = _rm_batch_scores(rm, tok, examples, responses, max_new_tokens)
+        dev_pred = pred.view(-1, RM_GROUP) - pred.view(-1, RM_GROUP).mean(1, keepdim=True)
+        dev_gold = gold.view(-1, RM_GROUP) - gold.view(-1, RM_GROUP).mean(1, keepdim=True)
+        loss = torch.nn.functional.mse_loss(pred, gold) + rcfg.group_weight * torch.nn.functional.mse_loss(dev_pred, dev_gold)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(rm.parameters(), 1.0)
@@ -143,16 +160,18 @@ def train_reward_model(rm, policy, tok, task: Task, train_rows, eval_rows, rcfg,
         sched.step()
         losses.append(loss.item())
     rm.eval()
-    # Held-out test: 8 samples of the warm policy per eval prompt, as GRPO will see them.
-    G = 8
-    ex, resp, gold = _rm_pool(policy, tok, task, eval_rows[:64], G, max_new_tokens, False)
+    # Held-out test: RM_GROUP samples of the warm policy per eval prompt, as GRPO will see them.
+    test = _rm_pool(policy, tok, task, eval_rows[:64], RM_GROUP, max_new_tokens, False)
+    ex = [e for e, resp, _ in test for _ in resp]
+    resp = [r for _, rs, _ in test for r in rs]
+    gold = torch.cat([g for _, _, g in test])
     with torch.no_grad():
         pred = torch.cat([_rm_batch_scores(rm, tok, ex[i : i + 128], resp[i : i + 128], max_new_tokens) for i in range(0, len(resp), 128)])
     return {
-        "train_pool": len(responses),
-        "final_train_mse": sum(losses[-50:]) / len(losses[-50:]) if losses else None,
+        "train_pool": sum(len(r) for _, r, _ in pool),
+        "final_train_loss": sum(losses[-50:]) / len(losses[-50:]) if losses else None,
         "heldout_corr": pearson(pred, gold),
-        "heldout_within_group_corr": within_group_corr(pred, gold, G),
+        "heldout_within_group_corr": within_group_corr(pred, gold, RM_GROUP),
         "heldout_gold_mean": float(gold.mean()),
     }
 

@@ -36,7 +36,6 @@ from datc.rundir import RunDir
 from datc.tokenizer import load_tokenizer
 from datc.utils import atomic_write_json, quiet_libraries, rng_state, seed_everything, set_rng_state
 
-
 # ============================================================================================
 # Plumbing: prompts, models, policy passes
 # ============================================================================================

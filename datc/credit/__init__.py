@@ -18,8 +18,8 @@ from datc.credit.base import (
     CreditBatch,
     CreditOutput,
     CreditScheme,
-    Normalization,
     NoParams,
+    Normalization,
     Output,
 )
 from datc.registry import Registry

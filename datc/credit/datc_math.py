@@ -178,13 +178,8 @@ def reference_scores(
     for t in range(g.shape[0]):
         u = sign[t] * (torch.nn.functional.one_hot(y[t], pi.shape[-1]).to(pi) - pi[t])
         work = f[t] @ u
-        if alignment == "work":
-            out.append(work)
-        elif alignment == "projection":
-            out.append(work / u.norm() if u.norm() > 0 else work * 0)
-        else:
-            den = f[t].norm() * u.norm()
-            out.append(work / den if den > 0 else work * 0)
+        den = {"work": 1.0, "projection": u.norm(), "cosine": f[t].norm() * u.norm()}[alignment]
+        out.append(work / den if den > 0 else torch.zeros_like(work))
     return torch.stack(out)
 
 

@@ -94,8 +94,10 @@ def scores_to_weights(scores: Tensor, mask: Tensor, params: WeightParams) -> tup
        sit on it and every other token moves by the same ``b``, so the bounds hold exactly and
        the mean is 1. The mean is continuous and non-decreasing in ``b`` and brackets 1 on
        ``[1 - max w, 1 - min w]`` because ``lo <= 1 <= hi`` (enforced by :class:`WeightParams`,
-       the condition for mean 1 to be feasible), so bisection always finds ``b``. Responses
-       already within bounds are left untouched.
+       the condition for mean 1 to be feasible), so bisection (64 halvings, float64) always
+       finds ``b``. Responses already within bounds are left untouched.
+
+    "Mean 1" is exact up to float64 rounding, then the float32 cast (about 1e-7).
     """
     if scores.shape != mask.shape or scores.dim() != 2:
         raise ValueError(

@@ -1,0 +1,43 @@
+"""``datc_identity``: DATC with the force taken before the softmax (METHOD §3)."""
+
+import torch
+
+from datc.credit import CREDIT_SCHEMES
+from datc.credit.base import CreditBatch
+from datc.credit.schemes.datc import DATCParams
+from datc.credit.schemes.datc_identity import DATCIdentityParams
+
+F64 = torch.float64
+
+
+def make_batch(seed: int = 0, B: int = 3, T: int = 5, V: int = 9, d: int = 4) -> CreditBatch:
+    gen = torch.Generator().manual_seed(seed)
+    return CreditBatch(
+        response_ids=torch.randint(V, (B, T), generator=gen),
+        response_mask=torch.arange(T) < torch.tensor([5, 4, 2])[:, None],
+        advantages=torch.tensor([0.8, -1.1, 0.5], dtype=F64),
+        rm_grad=torch.randn(B, T, d, generator=gen, dtype=F64),
+        rm_embedding=torch.randn(V, d, generator=gen, dtype=F64),
+        policy_logits=torch.randn(B, T, V, generator=gen, dtype=F64) * 2,
+    )
+
+
+def test_default_is_identity_and_equals_datc_so_configured():
+    batch = make_batch()
+    assert DATCIdentityParams().logit_map == "identity"
+    ident = CREDIT_SCHEMES.get("datc_identity").fn(batch, DATCIdentityParams())
+    datc = CREDIT_SCHEMES.get("datc").fn(batch, DATCParams(logit_map="identity"))
+    jac = CREDIT_SCHEMES.get("datc").fn(batch, DATCParams())
+    assert torch.equal(ident, datc) and not torch.allclose(ident, jac)
+
+
+def test_work_is_reward_direction_along_the_displacement():
+    # identity + work: s = sign(A) · g · (E[y] - πᵀE) (METHOD's cheap identity), by hand.
+    batch = make_batch(1)
+    mask = batch.response_mask
+    s = CREDIT_SCHEMES.get("datc_identity").fn(batch, DATCIdentityParams(alignment="work"))
+    pi = torch.softmax(batch.policy_logits, -1)
+    E = batch.rm_embedding
+    expected = (batch.rm_grad * (E[batch.response_ids] - pi @ E)).sum(-1)
+    expected = torch.sign(batch.advantages)[:, None] * expected
+    assert torch.allclose(s[mask], expected[mask], atol=1e-12, rtol=0)

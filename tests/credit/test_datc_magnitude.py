@@ -1,0 +1,49 @@
+"""``datc_magnitude``: s_t = ‖f_t‖, the force's magnitude with no alignment (METHOD §3)."""
+
+import pytest
+import torch
+
+from datc.credit import CREDIT_SCHEMES
+from datc.credit.base import CreditBatch
+from datc.credit.datc_math import reference_force
+from datc.credit.schemes.datc_magnitude import MagnitudeParams
+
+F64 = torch.float64
+
+
+def make_batch(seed: int = 0, B: int = 3, T: int = 5, V: int = 9, d: int = 4) -> CreditBatch:
+    gen = torch.Generator().manual_seed(seed)
+    return CreditBatch(
+        response_ids=torch.randint(V, (B, T), generator=gen),
+        response_mask=torch.arange(T) < torch.tensor([5, 4, 2])[:, None],
+        advantages=torch.tensor([0.8, -1.1, 0.5], dtype=F64),
+        rm_grad=torch.randn(B, T, d, generator=gen, dtype=F64),
+        rm_embedding=torch.randn(V, d, generator=gen, dtype=F64),
+        policy_logits=torch.randn(B, T, V, generator=gen, dtype=F64) * 2,
+    )
+
+
+@pytest.mark.parametrize("logit_map", ["jacobian", "identity"])
+def test_scores_are_the_force_norm(logit_map):
+    batch = make_batch()
+    mask = batch.response_mask
+    s = CREDIT_SCHEMES.get("datc_magnitude").fn(batch, MagnitudeParams(logit_map=logit_map))
+    f = reference_force(
+        batch.rm_grad[mask], batch.rm_embedding, batch.policy_logits[mask], logit_map
+    )
+    assert torch.allclose(s[mask], f.norm(dim=-1), atol=1e-12, rtol=0) and (s[~mask] == 0).all()
+
+
+def test_independent_of_advantage_and_sampled_token():
+    batch, scheme = make_batch(1), CREDIT_SCHEMES.get("datc_magnitude")
+    s = scheme.fn(batch, MagnitudeParams())
+    batch.advantages = -batch.advantages
+    batch.response_ids = (batch.response_ids + 1) % 9
+    assert torch.equal(scheme.fn(batch, MagnitudeParams()), s)
+
+
+def test_has_no_direction_or_alignment_switch():
+    scheme = CREDIT_SCHEMES.get("datc_magnitude")
+    for field in ("direction", "alignment"):
+        with pytest.raises(ValueError, match=field):
+            scheme.make_params({field: "work"})

@@ -1,0 +1,41 @@
+"""``rm_saliency``: s_t = |g_t · E[y_t]|, ignoring the policy (METHOD §3)."""
+
+import torch
+
+from datc.credit import CREDIT_SCHEMES, compute_credit
+from datc.credit.base import POLICY_LOGITS, CreditBatch
+from datc.credit.weights import WeightParams
+
+F64 = torch.float64
+
+
+def make_batch(seed: int = 0, B: int = 3, T: int = 5, V: int = 9, d: int = 4) -> CreditBatch:
+    gen = torch.Generator().manual_seed(seed)
+    return CreditBatch(
+        response_ids=torch.randint(V, (B, T), generator=gen),
+        response_mask=torch.arange(T) < torch.tensor([5, 4, 2])[:, None],
+        advantages=torch.tensor([0.8, -1.1, 0.5], dtype=F64),
+        rm_grad=torch.randn(B, T, d, generator=gen, dtype=F64),
+        rm_embedding=torch.randn(V, d, generator=gen, dtype=F64),
+    )
+
+
+def test_scores_match_the_definition_without_policy_logits():
+    batch, scheme = make_batch(), CREDIT_SCHEMES.get("rm_saliency")
+    assert POLICY_LOGITS not in scheme.needs and batch.policy_logits is None
+    s = scheme.fn(batch, WeightParams())
+    B, T = batch.response_mask.shape
+    for i in range(B):
+        for t in range(T):
+            h = batch.rm_embedding[batch.response_ids[i, t]]
+            expected = abs(float(batch.rm_grad[i, t] @ h)) if batch.response_mask[i, t] else 0.0
+            assert abs(float(s[i, t]) - expected) < 1e-12
+
+
+def test_weights_ignore_the_advantage_and_keep_mean_one():
+    batch, scheme = make_batch(1), CREDIT_SCHEMES.get("rm_saliency")
+    w = compute_credit(scheme, batch, WeightParams()).weights
+    batch.advantages = -batch.advantages
+    assert torch.equal(compute_credit(scheme, batch, WeightParams()).weights, w)
+    mask = batch.response_mask
+    assert torch.allclose((w * mask).sum(-1) / mask.sum(-1), torch.ones(3), atol=1e-6)
