@@ -1,0 +1,110 @@
+"""End-to-end runs on the tiny testbed: training changes every parameter, writes its files,
+resumes after a kill exactly, and refuses to overwrite another run."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from datc.checkpoint import latest_checkpoint, load_checkpoint
+from datc.config import ConfigError
+from datc.models import load_pretrained
+from datc.train import CONFIG_DIR
+from datc.trainer import train
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+def cfg_for(cache_dir, run_dir, *overrides):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose(config_name="train", overrides=["debug=fast", f"cache_dir={cache_dir}", f"run_dir={run_dir}", *overrides])
+
+
+def _comparable(rows):
+    """Metric rows without wall-clock timings."""
+    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
+
+
+def _rows(run_dir):
+    return [json.loads(x) for x in open(os.path.join(run_dir, "metrics.jsonl"))]
+
+
+@pytest.mark.parametrize("policy", ["tiny_gpt2", "tiny_llama"])
+def test_training_changes_every_parameter_and_writes_its_files(cache_dir, tmp_path, policy):
+    run_dir = tmp_path / "run"
+    summary = train(cfg_for(cache_dir, run_dir, f"policy={policy}", "credit=datc"))
+    # Every trainable parameter moved away from the warm start.
+    warm = load_pretrained("causal_lm", summary_policy_path(cache_dir, policy), "policy.path")
+    final = load_checkpoint(latest_checkpoint(run_dir))["policy"]
+    unchanged = [n for n, p in warm.named_parameters() if p.requires_grad and torch.equal(p, final[n])]
+    assert not unchanged, f"parameters that did not change: {unchanged}"
+    for name in ("metrics.jsonl", "summary.json", "config.yaml", "run.json"):
+        assert (run_dir / name).exists(), name
+    rows = _rows(run_dir)
+    assert [r["step"] for r in rows if "eval/gold" in r] == [0, 2, 3]
+    assert all(math.isfinite(r["eval/gold"]) for r in rows if "eval/gold" in r)
+    assert math.isfinite(summary["eval"]["final"]["eval/gold"])
+    assert all(k.split("/")[0] in {"reward", "rollout", "loss", "credit", "perf", "eval", "step"} for r in rows for k in r)
+
+
+def summary_policy_path(cache_dir, policy):
+    (path,) = [p for p in (os.path.join(cache_dir, "policy", d) for d in os.listdir(os.path.join(cache_dir, "policy")))
+               if os.path.basename(p).startswith(policy)]
+    return path
+
+
+def test_same_command_gives_same_metrics(cache_dir, tmp_path):
+    a = train(cfg_for(cache_dir, tmp_path / "a"))
+    b = train(cfg_for(cache_dir, tmp_path / "b"))
+    assert _comparable(_rows(tmp_path / "a")) == _comparable(_rows(tmp_path / "b"))
+    assert a["eval"]["final"] == b["eval"]["final"]
+
+
+def test_killed_run_resumes_to_the_same_metrics(cache_dir, tmp_path):
+    overrides = ["trainer.steps=12", "trainer.checkpoint_every=2", "trainer.eval_every=4"]
+    train(cfg_for(cache_dir, tmp_path / "full", *overrides))
+
+    killed = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "datc.train", "debug=fast", f"cache_dir={cache_dir}", f"run_dir={killed}", *overrides]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (killed / "checkpoints" / "step_0000002").exists():
+        assert proc.poll() is None and time.time() < deadline, "run ended before its first checkpoint"
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "summary.json").exists(), "the run finished before it could be killed"
+
+    train(cfg_for(cache_dir, killed, *overrides))  # trainer.resume=auto is the default
+    assert _comparable(_rows(killed)) == _comparable(_rows(tmp_path / "full"))
+    steps = [r["step"] for r in _rows(killed) if "loss/total" in r]
+    assert steps == list(range(1, 13))  # no step redone or skipped
+
+
+def test_a_directory_holding_another_run_is_refused(cache_dir, tmp_path):
+    train(cfg_for(cache_dir, tmp_path / "r"))
+    before = (tmp_path / "r" / "metrics.jsonl").read_text()
+    with pytest.raises(ConfigError, match="holds another run"):
+        train(cfg_for(cache_dir, tmp_path / "r", "trainer.lr=1e-3"))
+    with pytest.raises(ConfigError, match="already holds this run"):
+        train(cfg_for(cache_dir, tmp_path / "r", "trainer.resume=never"))
+    assert (tmp_path / "r" / "metrics.jsonl").read_text() == before
+
+
+def test_resume_must_without_a_run_is_an_error(cache_dir, tmp_path):
+    with pytest.raises(ConfigError, match="resume=must"):
+        train(cfg_for(cache_dir, tmp_path / "none", "trainer.resume=must"))
