@@ -118,8 +118,13 @@ def compute_credit(scheme: CreditScheme, batch: CreditBatch, params: Any) -> Cre
     if out.shape != mask.shape:
         raise ValueError(f"credit scheme {scheme.name!r} returned shape {tuple(out.shape)}, expected {tuple(mask.shape)}")
     if scheme.output == "scores":
-        from datc.credit.weights import scores_to_weights
+        from datc.credit.weights import WeightParams, scores_to_weights
 
+        if not isinstance(params, WeightParams):
+            raise TypeError(
+                f"credit scheme {scheme.name!r} returns scores, so its params must subclass "
+                f"datc.credit.weights.WeightParams (the shared weight step's fields); got {type(params).__name__}"
+            )
         weights, fallback = scores_to_weights(out, mask, params)
         return CreditOutput(weights, out, fallback, "per_response")
     weights = torch.where(mask, out.float(), torch.zeros((), dtype=torch.float32))

@@ -34,12 +34,13 @@ def credit_accuracy(signed_scores: Tensor, gold_contrib: Tensor, mask: Tensor) -
 def credit_metrics(out: CreditOutput, advantages: Tensor, mask: Tensor, gold_contrib: Tensor | None) -> dict[str, float]:
     """Weight statistics over valid tokens, the effective sample size of each response's
     weights (``(Σw)² / (T Σw²)``, 1 for uniform), the fraction of tokens above 1, the fallback
-    rate and, on tasks with gold contributions, credit accuracy."""
+    rate among responses with a non-zero advantage (a zero advantage makes weights moot) and,
+    on tasks with gold contributions, credit accuracy."""
     w = out.weights
     mk = mask.bool()
     valid = w[mk]
     if valid.numel() == 0:
-        return {"credit/fallback_frac": float(out.fallback.float().mean())}
+        return {"credit/fallback_frac": _fallback_frac(out, advantages)}
     wf = w * mk
     n = mk.sum(-1).clamp(min=1)
     ess = (wf.sum(-1) ** 2 / (n * (wf**2).sum(-1)).clamp(min=1e-12))[mk.any(-1)]
@@ -50,7 +51,7 @@ def credit_metrics(out: CreditOutput, advantages: Tensor, mask: Tensor, gold_con
         "credit/weight_max": float(valid.max()),
         "credit/frac_above_1": float((valid > 1 + 1e-6).float().mean()),
         "credit/ess": float(ess.mean()),
-        "credit/fallback_frac": float(out.fallback.float().mean()),
+        "credit/fallback_frac": _fallback_frac(out, advantages),
     }
     if out.scores is not None:
         s = out.scores[mk]
@@ -60,3 +61,8 @@ def credit_metrics(out: CreditOutput, advantages: Tensor, mask: Tensor, gold_con
         signed = (out.scores if out.scores is not None else w) * torch.sign(advantages)[:, None]
         metrics["credit/accuracy"] = credit_accuracy(signed, gold_contrib, mk)
     return metrics
+
+
+def _fallback_frac(out: CreditOutput, advantages: Tensor) -> float:
+    moving = advantages != 0
+    return float(out.fallback[moving].float().mean()) if moving.any() else 0.0
