@@ -20,8 +20,8 @@ class ConfigError(ValueError):
 
 @dataclass
 class WarmStartConfig:
-    steps: int = 300
-    lr: float = 3e-3
+    steps: int = 2000
+    lr: float = 1e-3
     batch_size: int = 32
 
 
@@ -43,12 +43,14 @@ class RuleConfig:
 
 @dataclass
 class RewardTrainConfig:
-    steps: int = 600
+    steps: int = 1000
     lr: float = 1e-3
     batch_size: int = 64
-    n_prompts: int = 512
-    samples_per_prompt: int = 4
+    n_prompts: int = 1024
+    samples_per_prompt: int = 8
     group_weight: float = 4.0
+    edits_per_sample: int = 0
+    perturbations: bool = False
 
 
 @dataclass
@@ -168,6 +170,7 @@ POSITIVE = [
 NON_NEGATIVE = [
     "trainer.weight_decay", "trainer.warmup_steps", "trainer.beta", "trainer.epsilon_low",
     "trainer.epsilon_high", "policy.warm_start.steps", "reward.train.steps", "reward.train.group_weight",
+    "reward.train.edits_per_sample",
 ]
 
 

@@ -94,9 +94,10 @@ def warm_start(policy, tok, task: Task, train_rows: list[dict], steps: int, lr: 
 
 
 def _rm_pool(policy, tok, task: Task, rows: list[dict], samples_per_prompt: int, max_new_tokens: int,
-             with_perturbations: bool) -> list[tuple[dict, list[list[int]], torch.Tensor]]:
+             edits_per_sample: int = 0, perturbations: bool = False) -> list[tuple[dict, list[list[int]], torch.Tensor]]:
     """Responses grouped by prompt, to train or test the reward model on: the warm policy's own
-    samples (what RL starts from) plus the task's perturbations (what RL may push towards).
+    samples (what RL starts from), local edits of them, and optionally the task's extreme
+    perturbations (what RL may push towards).
     Returns ``[(example, [response ids], gold (n,)), ...]``, one entry per prompt."""
     rng = random.Random(PREP_SEED + 1)
     groups = []
@@ -107,9 +108,14 @@ def _rm_pool(policy, tok, task: Task, rows: list[dict], samples_per_prompt: int,
         for k, ex in enumerate(chunk):
             resp, gold = [], []
             for j in range(k * samples_per_prompt, (k + 1) * samples_per_prompt):
-                resp.append(ro.response_ids[j, : int(ro.response_mask[j].sum())].tolist())
+                ids = ro.response_ids[j, : int(ro.response_mask[j].sum())].tolist()
+                resp.append(ids)
                 gold.append(float(g[j]))
-            if with_perturbations:
+                for _ in range(edits_per_sample):
+                    toks = task.edit(ex, tok.convert_ids_to_tokens(ids), rng)[:max_new_tokens]
+                    resp.append(tokens_to_ids(tok, toks))
+                    gold.append(task.gold(ex, toks))
+            if perturbations:
                 for toks in task.perturbations(ex, rng):
                     resp.append(tokens_to_ids(tok, toks[:max_new_tokens]))
                     gold.append(task.gold(ex, toks[:max_new_tokens]))
@@ -133,7 +139,8 @@ def train_reward_model(rm, policy, tok, task: Task, train_rows, eval_rows, rcfg,
     mean): GRPO only ever compares responses to one prompt, so that ranking is what the reward
     model must get right. Reports the fit on fresh warm-policy samples of held-out prompts."""
     torch.manual_seed(PREP_SEED)
-    pool = _rm_pool(policy, tok, task, train_rows[: rcfg.n_prompts], rcfg.samples_per_prompt, max_new_tokens, True)
+    pool = _rm_pool(policy, tok, task, train_rows[: rcfg.n_prompts], rcfg.samples_per_prompt, max_new_tokens,
+                    rcfg.edits_per_sample, rcfg.perturbations)
     rng = torch.Generator().manual_seed(PREP_SEED)
     opt = torch.optim.AdamW(rm.parameters(), lr=rcfg.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / max(rcfg.steps, 1))
@@ -161,7 +168,7 @@ def train_reward_model(rm, policy, tok, task: Task, train_rows, eval_rows, rcfg,
         losses.append(loss.item())
     rm.eval()
     # Held-out test: RM_GROUP samples of the warm policy per eval prompt, as GRPO will see them.
-    test = _rm_pool(policy, tok, task, eval_rows[:64], RM_GROUP, max_new_tokens, False)
+    test = _rm_pool(policy, tok, task, eval_rows[:64], RM_GROUP, max_new_tokens)
     ex = [e for e, resp, _ in test for _ in resp]
     resp = [r for _, rs, _ in test for r in rs]
     gold = torch.cat([g for _, _, g in test])

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import time
@@ -179,138 +180,167 @@ def _git_commit() -> str | None:
         return None
 
 
+@dataclass
+class Session:
+    """Everything one training run holds: config, models, optimizer, credit scheme, prompts."""
+
+    c: TrainConfig
+    m: Models
+    assets: Assets
+    device: torch.device
+    scheme: Any  # datc.credit.CreditScheme
+    credit_params: Any
+    opt: torch.optim.Optimizer
+    sched: Any
+    sampler: PromptSampler
+    rm_embedding: torch.Tensor | None  # (V, d) when the scheme declares it
+
+
+def build_session(c: TrainConfig) -> Session:
+    """Prepare (or load from cache) the assets, load the models, build the optimizer."""
+    t = c.trainer
+    device = resolve_device(t.device)
+    scheme, credit_params = resolve_scheme(c.credit)
+    assets = ensure_assets(c)
+    m = load_models(c, assets, device)
+    m.policy.eval()  # dropout off: the loss must see the distribution that sampled (ratio = 1 on-policy)
+    opt = torch.optim.AdamW(m.policy.parameters(), lr=t.lr, betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
+    updates_per_step = t.epochs * (t.batch_size // t.mini_batch_size)
+    sched = get_scheduler(t.lr_scheduler, opt, num_warmup_steps=t.warmup_steps * updates_per_step,
+                          num_training_steps=t.steps * updates_per_step)
+    sampler = PromptSampler(len(assets.train), t.batch_size // t.num_generations, c.seed)
+    rm_embedding = m.rm.get_input_embeddings().weight.detach().float() if RM_EMBEDDING in scheme.needs else None
+    return Session(c, m, assets, device, scheme, credit_params, opt, sched, sampler, rm_embedding)
+
+
+def train_step(s: Session, it: int) -> dict[str, float]:
+    """One iteration of the spine: rollout → reward → credit → loss → update. Returns its
+    metrics (``reward/``, ``rollout/``, ``credit/``, ``loss/``, ``perf/``)."""
+    c, t, m, needs = s.c, s.c.trainer, s.m, s.scheme.needs
+    t0 = time.perf_counter()
+    examples = [s.assets.train[i] for i in s.sampler.indices(it)]
+
+    # ---- rollout: G samples per prompt ----------------------------------------------------
+    ro = sample_groups(m.policy, m.tok, examples, t.num_generations, t.max_new_tokens, t.temperature, t.top_p,
+                       c.data.prompt_field)
+    mask = ro.response_mask
+    if t.mask_truncated:  # TRL's mask_truncated_completions: no loss on unfinished responses
+        mask = mask & ~ro.truncated[:, None]
+    t1 = time.perf_counter()
+
+    # ---- reward: frozen RM (+ its input-embedding gradient when declared) + rules ----------
+    inp = build_rm_inputs(ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask, m.tok.pad_token_id)
+    rm_out = score(m.rm, inp, ro.response_mask, with_grad=RM_GRAD in needs, batch_size=t.micro_batch_size)
+    gold, gold_contrib = (gold_of(s.assets.task, m.tok, ro.examples, ro.response_ids, ro.response_mask)
+                          if s.assets.task is not None else (None, None))
+    rewards = c.reward.scale * rm_out.scores
+    rule_metrics = {}
+    if c.reward.rules:
+        ctx = RuleContext(ro.response_mask, ro.truncated, gold, ro.examples)
+        for rule in c.reward.rules:
+            r = RULES.get(rule.name)(ctx).to(rewards)
+            rewards = rewards + rule.weight * r
+            rule_metrics[f"reward/rule_{rule.name}"] = float(r.mean())
+    advantages = group_advantages(rewards, t.num_generations, t.scale_rewards)
+    t2 = time.perf_counter()
+
+    # ---- credit: token weights w, Â = A · w ----------------------------------------------
+    on_policy = t.epochs == 1 and t.mini_batch_size == t.batch_size
+    old_logps = entropy = logits = None
+    if not on_policy or needs & {POLICY_LOGITS, ENTROPY, OLD_LOGPS}:
+        old_logps, entropy, logits = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size,
+                                                         POLICY_LOGITS in needs)
+    ref_logps = rollout_policy_pass(m.ref, ro, t.temperature, t.micro_batch_size, False)[0] if m.ref is not None else None
+    credit = compute_credit(s.scheme, CreditBatch(
+        response_ids=ro.response_ids, response_mask=mask, advantages=advantages,
+        rm_grad=rm_out.grad, rm_embedding=s.rm_embedding, policy_logits=logits, entropy=entropy,
+        old_logps=old_logps, generator=torch.Generator().manual_seed(c.seed * 1_000_003 + it),
+    ), s.credit_params)
+    token_adv = advantages[:, None] * credit.weights  # (B, T)
+    t3 = time.perf_counter()
+
+    # ---- loss and update ------------------------------------------------------------------
+    stats = _update(c, m.policy, s.opt, s.sched, ro, mask, token_adv, old_logps, ref_logps)
+    t4 = time.perf_counter()
+
+    n_tokens = int(ro.response_mask.sum())
+    rollout_entropy = stats.pop("entropy")
+    if entropy is not None:
+        rollout_entropy = float((entropy * ro.response_mask).sum() / max(n_tokens, 1))
+    metrics = {
+        "reward/total": float(rewards.mean()),
+        "reward/rm_score": float(rm_out.scores.mean()),
+        "reward/rm_score_std": float(rm_out.scores.std()),
+        "reward/advantage_abs": float(advantages.abs().mean()),
+        **rule_metrics,
+        "rollout/response_len": float(ro.response_mask.float().sum(-1).mean()),
+        "rollout/truncated_frac": float(ro.truncated.float().mean()),
+        "rollout/entropy": rollout_entropy,
+        **{f"loss/{k}": v for k, v in stats.items()},
+        **credit_metrics(credit, advantages, mask, gold_contrib),
+        "perf/step_s": t4 - t0, "perf/rollout_s": t1 - t0, "perf/reward_s": t2 - t1,
+        "perf/credit_s": t3 - t2, "perf/update_s": t4 - t3,
+        "perf/tokens_per_s": n_tokens / (t4 - t0), "perf/samples_per_s": t.batch_size / (t4 - t0),
+    }
+    if gold is not None:
+        metrics["reward/gold"] = float(gold.mean())
+        metrics["reward/rm_gold_corr"] = within_group_corr(rm_out.scores, gold, t.num_generations)
+    return metrics
+
+
 def train(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict[str, Any]:
     """Run one experiment; return its summary (also written to ``<run_dir>/summary.json``)."""
     c = validate(cfg)  # typed and range-checked before any model loads
     resolved = _resolved(cfg)
     run = RunDir.open(run_dir or c.run_dir, resolved, c.trainer.resume)
     if run.summary_file.exists():  # this run already finished: nothing to redo
-        import json
-
         return json.loads(run.summary_file.read_text())
     t = c.trainer
     torch.set_num_threads(t.threads)
     quiet_libraries()
     seed_everything(c.seed)
-    device = resolve_device(t.device)
-    scheme, credit_params = resolve_scheme(c.credit)
-
-    assets = ensure_assets(c)
-    m = load_models(c, assets, device)
-    policy = m.policy
-    policy.eval()  # dropout off: the loss must see the distribution that sampled (ratio = 1 on-policy)
-    opt = torch.optim.AdamW(policy.parameters(), lr=t.lr, betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
-    updates_per_step = t.epochs * (t.batch_size // t.mini_batch_size)
-    sched = get_scheduler(t.lr_scheduler, opt, num_warmup_steps=t.warmup_steps * updates_per_step,
-                          num_training_steps=t.steps * updates_per_step)
-    train_rows, eval_rows = assets.train, list(assets.eval)[: t.eval_size]
-    sampler = PromptSampler(len(train_rows), t.batch_size // t.num_generations, c.seed)
+    s = build_session(c)
     logger = RunLogger(run.path, run.metrics_file, c.logger, c.run_name, run.run_id, resolved)
+    eval_rows = list(s.assets.eval)[: t.eval_size]
 
     start, elapsed = 0, 0.0
     ckpt = latest_checkpoint(run.path) if run.resumable else None
     if ckpt is not None:
         state = load_checkpoint(ckpt)
-        policy.load_state_dict(state["policy"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
+        s.m.policy.load_state_dict(state["policy"])
+        s.opt.load_state_dict(state["optimizer"])
+        s.sched.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         start, elapsed = state["step"], state["elapsed"]
     run.truncate_metrics(start if ckpt is not None else -1)
 
     def do_eval(step: int) -> None:
-        metrics, samples = evaluate(c, m, eval_rows, assets.task, device)
+        metrics, samples = evaluate(c, s.m, eval_rows, s.assets.task, s.device)
         logger.log(metrics, step)
         logger.log_samples(samples, step)
 
     if start == 0:
         do_eval(0)
-    needs = scheme.needs
-    on_policy = t.epochs == 1 and t.mini_batch_size == t.batch_size
-    rm_embedding = m.rm.get_input_embeddings().weight.detach().float() if RM_EMBEDDING in needs else None
     bar = tqdm(range(start, t.steps), initial=start, total=t.steps, disable=not t.progress, desc=c.run_name)
     for it in bar:
-        t0 = time.perf_counter()
-        examples = [train_rows[i] for i in sampler.indices(it)]
-
-        # ---- rollout: G samples per prompt ------------------------------------------------
-        ro = sample_groups(policy, m.tok, examples, t.num_generations, t.max_new_tokens, t.temperature, t.top_p, c.data.prompt_field)
-        mask = ro.response_mask
-        if t.mask_truncated:  # TRL's mask_truncated_completions: no loss on unfinished responses
-            mask = mask & ~ro.truncated[:, None]
-        t1 = time.perf_counter()
-
-        # ---- reward: frozen RM (+ its input-embedding gradient when declared) + rules ------
-        inp = build_rm_inputs(ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask, m.tok.pad_token_id)
-        rm_out = score(m.rm, inp, ro.response_mask, with_grad=RM_GRAD in needs, batch_size=t.micro_batch_size)
-        gold, gold_contrib = (gold_of(assets.task, m.tok, ro.examples, ro.response_ids, ro.response_mask)
-                              if assets.task is not None else (None, None))
-        rewards = c.reward.scale * rm_out.scores
-        rule_metrics = {}
-        if c.reward.rules:
-            ctx = RuleContext(ro.response_mask, ro.truncated, gold, ro.examples)
-            for rule in c.reward.rules:
-                r = RULES.get(rule.name)(ctx).to(rewards)
-                rewards = rewards + rule.weight * r
-                rule_metrics[f"reward/rule_{rule.name}"] = float(r.mean())
-        advantages = group_advantages(rewards, t.num_generations, t.scale_rewards)
-        t2 = time.perf_counter()
-
-        # ---- credit: token weights w, Â = A · w ------------------------------------------
-        need_pass = not on_policy or bool(needs & {POLICY_LOGITS, ENTROPY, OLD_LOGPS})
-        old_logps = entropy = logits = None
-        if need_pass:
-            old_logps, entropy, logits = rollout_policy_pass(policy, ro, t.temperature, t.micro_batch_size, POLICY_LOGITS in needs)
-        ref_logps = rollout_policy_pass(m.ref, ro, t.temperature, t.micro_batch_size, False)[0] if m.ref is not None else None
-        credit = compute_credit(scheme, CreditBatch(
-            response_ids=ro.response_ids, response_mask=mask, advantages=advantages,
-            rm_grad=rm_out.grad, rm_embedding=rm_embedding, policy_logits=logits, entropy=entropy,
-            old_logps=old_logps, generator=torch.Generator().manual_seed(c.seed * 1_000_003 + it),
-        ), credit_params)
-        token_adv = advantages[:, None] * credit.weights  # (B, T)
-        t3 = time.perf_counter()
-
-        # ---- loss and update ----------------------------------------------------------------
-        stats = _update(c, policy, opt, sched, ro, mask, token_adv, old_logps, ref_logps)
-        t4 = time.perf_counter()
-
-        # ---- metrics, eval, checkpoint ------------------------------------------------------
+        metrics = train_step(s, it)
         step = it + 1
-        elapsed += t4 - t0
-        n_tokens = int(ro.response_mask.sum())
-        rollout_entropy = stats.pop("entropy") if entropy is None else float((entropy * ro.response_mask).sum() / max(n_tokens, 1))
-        metrics = {
-            "reward/total": float(rewards.mean()),
-            "reward/rm_score": float(rm_out.scores.mean()),
-            "reward/rm_score_std": float(rm_out.scores.std()),
-            "reward/advantage_abs": float(advantages.abs().mean()),
-            **rule_metrics,
-            "rollout/response_len": float(ro.response_mask.float().sum(-1).mean()),
-            "rollout/truncated_frac": float(ro.truncated.float().mean()),
-            "rollout/entropy": rollout_entropy,
-            **{f"loss/{k}": v for k, v in stats.items() if k != "entropy"},
-            **credit_metrics(credit, advantages, mask, gold_contrib),
-            "perf/step_s": t4 - t0, "perf/rollout_s": t1 - t0, "perf/reward_s": t2 - t1,
-            "perf/credit_s": t3 - t2, "perf/update_s": t4 - t3,
-            "perf/tokens_per_s": n_tokens / (t4 - t0), "perf/samples_per_s": t.batch_size / (t4 - t0),
-        }
-        if gold is not None:
-            metrics["reward/gold"] = float(gold.mean())
-            metrics["reward/rm_gold_corr"] = within_group_corr(rm_out.scores, gold, t.num_generations)
+        elapsed += metrics["perf/step_s"]
         logger.log(metrics, step)
         if step % t.eval_every == 0 or step == t.steps:
             do_eval(step)
         if step % t.checkpoint_every == 0 or step == t.steps:
-            save_checkpoint(run.path, step, {"policy": policy.state_dict(), "optimizer": opt.state_dict(),
-                                             "scheduler": sched.state_dict(), "rng": rng_state(), "elapsed": elapsed},
+            save_checkpoint(run.path, step, {"policy": s.m.policy.state_dict(), "optimizer": s.opt.state_dict(),
+                                             "scheduler": s.sched.state_dict(), "rng": rng_state(), "elapsed": elapsed},
                             t.keep_checkpoints)
-        bar.set_postfix({k.split("/")[1]: f"{metrics[k]:.3f}" for k in ("reward/gold", "reward/rm_score", "loss/kl") if k in metrics})
+        bar.set_postfix({k.split("/")[1]: f"{metrics[k]:.3f}" for k in ("reward/gold", "reward/rm_score", "loss/kl")
+                         if k in metrics})
 
-    summary = _summary(c, run, assets, elapsed)
+    summary = _summary(c, run, s.assets, elapsed)
     atomic_write_json(run.summary_file, summary)
     if c.results_dir is not None:
         atomic_write_json(Path(c.results_dir) / f"{c.run_name}.json", summary)
-    logger.finish({k: v for k, v in summary["eval"]["final"].items()})
+    logger.finish(dict(summary["eval"]["final"]))
     return summary
 
 

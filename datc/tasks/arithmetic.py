@@ -48,3 +48,18 @@ class ArithmeticTask(Task):
         out += [self._response(rng, rng.randint(0, MAX_NUMBER), rng.randint(0, self.max_new_tokens - 4)) for _ in range(3)]
         out.append([rng.choice(SCRATCH) for _ in range(rng.randint(1, self.max_new_tokens - 1))] + [EOS])
         return out
+
+    def edit(self, example, tokens, rng):
+        s = example["a"] + example["b"]
+        out = [t for t in tokens if t != EOS]
+        nums = [i for i, t in enumerate(out) if t in _NUMBERS]
+        new = str(min(MAX_NUMBER, max(0, s + rng.choice([-3, -2, -1, 0, 0, 0, 1, 2, 3]))))
+        if nums:
+            out[nums[0]] = new
+        else:
+            out = out[: self.max_new_tokens - 3] + ["answer", new]
+        if out and rng.random() < 0.3:  # and a scratchpad token changed, which must not matter
+            i = rng.randrange(len(out))
+            if out[i] in SCRATCH:
+                out[i] = rng.choice(SCRATCH)
+        return out + [EOS]

@@ -75,6 +75,11 @@ class Task(ABC):
         """Good, bad and extreme responses that widen the reward model's training data beyond
         the warm policy's samples (so it also scores what RL will push the policy towards)."""
 
+    @abstractmethod
+    def edit(self, example: dict[str, Any], tokens: list[str], rng: random.Random) -> list[str]:
+        """A local edit of a sampled response (a few tokens swapped for better or worse ones):
+        reward-model data next to the policy's own distribution, in the directions RL moves."""
+
     def gold(self, example: dict[str, Any], tokens: list[str]) -> float:
         return float(sum(self.contributions(example, tokens)))
 

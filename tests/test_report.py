@@ -1,0 +1,406 @@
+"""datc.report: aggregation over seeds, paired differences to the baseline, the written outputs."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from datc.report import (
+    build_report,
+    curve_band,
+    deduplicate,
+    gold_auc,
+    load_run_dirs,
+    run_from_summary,
+    summary_from_wandb,
+    write_outputs,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+# Student-t 97.5% quantiles (p = 0.975) in closed form. 2 degrees of freedom (3 seeds):
+# (2p - 1) / sqrt(2p(1 - p)) = 0.95 / sqrt(0.04875) = 4.30265272975 (the 4.302652729911275
+# sometimes quoted is off in the 10th digit); 1 degree of freedom (2 seeds):
+# tan(pi (p - 1/2)) = tan(0.475 pi) = 12.7062047362.
+T2 = 0.95 / math.sqrt(2 * 0.975 * 0.025)
+T1 = math.tan(0.475 * math.pi)
+
+
+def approx(expected):
+    """Tight enough to pin the hand arithmetic, loose enough for float rounding."""
+    return pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+PLOTS = ("gold_curves.png", "credit_accuracy.png", "rm_vs_gold.png")
+OUTPUTS = ("table.md", "table.tex", "summary.md", "runs.csv", "report.json", *PLOTS)
+
+# Two settings x two schemes x seeds 0, 1, 2. Keywords: DATC clearly ahead of GRPO on every seed;
+# arithmetic: DATC mixed (ahead on one seed, behind on two).
+GOLD = {
+    ("keywords", "tiny_gpt2", "grpo"): [0.1, 0.2, 0.3],
+    ("keywords", "tiny_gpt2", "datc"): [0.3, 0.5, 0.6],
+    ("arithmetic", "tiny_llama", "grpo"): [0.1, 0.2, 0.3],
+    ("arithmetic", "tiny_llama", "datc"): [0.0, 0.3, 0.2],
+}
+AUC = {
+    ("keywords", "tiny_gpt2", "grpo"): [0.05, 0.1, 0.15],
+    ("keywords", "tiny_gpt2", "datc"): [0.15, 0.2, 0.3],
+    ("arithmetic", "tiny_llama", "grpo"): [0.1, 0.1, 0.1],
+    ("arithmetic", "tiny_llama", "datc"): [0.1, 0.2, 0.0],
+}
+ACCURACY = {"datc": [0.2, 0.3, 0.4], "grpo": [0.0, None, None]}  # a stray 0 for GRPO must not show
+STEP_S = {"datc": [0.1, 0.2, 0.3], "grpo": [0.1, 0.1, 0.1]}
+
+
+def summary(data, policy, credit, seed, gold, auc=None, accuracy=None, step_s=None, rm=None):
+    """A summary.json dict as the trainer writes it; the eval curve rises linearly to ``gold``."""
+    return {
+        "run_name": f"{data}-{policy}-{credit}-s{seed}",
+        "run_id": f"id{seed}",
+        "seed": seed,
+        "credit": credit,
+        "policy": policy,
+        "data": data,
+        "steps": 100,
+        "wall_time_s": 10.0,
+        "git_commit": "abc123",
+        "eval": {
+            "initial": {"eval/gold": 0.0, "eval/rm_score": 0.0, "eval/kl": 0.0},
+            "final": {
+                "eval/gold": gold,
+                "eval/rm_score": gold if rm is None else rm,
+                "eval/kl": 0.5,
+            },
+            "curve": [
+                {"step": s, "gold": gold * s / 100, "rm_score": gold * s / 100}
+                for s in (0, 50, 100)
+            ],
+            "gold_auc": auc,
+        },
+        "train_mean": {"perf/step_s": step_s, "credit/accuracy": accuracy},
+        "rm_report": {"heldout_within_group_corr": 0.9},
+    }
+
+
+def write_summary(root: Path, s: dict, name: str | None = None) -> Path:
+    d = root / (name or s["run_name"])
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps(s))
+    return d / "summary.json"
+
+
+@pytest.fixture
+def runs_root(tmp_path):
+    root = tmp_path / "runs"
+    for (data, policy, credit), golds in GOLD.items():
+        for seed, gold in enumerate(golds):
+            write_summary(
+                root,
+                summary(
+                    data,
+                    policy,
+                    credit,
+                    seed,
+                    gold,
+                    AUC[(data, policy, credit)][seed],
+                    ACCURACY[credit][seed],
+                    STEP_S[credit][seed],
+                    rm=gold + 0.1 if credit == "datc" else gold,  # DATC's RM over-rates it a little
+                ),
+            )
+    return root
+
+
+def table_row(table_md: str, setting: str, scheme: str) -> list[str]:
+    """The cells of the Markdown table row for (setting, scheme)."""
+    line = next(ln for ln in table_md.splitlines() if ln.startswith(f"| {setting} | {scheme} |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+# Markdown columns: setting, scheme, final gold, Δ final gold, gold AUC, Δ gold AUC, final RM score,
+# final KL, credit accuracy, step time, n seeds.
+GOLD_COL, DGOLD_COL, AUC_COL, DAUC_COL, RM_COL, KL_COL, ACC_COL, STEP_COL, N_COL = range(2, 11)
+
+
+def test_table_means_intervals_and_paired_differences(runs_root, tmp_path):
+    loaded = load_run_dirs([runs_root])
+    assert loaded.warnings == [] and len(loaded.runs) == 12
+    report = build_report(loaded.runs, "grpo")
+    out = tmp_path / "out"
+    write_outputs(report, out)
+    rows = {
+        (r["setting"], r["scheme"]): r
+        for r in json.loads((out / "report.json").read_text())["rows"]
+    }
+    table = (out / "table.md").read_text()
+
+    # Keywords GRPO final gold [0.1, 0.2, 0.3]: mean 0.2, sd 0.1,
+    # half-width = T2 * 0.1 / sqrt(3) = 0.24841.
+    g = rows[("keywords / tiny_gpt2", "grpo")]["metrics"]["final_gold"]
+    assert g["mean"] == approx(0.2) and g["n"] == 3
+    assert g["half_width"] == approx(T2 * 0.1 / math.sqrt(3))
+    # Keywords DATC final gold [0.3, 0.5, 0.6]: mean 1.4/3 = 0.46667; deviations -1/6, 1/30, 2/15,
+    # squares sum 0.046667, /2 -> var 0.023333, sd 0.152753;
+    # half-width T2 * 0.152753 / sqrt(3) = 0.37946.
+    g = rows[("keywords / tiny_gpt2", "datc")]["metrics"]["final_gold"]
+    assert g["mean"] == approx(1.4 / 3)
+    assert g["half_width"] == approx(T2 * math.sqrt(0.07 / 3) / math.sqrt(3))
+    # Paired by seed: differences [0.2, 0.3, 0.3]: mean 0.26667, deviations -1/15, 1/30, 1/30,
+    # squares sum 1/150, /2 -> var 1/300, sd 0.057735; half-width T2 * 0.057735 / sqrt(3) = 0.14342,
+    # so the interval [0.123, 0.410] excludes zero.
+    d = rows[("keywords / tiny_gpt2", "datc")]["vs_baseline"]["final_gold"]
+    assert d["mean"] == approx(0.8 / 3) and d["seeds"] == [0, 1, 2]
+    assert d["half_width"] == approx(T2 * math.sqrt(1 / 300) / math.sqrt(3))
+    assert d["significant"] is True
+    # Arithmetic: differences [0.0-0.1, 0.3-0.2, 0.2-0.3] = [-0.1, 0.1, -0.1]: mean -1/30,
+    # deviations -1/15, 2/15, -1/15, squares sum 6/225, /2 -> var 1/75, sd 0.11547;
+    # half-width 0.28684, so the interval includes 0.
+    d = rows[("arithmetic / tiny_llama", "datc")]["vs_baseline"]["final_gold"]
+    assert d["mean"] == approx(-1 / 30)
+    assert d["half_width"] == approx(T2 * math.sqrt(1 / 75) / math.sqrt(3))
+    assert d["significant"] is False
+    # Gold AUC, keywords: differences [0.1, 0.1, 0.15]: mean 0.11667, deviations -1/60, -1/60, 1/30,
+    # squares sum 1/600, /2 -> var 1/1200, sd 0.028868; half-width 0.07171 (excludes 0).
+    # Arithmetic: differences [0.0, 0.1, -0.1]: mean 0, sd 0.1, half-width 0.24841 (includes 0).
+    d = rows[("keywords / tiny_gpt2", "datc")]["vs_baseline"]["gold_auc"]
+    assert (d["mean"], d["half_width"]) == approx(
+        (0.35 / 3, T2 * math.sqrt(1 / 1200) / math.sqrt(3))
+    )
+    d = rows[("arithmetic / tiny_llama", "datc")]["vs_baseline"]["gold_auc"]
+    assert (d["mean"], d["half_width"]) == approx((0.0, T2 * 0.1 / math.sqrt(3)))
+    # Credit accuracy of keywords DATC [0.2, 0.3, 0.4]: mean 0.3, sd 0.1, half-width 0.24841.
+    a = rows[("keywords / tiny_gpt2", "datc")]["metrics"]["credit_accuracy"]
+    assert (a["mean"], a["half_width"]) == approx((0.3, T2 * 0.1 / math.sqrt(3)))
+    assert rows[("keywords / tiny_gpt2", "grpo")]["vs_baseline"] == {}
+
+    # The same numbers, rounded to 3 decimals, in the Markdown table; bold exactly where
+    # significant.
+    kd = table_row(table, "keywords / tiny_gpt2", "datc")
+    assert kd[GOLD_COL] == "0.467 ± 0.379"
+    assert kd[DGOLD_COL] == "**+0.267 ± 0.143**"
+    assert kd[AUC_COL] == "0.217 ± 0.190"  # [0.15, 0.2, 0.3]: sd sqrt(0.035 / 6) = 0.076376
+    assert kd[DAUC_COL] == "**+0.117 ± 0.072**"
+    assert kd[RM_COL] == "0.567 ± 0.379"  # gold + 0.1: same spread
+    assert kd[KL_COL] == "0.500 ± 0.000"  # constant 0.5: sd 0
+    assert kd[ACC_COL] == "0.300 ± 0.248"
+    assert kd[STEP_COL] == "0.200 ± 0.248"
+    assert kd[N_COL] == "3"
+    ad = table_row(table, "arithmetic / tiny_llama", "datc")
+    assert ad[DGOLD_COL] == "-0.033 ± 0.287"
+    assert ad[DAUC_COL] == "+0.000 ± 0.248"
+    assert "**" not in " ".join(ad)
+    kg = table_row(table, "keywords / tiny_gpt2", "grpo")
+    assert kg[GOLD_COL] == "0.200 ± 0.248"
+    assert kg[DGOLD_COL] == "(baseline)"
+    assert kg[ACC_COL] == "n/a"  # GRPO logged 0.0 on one seed: undefined all the same
+    assert table.count("**") == 4  # two bold cells, both in the keywords DATC row
+
+    tex = (out / "table.tex").read_text()
+    assert r"\textbf{+0.267 $\pm$ 0.143}" in tex and r"\textbf{+0.117 $\pm$ 0.072}" in tex
+    assert tex.count(r"\textbf") == 2
+    assert r"keywords / tiny\_gpt2 & datc & 0.467 $\pm$ 0.379" in tex
+
+
+def test_summary_says_beat_and_did_not_beat(runs_root, tmp_path):
+    report = build_report(load_run_dirs([runs_root]).runs, "grpo")
+    write_outputs(report, tmp_path / "out")
+    text = (tmp_path / "out" / "summary.md").read_text()
+    sentences = {ln.split(",")[0]: ln for ln in text.splitlines() if ln.startswith("- On ")}
+    assert sentences["- On keywords / tiny_gpt2"] == (
+        "- On keywords / tiny_gpt2, DATC beat GRPO on final held-out gold: "
+        "paired difference +0.267 ± 0.143 "
+        "(95% t-interval over 3 shared seeds; significant at 95%)."
+    )
+    assert sentences["- On arithmetic / tiny_llama"] == (
+        "- On arithmetic / tiny_llama, DATC did not beat GRPO on final held-out gold: "
+        "paired difference -0.033 ± 0.287 "
+        "(95% t-interval over 3 shared seeds; not significant at 95%)."
+    )
+    for png in PLOTS:
+        assert f"]({png})" in text
+
+
+def test_single_seed_missing_scheme_and_unshared_seeds(tmp_path):
+    root = tmp_path / "runs"
+    write_summary(root, summary("keywords", "tiny_llama", "datc", 0, 0.4))  # no GRPO here
+    write_summary(root, summary("arithmetic", "tiny_gpt2", "grpo", 0, 0.1))  # no DATC here
+    write_summary(root, summary("keywords", "tiny_gpt2", "grpo", 0, 0.1))  # seeds not shared
+    write_summary(root, summary("keywords", "tiny_gpt2", "datc", 1, 0.2))
+    report = build_report(load_run_dirs([root]).runs, "grpo")
+    out = tmp_path / "out"
+    write_outputs(report, out)
+    table = (out / "table.md").read_text()
+    row = table_row(table, "keywords / tiny_llama", "datc")
+    assert row[GOLD_COL] == "0.400 ± n/a"  # n = 1: mean only
+    assert row[DGOLD_COL] == "n/a (no grpo run)"
+    assert table_row(table, "keywords / tiny_gpt2", "datc")[DGOLD_COL] == "n/a (no shared seed)"
+    text = (out / "summary.md").read_text()
+    assert "On keywords / tiny_llama, GRPO is missing" in text
+    assert "On arithmetic / tiny_gpt2, DATC is missing" in text
+    assert "On keywords / tiny_gpt2, DATC and GRPO share no seed" in text
+    for png in PLOTS:
+        assert (out / png).stat().st_size > 0
+
+
+def test_missing_keys_and_bad_files_do_not_crash(tmp_path):
+    root = tmp_path / "runs"
+    write_summary(root, {}, "empty")
+    write_summary(root, {"credit": "datc", "eval": None, "train_mean": None, "seed": None}, "nulls")
+    write_summary(
+        root,
+        {
+            "credit": "datc",
+            "data": "keywords",
+            "policy": "tiny_gpt2",
+            "seed": "x",
+            "eval": {
+                "final": {"eval/gold": "inf", "eval/kl": None},
+                "curve": [{"step": None, "gold": 1}, {"step": 5}, "junk"],
+            },
+            "train_mean": {"credit/accuracy": "nan"},
+        },
+        "strings",
+    )
+    (root / "torn").mkdir()
+    (root / "torn" / "summary.json").write_text('{"run_name": ')
+    loaded = load_run_dirs([root, tmp_path / "absent"])
+    assert len(loaded.runs) == 3
+    assert any("torn" in w and "unreadable" in w for w in loaded.warnings)
+    assert any("absent" in w for w in loaded.warnings)
+    by_name = {r.run_name: r for r in loaded.runs}
+    assert by_name["empty"].credit == "unknown" and by_name["empty"].final_gold is None
+    s = by_name["strings"]
+    assert (s.final_gold, s.seed, s.credit_accuracy, s.curve) == (None, None, None, ())
+    out = tmp_path / "out"
+    written = write_outputs(build_report(deduplicate(loaded.runs).runs, "grpo"), out)
+    assert sorted(p.name for p in written) == sorted(OUTPUTS)
+    assert "| unknown / unknown | unknown | n/a |" in (out / "table.md").read_text()
+    for png in PLOTS:
+        assert (out / png).read_bytes().startswith(b"\x89PNG")
+
+
+def test_duplicates_keep_the_newest_and_warn(tmp_path):
+    old = write_summary(tmp_path / "a", summary("keywords", "tiny_gpt2", "datc", 0, 0.1))
+    new = write_summary(tmp_path / "b", summary("keywords", "tiny_gpt2", "datc", 0, 0.9))
+    os.utime(old, (1_000_000, 1_000_000))
+    os.utime(new, (2_000_000, 2_000_000))
+    # Overlapping roots find the same files again: read once, not reported as duplicates.
+    loaded = load_run_dirs([tmp_path / "b", tmp_path / "a", tmp_path])
+    assert len(loaded.runs) == 2
+    unique = deduplicate(loaded.runs)
+    assert [r.final_gold for r in unique.runs] == [0.9]
+    assert (
+        len(unique.warnings) == 1
+        and "duplicate" in unique.warnings[0]
+        and str(old) in unique.warnings[0]
+    )
+
+
+def test_curve_band_and_gold_auc():
+    a = run_from_summary(summary("keywords", "tiny_gpt2", "datc", 0, 0.2), "a", 0.0, "a")
+    b = run_from_summary(summary("keywords", "tiny_gpt2", "datc", 1, 0.4), "b", 0.0, "b")
+    band = curve_band([a, b])
+    # Step 50: golds 0.1 and 0.2: mean 0.15, var (0.05^2 * 2) / 1 = 0.005, sd 0.070711,
+    # half-width T1 * 0.070711 / sqrt(2) = 0.63531.
+    assert band.steps.tolist() == [0, 50, 100] and band.n.tolist() == [2, 2, 2]
+    assert band.mean[1] == approx(0.15)
+    assert band.half_width[1] == approx(T1 * math.sqrt(0.005) / math.sqrt(2))
+    # Trapezoids: 50 * (0 + 0.1) / 2 + 50 * (0.1 + 0.1) / 2 = 2.5 + 5 = 7.5, over a span of
+    # 100 steps.
+    assert gold_auc([(0, 0.0), (50, 0.1), (100, 0.1)]) == approx(0.075)
+    assert gold_auc([(0, 0.3)]) is None
+
+
+def test_wandb_mapping():
+    fake = SimpleNamespace(
+        name="keywords-tiny_gpt2-datc-s3",
+        id="w1",
+        config={
+            "seed": 3,
+            "credit": {"name": "datc", "gamma": 1.0},
+            "data": {"name": "keywords"},
+            "policy": {"name": "tiny_gpt2"},
+            "trainer": {"steps": 200},
+        },
+        summary={
+            "eval/gold": 0.12,
+            "eval/rm_score": 0.1,
+            "eval/kl": 0.8,
+            "credit/accuracy": 0.21,
+            "perf/step_s": 0.1,
+            "loss/policy": 0.5,
+            "_runtime": 81.2,
+            "_timestamp": 1.7e9,
+        },
+    )
+    history = [
+        {"_step": 50, "eval/gold": 0.1, "eval/rm_score": 0.1},
+        {"_step": 0, "eval/gold": 0.0, "eval/rm_score": 0.0},
+        {"_step": 10, "loss/policy": 0.3},
+    ]  # a training row: not on the eval curve
+    s = summary_from_wandb(fake, history)
+    assert (s["run_name"], s["run_id"], s["seed"], s["steps"]) == (
+        "keywords-tiny_gpt2-datc-s3",
+        "w1",
+        3,
+        200,
+    )
+    assert (s["credit"], s["data"], s["policy"]) == ("datc", "keywords", "tiny_gpt2")
+    assert s["eval"]["final"] == {"eval/gold": 0.12, "eval/rm_score": 0.1, "eval/kl": 0.8}
+    assert s["train_mean"] == {"credit/accuracy": 0.21, "perf/step_s": 0.1}
+    assert [p["step"] for p in s["eval"]["curve"]] == [0, 50]
+    assert s["eval"]["gold_auc"] == approx(0.05)  # one trapezoid: (0 + 0.1) / 2
+    run = run_from_summary(s, "wandb:e/p/w1", 1.7e9, "w1")
+    assert (run.setting, run.credit, run.seed, run.final_gold, run.credit_accuracy, run.step_s) == (
+        "keywords / tiny_gpt2",
+        "datc",
+        3,
+        0.12,
+        0.21,
+        0.1,
+    )
+    # A run with no config or summary at all maps to an all-missing summary, not an error.
+    empty = run_from_summary(
+        summary_from_wandb(SimpleNamespace(name=None, id="w2", config={}, summary={})),
+        "wandb:e/p/w2",
+        0.0,
+        "w2",
+    )
+    assert (empty.run_name, empty.credit, empty.final_gold, empty.gold_auc) == (
+        "w2",
+        "unknown",
+        None,
+        None,
+    )
+
+
+def test_cli(runs_root, tmp_path):
+    out = tmp_path / "results" / "four_settings"
+    proc = subprocess.run(
+        [sys.executable, "scripts/compare.py", str(runs_root), "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(Path(p).name for p in proc.stdout.split()) == sorted(OUTPUTS)
+    assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUTS)  # no temp files left behind
+    for png in PLOTS:
+        assert (out / png).stat().st_size > 0
+    lines = (out / "runs.csv").read_text().splitlines()
+    assert len(lines) == 13 and lines[0].startswith("run_name,run_id,data,policy,credit,seed")
+    empty = subprocess.run(
+        [sys.executable, "scripts/compare.py", str(tmp_path / "none"), "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert empty.returncode != 0 and "no runs found" in empty.stderr
