@@ -20,8 +20,8 @@ class ConfigError(ValueError):
 
 @dataclass
 class WarmStartConfig:
-    steps: int = 2000
-    lr: float = 1e-3
+    steps: int = 600
+    lr: float = 3e-3
     batch_size: int = 32
 
 
@@ -43,14 +43,14 @@ class RuleConfig:
 
 @dataclass
 class RewardTrainConfig:
-    steps: int = 1000
+    steps: int = 2000
     lr: float = 1e-3
     batch_size: int = 64
     n_prompts: int = 1024
     samples_per_prompt: int = 8
     group_weight: float = 4.0
-    edits_per_sample: int = 0
-    perturbations: bool = False
+    edits_per_sample: int = 1
+    perturbations: bool = True
 
 
 @dataclass

@@ -1,10 +1,13 @@
-"""``keywords``: the dense task. "write with <w1> <w2> <w3> :" → a response whose every token counts.
+"""``keywords``: the dense task. "write about <topic> :" → a response whose every token counts.
 
-The prompt names three keywords (drawn from the testbed's 96). Gold contribution of a response
-token: ``+1/L`` for one of the prompt's keywords, ``-1/L`` for any other keyword, ``0`` for
-filler (``L = norm_len``); the gold reward is their sum. Many tokens matter, each a little:
-credit is dense. Whether a keyword helps depends on the prompt, so neither the policy nor the
-reward model can score tokens without reading it.
+The eight topics form two camps of four (``CAMPS``). Gold contribution of a response token:
+``+1/L`` for a keyword of the prompt topic's camp, ``-1/L`` for a keyword of the other camp,
+``0`` for filler (``L = norm_len``); the gold reward is their sum. Many tokens matter, each a
+little: credit is dense. Whether a keyword helps depends on the prompt, so neither the policy
+nor the reward model can score a token without reading it. (A finer rule, one topic's own
+twelve keywords, or three keywords named in the prompt, was not learned reliably by the
+2-layer testbed reward models within the prepare budget: held-out within-group correlation
+0.2-0.77.)
 """
 
 from __future__ import annotations
@@ -12,10 +15,14 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from datc.tasks.base import EOS, FILLER, TASKS, TOPICS, Task
+from datc.tasks.base import EOS, FILLER, SPECIAL_TOKENS, TASKS, TOPICS, Task, vocabulary
 
-KEYWORDS = sorted({k for ks in TOPICS.values() for k in ks})
-N_PROMPT_WORDS = 3
+_TOPIC_NAMES = list(TOPICS)
+CAMPS = (_TOPIC_NAMES[:4], _TOPIC_NAMES[4:])
+_CAMP_OF_TOPIC = {t: i for i, camp in enumerate(CAMPS) for t in camp}
+CAMP_WORDS = tuple(sorted(k for t in camp for k in TOPICS[t]) for camp in CAMPS)
+_CAMP_OF_WORD = {k: i for i, words in enumerate(CAMP_WORDS) for k in words}
+_ANY_WORD = [w for w in vocabulary() if w not in SPECIAL_TOKENS]
 
 
 @TASKS.register("keywords")
@@ -23,40 +30,49 @@ class KeywordsTask(Task):
     name = "keywords"
 
     def make_example(self, rng: random.Random) -> dict[str, Any]:
-        words = rng.sample(KEYWORDS, N_PROMPT_WORDS)
-        return {"prompt": f"write with {' '.join(words)} :", "words": words}
+        topic = rng.choice(_TOPIC_NAMES)
+        return {"prompt": f"write about {topic} :", "topic": topic}
 
     def contributions(self, example: dict[str, Any], tokens: list[str]) -> list[float]:
         unit = 1.0 / self.max_new_tokens
-        wanted = set(example["words"])
-        return [unit if t in wanted else (-unit if t in _KEYWORD_SET else 0.0) for t in tokens]
+        camp = _CAMP_OF_TOPIC[example["topic"]]
+        out = []
+        for tok in tokens:
+            c = _CAMP_OF_WORD.get(tok)
+            out.append(0.0 if c is None else (unit if c == camp else -unit))
+        return out
 
     def _mix(self, example, rng, n, p_on, p_off) -> list[str]:
+        camp = _CAMP_OF_TOPIC[example["topic"]]
         words = []
         for _ in range(n):
             u = rng.random()
             if u < p_on:
-                words.append(rng.choice(example["words"]))
+                words.append(rng.choice(CAMP_WORDS[camp]))
             elif u < p_on + p_off:
-                words.append(rng.choice(KEYWORDS))
+                words.append(rng.choice(CAMP_WORDS[1 - camp]))
             else:
                 words.append(rng.choice(FILLER))
         return words
 
     def demonstration(self, example, rng):
-        # Mostly filler with some keywords of either sign: gold starts low but not at the floor.
+        # Mostly filler with some keywords of either camp: gold starts near 0, far from its top.
         n = rng.randint(4, self.max_new_tokens - 1)
-        return self._mix(example, rng, n, rng.uniform(0.1, 0.6), rng.uniform(0.0, 0.3)) + [EOS]
+        return self._mix(example, rng, n, rng.uniform(0.0, 0.4), rng.uniform(0.0, 0.2)) + [EOS]
 
     def perturbations(self, example, rng):
         out = []
         for p_on, p_off in [(1.0, 0.0), (0.0, 1.0), (0.6, 0.2), (0.2, 0.6)]:
             n = rng.randint(2, self.max_new_tokens - 1)
             out.append(self._mix(example, rng, n, p_on, p_off) + [EOS])
-        # Repetition of one wanted keyword, and a response that runs to the length limit.
-        out.append([rng.choice(example["words"])] * rng.randint(2, self.max_new_tokens - 1) + [EOS])
+        # Repetition of one keyword, and a response that runs to the length limit.
+        out.append([rng.choice(CAMP_WORDS[_CAMP_OF_TOPIC[example["topic"]]])] * rng.randint(2, self.max_new_tokens - 1) + [EOS])
         out.append(self._mix(example, rng, self.max_new_tokens, rng.random(), rng.random() * 0.3))
-        return out
+        # Any words at all, and one word repeated: a policy under RL finds what the reward model
+        # never saw (repeating a topic name was the first exploit found without these).
+        out.append(rng.choices(_ANY_WORD, k=rng.randint(1, self.max_new_tokens)))
+        out.append([rng.choice(_ANY_WORD)] * rng.randint(2, self.max_new_tokens))
+        return [r if len(r) >= self.max_new_tokens or r[-1] == EOS else r + [EOS] for r in out]
 
     def edit(self, example, tokens, rng):
         body = [t for t in tokens if t != EOS] or [rng.choice(FILLER)]
@@ -64,6 +80,3 @@ class KeywordsTask(Task):
         for _ in range(rng.randint(1, 3)):
             out[rng.randrange(len(out))] = self._mix(example, rng, 1, 0.4, 0.3)[0]
         return out + [EOS]
-
-
-_KEYWORD_SET = set(KEYWORDS)

@@ -1,0 +1,200 @@
+"""Benchmark of DATC's cost, written to results/bench/credit.{json,md}.
+
+1. Testbed: training-step time of ``credit=datc`` over ``credit=grpo``, measured in one
+   process, steps interleaved (grpo, datc, datc, grpo, ...), with the breakdown rollout /
+   reward (+ RM gradient) / credit / update.
+2. Real vocabulary shape (|V| = 151,936, d = 896, 512 response tokens): the exact credit
+   computation and its ``top_k = 64`` version against one LM-head-sized matmul of the same
+   shape; time (median of repeats, interleaved) and peak memory (max RSS growth, each
+   measurement in a fresh subprocess).
+3. ``top_k = 64`` against the exact scores on testbed rollouts: Spearman rank correlation.
+
+    python scripts/bench_credit.py [--steps 30] [--repeats 5] [hydra overrides ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "results" / "bench"
+V, D, N = 151_936, 896, 512
+
+
+# ---- 2. the real shape ------------------------------------------------------------------------
+
+
+def _real_inputs(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    logits = 4.0 * torch.randn(N, V, generator=g)  # peaked, as a trained LM's are
+    E = 0.02 * torch.randn(V, D, generator=g)
+    grad = torch.randn(N, D, generator=g)
+    y = torch.randint(V, (N,), generator=g)
+    h = torch.randn(N, D, generator=g)
+    return logits, E, grad, y, h
+
+
+def _run_real(kind: str, inputs) -> None:
+    from datc.credit.datc_math import datc_scores
+
+    logits, E, grad, y, h = inputs
+    if kind == "lm_head":
+        h @ E.T  # (N, d) x (d, V): one LM-head pass
+    else:
+        top_k = 64 if kind == "datc_top64" else None
+        datc_scores(grad, E, logits, y, torch.ones(N), logit_map="jacobian", alignment="projection",
+                    chunk_size=128, top_k=top_k)
+
+
+def _peak_mem_mb(kind: str) -> float:
+    """Max RSS growth of one call, in a fresh process so earlier allocations do not hide it."""
+    code = (
+        "import resource, sys, torch; torch.set_num_threads(1); sys.path.insert(0, %r);"
+        "from scripts.bench_credit import _real_inputs, _run_real;"
+        "x = _real_inputs(); base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
+        "_run_real(%r, x); print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)"
+    ) % (str(ROOT), kind)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def bench_real_shape(repeats: int) -> dict:
+    inputs = _real_inputs()
+    kinds = ["lm_head", "datc_exact", "datc_top64"]
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    _run_real("lm_head", inputs)  # warm up
+    for r in range(repeats):
+        for k in kinds if r % 2 == 0 else reversed(kinds):
+            t0 = time.perf_counter()
+            _run_real(k, inputs)
+            times[k].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    mem = {k: _peak_mem_mb(k) for k in kinds}
+    return {
+        "shape": {"V": V, "d": D, "tokens": N, "chunk_size": 128},
+        "seconds_median": med,
+        "seconds_all": times,
+        "ratio_to_lm_head": {k: med[k] / med["lm_head"] for k in kinds},
+        "peak_rss_growth_mb": mem,
+    }
+
+
+# ---- 1 and 3. the testbed ---------------------------------------------------------------------
+
+
+def _session(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    from datc.config import validate
+    from datc.train import CONFIG_DIR
+    from datc.trainer import build_session
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides)
+    c = validate(cfg)
+    torch.manual_seed(c.seed)
+    return build_session(c)
+
+
+def bench_testbed(steps: int, overrides: list[str]) -> dict:
+    from datc.trainer import train_step
+
+    sessions = {name: _session([f"credit={name}", *overrides]) for name in ("grpo", "datc")}
+    keys = ["perf/step_s", "perf/rollout_s", "perf/reward_s", "perf/credit_s", "perf/update_s"]
+    rows: dict[str, list[dict]] = {name: [] for name in sessions}
+    warmup = 2
+    for it in range(steps + warmup):
+        order = ["grpo", "datc"] if it % 2 == 0 else ["datc", "grpo"]
+        for name in order:
+            m = train_step(sessions[name], it)
+            if it >= warmup:
+                rows[name].append({k: m[k] for k in keys})
+    med = {name: {k: statistics.median(r[k] for r in rs) for k in keys} for name, rs in rows.items()}
+    ratios = [d["perf/step_s"] / g["perf/step_s"] for d, g in zip(rows["datc"], rows["grpo"], strict=True)]
+    return {
+        "steps_measured": steps,
+        "median_seconds": med,
+        "datc_over_grpo_step": med["datc"]["perf/step_s"] / med["grpo"]["perf/step_s"],
+        "paired_ratio_quartiles": statistics.quantiles(ratios, n=4),
+        "rm_gradient_extra_s": med["datc"]["perf/reward_s"] - med["grpo"]["perf/reward_s"],
+        "sessions": sessions,
+    }
+
+
+def topk_agreement(session) -> dict:
+    """Spearman correlation of top_k=64 scores with exact scores on fresh testbed rollouts."""
+    from scipy.stats import spearmanr
+
+    from datc.credit.datc_math import datc_scores
+    from datc.rewards.model import build_rm_inputs, score
+    from datc.rollout import sample_groups
+    from datc.trainer import rollout_policy_pass
+
+    t, m = session.c.trainer, session.m
+    examples = [session.assets.eval[i] for i in range(64)]
+    ro = sample_groups(m.policy, m.tok, examples, t.num_generations, t.max_new_tokens)
+    inp = build_rm_inputs(ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask, m.tok.pad_token_id)
+    g = score(m.rm, inp, ro.response_mask, with_grad=True).grad
+    _, _, logits = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size, True)
+    mk = ro.response_mask.reshape(-1)
+    E = m.rm.get_input_embeddings().weight.detach().float()
+    args = (g.reshape(-1, g.shape[-1])[mk], E, logits.reshape(-1, logits.shape[-1])[mk], ro.response_ids.reshape(-1)[mk],
+            torch.ones(int(mk.sum())))
+    exact = datc_scores(*args)
+    approx = datc_scores(*args, top_k=64)
+    return {"tokens": int(mk.sum()), "vocab": E.shape[0], "top_k": 64,
+            "spearman": float(spearmanr(exact.numpy(), approx.numpy()).statistic)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("overrides", nargs="*")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
+
+    quiet_libraries()
+    tb = bench_testbed(a.steps, a.overrides)
+    topk = topk_agreement(tb.pop("sessions")["datc"])
+    real = bench_real_shape(a.repeats)
+    result = {
+        "command": "python scripts/bench_credit.py " + " ".join(sys.argv[1:]),
+        "machine": {"python": platform.python_version(), "torch": torch.__version__, "threads": 1,
+                    "cpu": platform.processor() or platform.machine()},
+        "testbed": tb, "real_shape": real, "top_k_testbed": topk,
+    }
+    OUT.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(OUT / "credit.json", result)
+    r, med = real["ratio_to_lm_head"], tb["median_seconds"]
+    lines = [
+        "# DATC cost", "", f"Command: `{result['command']}` (torch {torch.__version__}, 1 thread).", "",
+        "## Testbed training step, medians over interleaved steps", "",
+        "| phase | grpo (s) | datc (s) |", "|---|---|---|",
+        *[f"| {k.split('/')[1][:-2]} | {med['grpo'][k]:.4f} | {med['datc'][k]:.4f} |" for k in med["grpo"]],
+        "", f"**datc / grpo step time: {tb['datc_over_grpo_step']:.3f}** (quartiles of the paired ratios: "
+        + ", ".join(f"{q:.3f}" for q in tb["paired_ratio_quartiles"]) + f"); reward-model gradient adds "
+        f"{tb['rm_gradient_extra_s'] * 1000:.1f} ms to the reward phase.", "",
+        f"## Real shape: |V| = {V:,}, d = {D}, {N} tokens", "",
+        "| computation | median s | × LM-head matmul | peak RSS growth (MB) |", "|---|---|---|---|",
+        *[f"| {k} | {real['seconds_median'][k]:.3f} | {r[k]:.2f} | {real['peak_rss_growth_mb'][k]:.0f} |" for k in r],
+        "", f"## top_k = 64 on testbed rollouts: Spearman {topk['spearman']:.4f} to the exact scores "
+        f"({topk['tokens']} tokens, |V| = {topk['vocab']}).", "",
+    ]
+    atomic_write_text(OUT / "credit.md", "\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Real-model code paths on local copies, offline behaviour, W&B offline and W&B failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from datc.models import ModelLoadError, build_causal_lm, build_reward_model, load_pretrained
+from tests.conftest import ARCHS
+from tests.test_train_e2e import cfg_for
+
+from datc.trainer import train
+
+
+def test_hub_id_offline_fails_fast_and_says_how_to_fix(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    t0 = time.time()
+    with pytest.raises(ModelLoadError) as e:
+        load_pretrained("causal_lm", "no-such-org/no-such-model", "policy.path")
+    assert time.time() - t0 < 30
+    msg = str(e.value)
+    assert "policy.path" in msg and "local" in msg and "no-such-org/no-such-model" in msg
+
+
+def test_reward_model_with_two_outputs_is_refused(tmp_path, tok):
+    from transformers import AutoModelForSequenceClassification
+
+    from datc.models import _model_config
+
+    rm = AutoModelForSequenceClassification.from_config(_model_config(ARCHS["gpt2"], tok, num_labels=2))
+    rm.save_pretrained(tmp_path / "rm2")
+    with pytest.raises(ModelLoadError, match="exactly one"):
+        load_pretrained("reward", str(tmp_path / "rm2"), "reward.path")
+
+
+@pytest.mark.slow
+def test_pretrained_paths_train_through_the_same_code(tmp_path, tok):
+    # Local copies of a policy and a reward model, loaded by path as a hub model would be.
+    pol, rm = build_causal_lm(ARCHS["llama"], tok, 0), build_reward_model(ARCHS["llama"], tok, 1)
+    for model, name in ((pol, "policy"), (rm, "reward")):
+        model.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    summary = train(cfg_for(tmp_path / "cache", tmp_path / "run", "policy=pretrained", f"policy.path={tmp_path}/policy",
+                            "reward=pretrained", f"reward.path={tmp_path}/reward", "credit=datc"))
+    assert summary["eval"]["final"]["eval/rm_score"] is not None
+    assert not (tmp_path / "cache" / "policy").exists()  # nothing was warm-started: the given model was used
+
+
+@pytest.mark.slow
+def test_mismatched_tokenizers_are_refused(tmp_path, tok):
+    from transformers import AutoTokenizer
+
+    pol = build_causal_lm(ARCHS["gpt2"], tok, 0)
+    pol.save_pretrained(tmp_path / "policy")
+    tok.save_pretrained(tmp_path / "policy")
+    rm = build_reward_model(ARCHS["gpt2"], tok, 0)
+    rm.save_pretrained(tmp_path / "reward")
+    other = AutoTokenizer.from_pretrained(tmp_path / "policy")
+    other.add_tokens(["brand_new_token"])
+    other.save_pretrained(tmp_path / "reward")
+    from datc.config import ConfigError
+
+    with pytest.raises(ConfigError, match="different token ids"):
+        train(cfg_for(tmp_path / "cache", tmp_path / "run", "policy=pretrained", f"policy.path={tmp_path}/policy",
+                      "reward=pretrained", f"reward.path={tmp_path}/reward"))
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_writes_locally(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc with a key
+    run = tmp_path / "run"
+    train(cfg_for(tmp_path / "cache", run, "logger=wandb"))
+    assert list((run / "wandb").glob("offline-run-*")), "no offline W&B run was written"
+    assert (run / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_wandb_failure_mid_run_is_reported_once_and_training_goes_on(tmp_path, monkeypatch, capsys):
+    import wandb
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    real_init = wandb.init
+
+    def flaky_init(*args, **kwargs):
+        run = real_init(*args, **{**kwargs, "mode": "offline"})
+
+        def broken_log(*a, **k):
+            raise ConnectionError("W&B is down")
+
+        run.log = broken_log
+        return run
+
+    monkeypatch.setattr(wandb, "init", flaky_init)
+    run = tmp_path / "run"
+    summary = train(cfg_for(tmp_path / "cache", run, "logger=wandb"))
+    err = capsys.readouterr().err
+    assert err.count("W&B logging failed") == 1
+    rows = [json.loads(x) for x in open(run / "metrics.jsonl")]
+    assert [r["step"] for r in rows if "loss/total" in r] == [1, 2, 3]  # every step still logged locally
+    assert summary["eval"]["final"]
+
+
+@pytest.mark.slow
+def test_multirun_sweep_writes_one_directory_per_job(tmp_path):
+    env = {**os.environ, "DATC_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-m", "datc.train", "-m", "debug=fast", "seed=0,1", "credit=grpo,datc",
+                        f"hydra.sweep.dir={tmp_path}/sweep"], capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    done = sorted(p.parent.name for p in (tmp_path / "sweep").glob("*/summary.json"))
+    assert done == ["keywords-tiny_gpt2-datc-s0", "keywords-tiny_gpt2-datc-s1",
+                    "keywords-tiny_gpt2-grpo-s0", "keywords-tiny_gpt2-grpo-s1"]
