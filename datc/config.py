@@ -79,7 +79,7 @@ class DataConfig:
 
 @dataclass
 class TrainerConfig:
-    steps: int = 80
+    steps: int = 100
     batch_size: int = 64
     num_generations: int = 8
     mini_batch_size: int = 64

@@ -1,13 +1,16 @@
 """``keywords``: the dense task. "write about <topic> :" → a response whose every token counts.
 
-The eight topics form two camps of four (``CAMPS``). Gold contribution of a response token:
-``+1/L`` for a keyword of the prompt topic's camp, ``-1/L`` for a keyword of the other camp,
-``0`` for filler (``L = norm_len``); the gold reward is their sum. Many tokens matter, each a
-little: credit is dense. Whether a keyword helps depends on the prompt, so neither the policy
-nor the reward model can score a token without reading it. (A finer rule, one topic's own
-twelve keywords, or three keywords named in the prompt, was not learned reliably by the
-2-layer testbed reward models within the prepare budget: held-out within-group correlation
-0.2-0.77.)
+The eight topics' 96 keywords form two camps (``CAMPS``): the keywords of sports, music, food
+and space are *good*, those of ocean, forest, city and winter *bad*. Gold contribution of a
+response token: ``+1/L`` for a good keyword, ``-1/L`` for a bad one, ``0`` for filler
+(``L = norm_len``); the gold reward is their sum, in ``[-1, 1]``. Many tokens matter, each a
+little: credit is dense.
+
+The rule does not depend on the prompt. Prompt-dependent rules (the prompt topic's own
+keywords; the camp of the prompt's topic; three keywords named in the prompt) were tried on
+the 2-layer testbed models: the reward models fit some of them, but neither the supervised
+warm start nor 300 GRPO steps taught the policies to condition on the prompt, so gold did not
+move. The sparse task (``arithmetic``) is the prompt-dependent one.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from datc.tasks.base import EOS, FILLER, SPECIAL_TOKENS, TASKS, TOPICS, Task, vo
 
 _TOPIC_NAMES = list(TOPICS)
 CAMPS = (_TOPIC_NAMES[:4], _TOPIC_NAMES[4:])
-_CAMP_OF_TOPIC = {t: i for i, camp in enumerate(CAMPS) for t in camp}
+GOOD = 0  # index of the good camp
 CAMP_WORDS = tuple(sorted(k for t in camp for k in TOPICS[t]) for camp in CAMPS)
 _CAMP_OF_WORD = {k: i for i, words in enumerate(CAMP_WORDS) for k in words}
 _ANY_WORD = [w for w in vocabulary() if w not in SPECIAL_TOKENS]
@@ -35,15 +38,14 @@ class KeywordsTask(Task):
 
     def contributions(self, example: dict[str, Any], tokens: list[str]) -> list[float]:
         unit = 1.0 / self.max_new_tokens
-        camp = _CAMP_OF_TOPIC[example["topic"]]
         out = []
         for tok in tokens:
             c = _CAMP_OF_WORD.get(tok)
-            out.append(0.0 if c is None else (unit if c == camp else -unit))
+            out.append(0.0 if c is None else (unit if c == GOOD else -unit))
         return out
 
     def _mix(self, example, rng, n, p_on, p_off) -> list[str]:
-        camp = _CAMP_OF_TOPIC[example["topic"]]
+        camp = GOOD
         words = []
         for _ in range(n):
             u = rng.random()
@@ -58,7 +60,7 @@ class KeywordsTask(Task):
     def demonstration(self, example, rng):
         # Mostly filler with some keywords of either camp: gold starts near 0, far from its top.
         n = rng.randint(4, self.max_new_tokens - 1)
-        return self._mix(example, rng, n, rng.uniform(0.0, 0.4), rng.uniform(0.0, 0.2)) + [EOS]
+        return self._mix(example, rng, n, rng.uniform(0.0, 0.3), rng.uniform(0.0, 0.3)) + [EOS]
 
     def perturbations(self, example, rng):
         out = []
@@ -66,7 +68,7 @@ class KeywordsTask(Task):
             n = rng.randint(2, self.max_new_tokens - 1)
             out.append(self._mix(example, rng, n, p_on, p_off) + [EOS])
         # Repetition of one keyword, and a response that runs to the length limit.
-        out.append([rng.choice(CAMP_WORDS[_CAMP_OF_TOPIC[example["topic"]]])] * rng.randint(2, self.max_new_tokens - 1) + [EOS])
+        out.append([rng.choice(CAMP_WORDS[GOOD])] * rng.randint(2, self.max_new_tokens - 1) + [EOS])
         out.append(self._mix(example, rng, self.max_new_tokens, rng.random(), rng.random() * 0.3))
         # Any words at all, and one word repeated: a policy under RL finds what the reward model
         # never saw (repeating a topic name was the first exploit found without these).
