@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from datc.config import TrainConfig
+from datc.config import ConfigError, TrainConfig
 from datc.data import load_prompts
 from datc.metrics import pearson, within_group_corr
 from datc.models import build_causal_lm, build_reward_model, load_pretrained
@@ -183,6 +183,34 @@ def train_reward_model(rm, policy, tok, task: Task, train_rows, eval_rows, rcfg,
     }
 
 
+def check_lengths(c: TrainConfig, tok, train_ds, eval_ds) -> None:
+    """Prompts longer than ``data.max_prompt_tokens``, or budgets beyond the policy's context,
+    are configuration errors found before any model trains, not index errors inside a model."""
+    field = c.data.prompt_field
+    for split, ds in (("train", train_ds), ("eval", eval_ds)):
+        if len(ds) == 0:
+            raise ConfigError(f"data: the {split} split is empty")
+        lengths = [len(ids) for ids in tok([row[field] for row in ds])["input_ids"]]
+        too_long = sum(n > c.data.max_prompt_tokens for n in lengths)
+        if too_long:
+            raise ConfigError(
+                f"data.max_prompt_tokens: {too_long} {split} prompts are longer than {c.data.max_prompt_tokens} tokens "
+                f"(longest {max(lengths)}); raise data.max_prompt_tokens or filter the dataset"
+            )
+    if c.policy.path is None:
+        arch = c.policy.arch
+    else:
+        from transformers import AutoConfig
+
+        arch = AutoConfig.from_pretrained(c.policy.path).to_dict()
+    ctx = arch.get("n_positions") or arch.get("max_position_embeddings")
+    if ctx is not None and c.data.max_prompt_tokens + c.trainer.max_new_tokens > ctx:
+        raise ConfigError(
+            f"trainer.max_new_tokens: data.max_prompt_tokens={c.data.max_prompt_tokens} plus "
+            f"trainer.max_new_tokens={c.trainer.max_new_tokens} exceed the policy's context of {ctx} tokens"
+        )
+
+
 def ensure_assets(cfg: TrainConfig) -> Assets:
     """Build whatever the config needs and the cache does not have; return where it all is."""
     quiet_libraries()
@@ -198,6 +226,7 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
                 build_testbed_tokenizer(tmp)
     tok = load_tokenizer(tok_path)
     train_ds, eval_ds = load_prompts(cfg.data, cfg.cache_dir)
+    check_lengths(cfg, tok, train_ds, eval_ds)
     task = TASKS.get(cfg.data.task)(cfg.data.norm_len) if cfg.data.task is not None else None
 
     policy_path = cfg.policy.path

@@ -87,6 +87,14 @@ class RunDir:
         atomic_write_json(run_json, {"run_id": run_id, "identity": ident})
         return cls(path, run_id, False)
 
+    def discard(self) -> None:
+        """Remove what :meth:`open` wrote for a fresh run whose set-up then failed, so the
+        name is free again for the corrected command. A resumable run is never touched."""
+        if self.resumable:
+            return
+        for name in ("run.json", "config.yaml", "metrics.jsonl"):
+            (self.path / name).unlink(missing_ok=True)
+
     def truncate_metrics(self, step: int) -> None:
         """Drop metric rows logged after ``step`` (a resumed run redoes them exactly)."""
         if not self.metrics_file.exists():

@@ -194,6 +194,10 @@ class Session:
     sched: Any
     sampler: PromptSampler
     rm_embedding: torch.Tensor | None  # (V, d) when the scheme declares it
+    amp_dtype: torch.dtype | None  # autocast dtype for the policy (bf16 on capable GPUs), None = fp32
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None)
 
 
 def build_session(c: TrainConfig) -> Session:
@@ -210,12 +214,19 @@ def build_session(c: TrainConfig) -> Session:
                           num_training_steps=t.steps * updates_per_step)
     sampler = PromptSampler(len(assets.train), t.batch_size // t.num_generations, c.seed)
     rm_embedding = m.rm.get_input_embeddings().weight.detach().float() if RM_EMBEDDING in scheme.needs else None
-    return Session(c, m, assets, device, scheme, credit_params, opt, sched, sampler, rm_embedding)
+    dtype = resolve_dtype(c.policy.dtype, device)
+    amp = dtype if dtype != torch.float32 else None  # fp32 master weights, low-precision compute
+    return Session(c, m, assets, device, scheme, credit_params, opt, sched, sampler, rm_embedding, amp)
 
 
 def train_step(s: Session, it: int) -> dict[str, float]:
     """One iteration of the spine: rollout → reward → credit → loss → update. Returns its
     metrics (``reward/``, ``rollout/``, ``credit/``, ``loss/``, ``perf/``)."""
+    with s.autocast():
+        return _train_step(s, it)
+
+
+def _train_step(s: Session, it: int) -> dict[str, float]:
     c, t, m, needs = s.c, s.c.trainer, s.m, s.scheme.needs
     t0 = time.perf_counter()
     examples = [s.assets.train[i] for i in s.sampler.indices(it)]
@@ -299,7 +310,11 @@ def train(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict[str
     torch.set_num_threads(t.threads)
     quiet_libraries()
     seed_everything(c.seed)
-    s = build_session(c)
+    try:
+        s = build_session(c)
+    except BaseException:
+        run.discard()
+        raise
     logger = RunLogger(run.path, run.metrics_file, c.logger, c.run_name, run.run_id, resolved)
     eval_rows = list(s.assets.eval)[: t.eval_size]
 
@@ -315,7 +330,8 @@ def train(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict[str
     run.truncate_metrics(start if ckpt is not None else -1)
 
     def do_eval(step: int) -> None:
-        metrics, samples = evaluate(c, s.m, eval_rows, s.assets.task, s.device)
+        with s.autocast():
+            metrics, samples = evaluate(c, s.m, eval_rows, s.assets.task, s.device)
         logger.log(metrics, step)
         logger.log_samples(samples, step)
 

@@ -11,10 +11,9 @@ import time
 import pytest
 
 from datc.models import ModelLoadError, build_causal_lm, build_reward_model, load_pretrained
+from datc.trainer import train
 from tests.conftest import ARCHS
 from tests.test_train_e2e import cfg_for
-
-from datc.trainer import train
 
 
 def test_hub_id_offline_fails_fast_and_says_how_to_fix(monkeypatch):

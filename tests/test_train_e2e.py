@@ -108,3 +108,12 @@ def test_a_directory_holding_another_run_is_refused(cache_dir, tmp_path):
 def test_resume_must_without_a_run_is_an_error(cache_dir, tmp_path):
     with pytest.raises(ConfigError, match="resume=must"):
         train(cfg_for(cache_dir, tmp_path / "none", "trainer.resume=must"))
+
+
+@pytest.mark.parametrize("override,field", [("data.max_prompt_tokens=4", "data.max_prompt_tokens"),
+                                            ("trainer.max_new_tokens=40", "trainer.max_new_tokens")])
+def test_length_errors_come_before_any_training_and_free_the_run_name(cache_dir, tmp_path, override, field):
+    with pytest.raises(ConfigError, match=field):
+        train(cfg_for(tmp_path / "fresh_cache", tmp_path / "r", override))
+    assert not (tmp_path / "fresh_cache" / "policy").exists()  # nothing was warm-started
+    train(cfg_for(cache_dir, tmp_path / "r"))  # the corrected command may use the same run directory
