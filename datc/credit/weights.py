@@ -31,8 +31,8 @@ class WeightParams:
     lam: float = 1.0  # mixing lambda in [0, 1]: w <- (1 - lam) + lam*w; 0 is GRPO bit for bit
     w_min: float | None = None  # lower clip in [0, 1], also the linear floor; None: no clip
     w_max: float | None = None  # upper clip >= 1; None: no clip
-    min_std: float = 1e-6  # a response whose score std is <= this falls back to w = 1
-    eps: float = 1e-8  # added to the std in the z-score
+    min_std: float = 1e-5  # fall back to w = 1 where std(s) <= min_std * mean|s| (relative)
+    eps: float = 1e-8  # added to the std in the z-score, relative to mean|s|
 
     def __post_init__(self) -> None:
         if not isinstance(self.standardize, bool):
@@ -74,7 +74,9 @@ def scores_to_weights(scores: Tensor, mask: Tensor, params: WeightParams) -> tup
         weights: (B, T) float32, ``>= 0``, mean 1 over each response's valid tokens, 0 where
             masked. Masked positions never influence other weights.
         fallback: (B,) bool, True where the response got ``w = 1`` because it has fewer than
-            two valid tokens, a non-finite score on a valid token, or score std ``<= min_std``.
+            two valid tokens, a non-finite score on a valid token, or a score spread that is
+            rounding noise: ``std(s) <= min_std · mean|s|``. The threshold is relative, so
+            scaling the reward model (hence every score) by ``c > 0`` changes no fallback.
 
     Steps, per response over its ``T_i`` valid tokens (computed in float64):
 
@@ -113,9 +115,11 @@ def scores_to_weights(scores: Tensor, mask: Tensor, params: WeightParams) -> tup
     s = torch.where(mask & finite, s, 0.0)  # masked or non-finite entries cannot leak
     centred = torch.where(mask, s - s.sum(-1, keepdim=True) / n_f, 0.0)  # (B, T)
     std = (centred.square().sum(-1, keepdim=True) / n_f).sqrt()  # (B, 1), population std
-    fallback = (n < 2) | ~all_finite | (std.squeeze(-1) <= params.min_std)  # (B,)
+    scale = s.abs().sum(-1) / n_f.squeeze(-1)  # (B,) mean |s| over valid tokens
+    fallback = (n < 2) | ~all_finite | (std.squeeze(-1) <= params.min_std * scale)  # (B,)
 
-    z = centred / (std + params.eps) if params.standardize else centred
+    # eps is relative to the scores' magnitude too, so z (and w) are invariant to scaling s.
+    z = centred / (std + params.eps * scale[:, None]) if params.standardize else centred
     z = torch.where(fallback[:, None], 0.0, z)  # keeps fallback rows finite; replaced below
     if params.normalizer == "softmax":
         logits = torch.where(mask, z / params.tau, -math.inf)

@@ -256,3 +256,14 @@ def test_invalid_params_name_the_field(field, value):
 def test_shape_mismatch_is_an_error():
     with pytest.raises(ValueError, match="mask"):
         scores_to_weights(torch.zeros(2, 3), torch.ones(2, 4, dtype=torch.bool), WeightParams())
+
+
+def test_fallback_threshold_is_relative_so_tiny_scores_still_make_weights():
+    # Scores of magnitude 1e-9 with a real spread (a barely trained reward model's gradients)
+    # must give the same weights as the same scores at magnitude 1: min_std is relative.
+    s = torch.tensor([[1.0, 3.0, 2.0, 0.5]], dtype=torch.float64)
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    w1, fb1 = scores_to_weights(s, mask, WeightParams())
+    w2, fb2 = scores_to_weights(s * 1e-9, mask, WeightParams())
+    assert not fb1.any() and not fb2.any()
+    torch.testing.assert_close(w1, w2)
