@@ -15,9 +15,7 @@
 from __future__ import annotations
 
 import argparse
-import json
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -59,11 +57,11 @@ def _run_real(kind: str, inputs) -> None:
 def _peak_mem_mb(kind: str) -> float:
     """Max RSS growth of one call, in a fresh process so earlier allocations do not hide it."""
     code = (
-        "import resource, sys, torch; torch.set_num_threads(1); sys.path.insert(0, %r);"
+        f"import resource, sys, torch; torch.set_num_threads(1); sys.path.insert(0, {str(ROOT)!r});"
         "from scripts.bench_credit import _real_inputs, _run_real;"
         "x = _real_inputs(); base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
-        "_run_real(%r, x); print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)"
-    ) % (str(ROOT), kind)
+        f"_run_real({kind!r}, x); print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     return float(out.stdout.strip().splitlines()[-1])
 
