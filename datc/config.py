@@ -89,6 +89,7 @@ class TrainerConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     mask_truncated: bool = False
+    reuse_rollout_logits: str = "auto"
     lr: float = 5e-4
     weight_decay: float = 0.0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -149,6 +150,7 @@ CHOICES = {
     "trainer.scale_rewards": ("group", "batch", "none"),
     "trainer.loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
     "trainer.resume": ("auto", "never", "must"),
+    "trainer.reuse_rollout_logits": ("auto", "always", "never"),
     "trainer.device": ("auto", "cpu", "cuda"),
     "trainer.lr_scheduler": (
         "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_min_lr", "polynomial",

@@ -21,6 +21,7 @@ class Rollout:
     response_mask: Tensor  # (B, T) bool, valid tokens: up to and including the first EOS
     truncated: Tensor  # (B,) bool, no EOS within the budget
     examples: list[dict[str, Any]]  # the prompt row of each response, length B
+    logits: Tensor | None = None  # (B, T, V) generate's raw logits at each response position, if kept
 
     @property
     def input_ids(self) -> Tensor:  # (B, P + T)
@@ -62,9 +63,12 @@ def sample_groups(
     temperature: float = 1.0,
     top_p: float = 1.0,
     prompt_field: str = "prompt",
+    keep_logits: bool = False,
 ) -> Rollout:
     """Sample ``num_generations`` responses per prompt with HF ``generate`` (pure sampling:
-    ``top_k`` off, so the sampling distribution is ``softmax(z / temperature)`` up to top-p)."""
+    ``top_k`` off, so the sampling distribution is ``softmax(z / temperature)`` up to top-p).
+    ``keep_logits`` also returns the raw logits generate computed for each sampled position
+    (the rollout policy's distribution, without a second forward pass)."""
     device = next(policy.parameters()).device
     ids, mask = encode_prompts(tokenizer, examples, prompt_field, device)
     ids = ids.repeat_interleave(num_generations, 0)
@@ -81,13 +85,19 @@ def sample_groups(
     )
     was_training = policy.training
     policy.eval()
-    out = policy.generate(input_ids=ids, attention_mask=mask.long(), generation_config=gen_cfg)
+    out = policy.generate(input_ids=ids, attention_mask=mask.long(), generation_config=gen_cfg,
+                          output_logits=keep_logits, return_dict_in_generate=True)
     policy.train(was_training)
-    resp = out[:, ids.shape[1] :]
+    resp = out.sequences[:, ids.shape[1] :]
+    logits = None
+    if keep_logits:
+        logits = torch.stack(out.logits, 1).float()  # (B, T_generated, V)
+        if logits.shape[1] < max_new_tokens:
+            logits = torch.cat([logits, logits.new_zeros(logits.shape[0], max_new_tokens - logits.shape[1], logits.shape[2])], 1)
     if resp.shape[1] < max_new_tokens:  # every response ended early: pad to the full budget
         pad = resp.new_full((resp.shape[0], max_new_tokens - resp.shape[1]), tokenizer.pad_token_id)
         resp = torch.cat([resp, pad], 1)
     rmask, truncated = response_mask_from_ids(resp, tokenizer.eos_token_id)
     resp = torch.where(rmask, resp, torch.full_like(resp, tokenizer.pad_token_id))
     expanded = [ex for ex in examples for _ in range(num_generations)]
-    return Rollout(ids, mask, resp, rmask, truncated, expanded)
+    return Rollout(ids, mask, resp, rmask, truncated, expanded, logits)

@@ -37,6 +37,10 @@ from datc.rundir import RunDir
 from datc.tokenizer import load_tokenizer
 from datc.utils import atomic_write_json, quiet_libraries, rng_state, seed_everything, set_rng_state
 
+# Largest B·T·V for which generate's logits are kept for credit (``reuse_rollout_logits: auto``):
+# 2^28 float32 values = 1 GiB. Real vocabularies at real batch sizes recompute them in chunks.
+REUSE_LOGITS_MAX_ELEMENTS = 2**28
+
 # ============================================================================================
 # Plumbing: prompts, models, policy passes
 # ============================================================================================
@@ -232,8 +236,14 @@ def _train_step(s: Session, it: int) -> dict[str, float]:
     examples = [s.assets.train[i] for i in s.sampler.indices(it)]
 
     # ---- rollout: G samples per prompt ----------------------------------------------------
+    on_policy = t.epochs == 1 and t.mini_batch_size == t.batch_size
+    wants_dist = bool(needs & {POLICY_LOGITS, ENTROPY, OLD_LOGPS})
+    vocab = m.policy.get_output_embeddings().weight.shape[0]
+    reuse = on_policy and wants_dist and (
+        t.reuse_rollout_logits == "always"
+        or (t.reuse_rollout_logits == "auto" and t.batch_size * t.max_new_tokens * vocab <= REUSE_LOGITS_MAX_ELEMENTS))
     ro = sample_groups(m.policy, m.tok, examples, t.num_generations, t.max_new_tokens, t.temperature, t.top_p,
-                       c.data.prompt_field)
+                       c.data.prompt_field, keep_logits=reuse)
     mask = ro.response_mask
     if t.mask_truncated:  # TRL's mask_truncated_completions: no loss on unfinished responses
         mask = mask & ~ro.truncated[:, None]
@@ -256,16 +266,20 @@ def _train_step(s: Session, it: int) -> dict[str, float]:
     t2 = time.perf_counter()
 
     # ---- credit: token weights w, Â = A · w ----------------------------------------------
-    on_policy = t.epochs == 1 and t.mini_batch_size == t.batch_size
-    old_logps = entropy = logits = None
-    if not on_policy or needs & {POLICY_LOGITS, ENTROPY, OLD_LOGPS}:
+    old_logps = entropy = logits = credit_old_logps = None
+    if reuse:  # the rollout distribution as generate computed it: no second forward pass
+        logits = ro.logits / t.temperature
+        entropy = entropy_from_logits(logits)
+        credit_old_logps = selective_log_softmax(logits, ro.response_ids) if OLD_LOGPS in needs else None
+    elif not on_policy or wants_dist:
         old_logps, entropy, logits = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size,
                                                          POLICY_LOGITS in needs)
+        credit_old_logps = old_logps
     ref_logps = rollout_policy_pass(m.ref, ro, t.temperature, t.micro_batch_size, False)[0] if m.ref is not None else None
     credit = compute_credit(s.scheme, CreditBatch(
         response_ids=ro.response_ids, response_mask=mask, advantages=advantages,
         rm_grad=rm_out.grad, rm_embedding=s.rm_embedding, policy_logits=logits, entropy=entropy,
-        old_logps=old_logps, generator=torch.Generator().manual_seed(c.seed * 1_000_003 + it),
+        old_logps=credit_old_logps, generator=torch.Generator().manual_seed(c.seed * 1_000_003 + it),
     ), s.credit_params)
     token_adv = advantages[:, None] * credit.weights  # (B, T)
     t3 = time.perf_counter()

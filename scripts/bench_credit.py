@@ -34,8 +34,9 @@ V, D, N = 151_936, 896, 512
 
 def _real_inputs(seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    logits = 4.0 * torch.randn(N, V, generator=g)  # peaked, as a trained LM's are
-    E = 0.02 * torch.randn(V, D, generator=g)
+    # In place, so no transient copy sets the memory baseline's peak.
+    logits = torch.randn(N, V, generator=g).mul_(4.0)  # peaked, as a trained LM's are
+    E = torch.randn(V, D, generator=g).mul_(0.02)
     grad = torch.randn(N, D, generator=g)
     y = torch.randint(V, (N,), generator=g)
     h = torch.randn(N, D, generator=g)

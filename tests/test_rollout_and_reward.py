@@ -81,3 +81,17 @@ def test_rm_gradient_matches_finite_difference(tok, reward_model):
         fd = (rm_forward(rm, hp, inp.attention_mask)[i] - rm_forward(rm, hm, inp.attention_mask)[i]) / (2 * eps)
         gv = float(out.grad[i, t].double() @ v)
         assert abs(float(fd) - gv) < 1e-4 * max(1.0, abs(gv))
+
+
+def test_kept_generate_logits_equal_a_forward_pass(policy, tok):
+    # Credit schemes may read the rollout distribution from generate's logits instead of a
+    # second forward pass: both must be the same distribution at every valid position
+    # (KV-cached vs full attention differ only by float32 rounding; tolerance 1e-4).
+    from datc.trainer import rollout_policy_pass
+
+    rows = [{"prompt": "write about food :"}, {"prompt": "compute 1 plus 12 ="}]
+    torch.manual_seed(0)
+    ro = sample_groups(policy, tok, rows, 3, 6, keep_logits=True)
+    _, _, z = rollout_policy_pass(policy, ro, 1.0, 8, True)
+    mk = ro.response_mask
+    torch.testing.assert_close(ro.logits[mk], z[mk], atol=1e-4, rtol=1e-4)

@@ -214,6 +214,9 @@ def _chunk_terms(
     """
     dtype = g.dtype
     pi = torch.softmax(logits.to(dtype), dim=-1)  # (c, V)
+    if top_k is None or top_k >= pi.shape[-1]:
+        if not need_rho:
+            return _full_vocab_terms(g, E, pi, y, logit_map)
     sup = None
     if top_k is not None and top_k < pi.shape[-1]:
         pi, sup = pi.topk(top_k, dim=-1)  # (c, K), (c, K), sorted: the mode first
@@ -262,6 +265,36 @@ def _chunk_terms(
     else:
         q_e = torch.einsum("ck,ckd->cd", pi.square(), E_rel)
     work = pi_y * rho_y + s2_minus_pi_y * pi_rho - (g * q_e).sum(-1)
+    return work, u_norm, None
+
+
+def _full_vocab_terms(g: Tensor, E: Tensor, pi: Tensor, y: Tensor, logit_map: str) -> tuple[Tensor, Tensor, None]:
+    """``_chunk_terms`` without ``ρ`` on the whole vocabulary, in as few ``(c, V)`` passes as
+    the same precision allows: one copy of ``π`` with the mode's entry zeroed gives the
+    sums over the other entries, then that entry is overwritten in place with minus their
+    sum, so the two products ``(π - e_m) E`` and ``(π² - (Σπ²) e_m) E`` need no masks."""
+    rows = torch.arange(pi.shape[0], device=pi.device)
+    pi_m, m = pi.max(-1)  # (c,), (c,)
+    pi_y = pi.gather(-1, y[:, None]).squeeze(-1)  # (c,)
+    a = pi.clone()
+    a[rows, m] = 0.0
+    not_m_sum = a.sum(-1)  # Σ_{v≠m} π_v, exact even when π is peaked
+    sq = a.square()
+    not_m_sq = sq.sum(-1)  # Σ_{v≠m} π_v²
+    y_is_m = y == m
+    # ‖e_y - π‖² = (Σ_{v≠y} π_v)² + Σ_{v≠y} π_v²; if y ≠ m then π_y ≤ 1/2 and nothing cancels.
+    not_y_sum = torch.where(y_is_m, not_m_sum, not_m_sum + pi_m - pi_y)
+    not_y_sq = torch.where(y_is_m, not_m_sq, not_m_sq + pi_m.square() - pi_y.square())
+    u_norm = (not_y_sum.square() + not_y_sq).sqrt()
+    s2_minus_pi_y = not_m_sq - pi_m * not_m_sum + (pi_m - pi_y)  # Σπ² - π_y
+    E_m = E[m]  # (c, d)
+    rho_y = (g * (E[y] - E_m)).sum(-1)  # ρ'_y, exactly 0 when y = m
+    a[rows, m] = -not_m_sum
+    pi_rho = (g * (a @ E)).sum(-1)  # π·ρ' = g · Σ_v π_v (E_v - E_m)
+    if logit_map == "identity":
+        return rho_y - pi_rho, u_norm, None
+    sq[rows, m] = -not_m_sq
+    work = pi_y * rho_y + s2_minus_pi_y * pi_rho - (g * (sq @ E)).sum(-1)
     return work, u_norm, None
 
 

@@ -1,0 +1,101 @@
+"""Credit analysis on fixed rollouts: every scheme's weights on the *same* sampled responses.
+
+Shared by ``scripts/credit_accuracy.py`` (credit accuracy against the gold contributions) and
+``scripts/heatmaps.py`` (token-credit heatmaps). Shapes: B responses (prompts × G, groups
+contiguous), T response positions (right-padded), V vocabulary, d reward-model hidden size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from datc.advantages import group_advantages
+from datc.credit import CreditBatch, CreditOutput, compute_credit, resolve_scheme
+from datc.prepare import gold_of
+from datc.rewards.model import build_rm_inputs, score
+from datc.rollout import Rollout, sample_groups
+from datc.trainer import Session, build_session, rollout_policy_pass
+
+
+@dataclass
+class CreditInputs:
+    """One sampled batch with every input any scheme may declare, and its gold when known."""
+
+    rollout: Rollout
+    batch: CreditBatch  # every optional field filled; no generator (see generator_seed)
+    gold: Tensor | None  # (B,) gold reward of each response; None without a testbed task
+    gold_contrib: Tensor | None  # (B, T) per-token gold contribution, 0 on padding; or None
+    generator_seed: int  # seeds a fresh generator per scheme, so each draws the same numbers
+
+    @property
+    def advantages(self) -> Tensor:
+        """(B,) group advantages A_i of the reward-model scores."""
+        return self.batch.advantages
+
+
+def session_for(overrides: list[str]) -> Session:
+    """Compose ``configs/train.yaml`` with Hydra overrides, build the session (assets prepared
+    or loaded from the cache) and seed torch with the config's seed."""
+    from hydra import compose, initialize_config_dir
+
+    from datc.config import validate
+    from datc.train import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides)
+    session = build_session(validate(cfg))
+    # Seeded after the build: preparing missing assets draws random numbers, and the samples
+    # must not depend on whether the cache was warm.
+    torch.manual_seed(session.c.seed)
+    return session
+
+
+def credit_inputs(session: Session, examples: list[dict[str, Any]], generator_seed: int) -> CreditInputs:
+    """Sample ``num_generations`` responses per example with the session's policy and compute
+    everything a scheme may read: the reward model's scores and input-embedding gradients
+    (B, T, d), its embedding matrix (V, d), group advantages (B,) with the session's
+    ``scale_rewards``, and the rollout policy's log-probs (B, T), entropies (B, T, nats) and
+    logits (B, T, V); plus the gold reward (B,) and contributions (B, T) on a testbed task.
+
+    Advantages come from the reward model's scores alone (no ``reward.scale``, no rules): the
+    credit a scheme assigns is judged against the reward model it differentiates.
+    """
+    t, m = session.c.trainer, session.m
+    ro = sample_groups(m.policy, m.tok, examples, t.num_generations, t.max_new_tokens, t.temperature,
+                       t.top_p, session.c.data.prompt_field)
+    inp = build_rm_inputs(ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask,
+                          m.tok.pad_token_id)
+    rm = score(m.rm, inp, ro.response_mask, with_grad=True, batch_size=t.micro_batch_size)
+    adv = group_advantages(rm.scores, t.num_generations, t.scale_rewards)
+    logps, entropy, logits = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size, True)
+    gold = contrib = None
+    if session.assets.task is not None:
+        gold, contrib = gold_of(session.assets.task, m.tok, ro.examples, ro.response_ids,
+                                ro.response_mask)
+        # gold_of works on the CPU; the masks it is compared with live on the session's device
+        gold, contrib = gold.to(adv.device), contrib.to(adv.device)
+    batch = CreditBatch(
+        ro.response_ids, ro.response_mask, adv, rm_grad=rm.grad,
+        rm_embedding=m.rm.get_input_embeddings().weight.detach().float(),
+        policy_logits=logits, entropy=entropy, old_logps=logps,
+    )
+    return CreditInputs(ro, batch, gold, contrib, generator_seed)
+
+
+def scheme_outputs(inputs: CreditInputs, names: Iterable[str]) -> dict[str, CreditOutput]:
+    """Each registered scheme (default parameters) on the same inputs: name -> its output, with
+    weights (B, T). Deterministic: a random scheme gets a generator seeded with
+    ``inputs.generator_seed`` afresh, whatever ran before it."""
+    out = {}
+    for name in names:
+        scheme, params = resolve_scheme({"name": name})
+        batch = dataclasses.replace(inputs.batch,
+                                    generator=torch.Generator().manual_seed(inputs.generator_seed))
+        out[name] = compute_credit(scheme, batch, params)
+    return out

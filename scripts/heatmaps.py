@@ -1,0 +1,298 @@
+"""Token-credit heatmaps: how each scheme shares a response's advantage among its tokens,
+written to <out>/<data>-<policy>.{html,png}.
+
+The first ``--examples`` held-out prompts are sampled once (one group each) with the policy
+(the warm start, or with ``--run`` that run's latest checkpoint); from each group the responses
+with the highest and the lowest advantage are shown, so both signs of A appear. Every scheme
+weighs the *same* responses. One row per scheme, one cell per response token, coloured on a
+diverging scale centred at w = 1 (white; red above, blue below); the first row is the task's
+gold contribution per token, centred at 0 (red: the token raised the gold reward).
+
+    python scripts/heatmaps.py [--run RUN_DIR] [--examples 4] [--out results/four_settings/heatmaps]
+                               [--wandb] [hydra overrides ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import html
+import io
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import LinearSegmentedColormap, TwoSlopeNorm, to_hex, to_rgb
+from matplotlib.figure import Figure
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMES = ["grpo", "datc", "datc_unsigned", "datc_identity", "datc_magnitude", "datc_shuffled",
+           "rm_saliency"]
+GOLD_ROW = "gold contribution"
+# Blue below the centre, white at it, red above. An odd N puts a LUT entry exactly at 0.5, so
+# the centre value (w = 1, gold 0) is drawn pure white.
+CMAP = LinearSegmentedColormap.from_list("credit", ["#2166ac", "#ffffff", "#b2182b"], N=257)
+MIN_HALF_SPAN = 0.05  # a scale spans at least ±5 % around its centre: near-uniform rows stay pale
+
+
+@dataclass
+class ShownResponse:
+    """One response as drawn: its n valid tokens only (padding dropped)."""
+
+    prompt: str
+    label: str  # which response of its group: "highest A", "lowest A" or "all A equal"
+    advantage: float  # A_i
+    gold: float | None  # gold reward; None without a testbed task
+    tokens: list[str]  # (n,) token texts
+    weights: dict[str, np.ndarray]  # scheme name -> (n,) weights w_t
+    gold_contrib: np.ndarray | None  # (n,) per-token gold contribution
+
+
+@dataclass
+class Scales:
+    """Colour scales shared by every response of a figure, so equal colours mean equal values."""
+
+    weight: TwoSlopeNorm  # weights, centred at w = 1
+    gold: TwoSlopeNorm  # gold contributions, centred at 0
+
+
+def token_text(tok, token_id: int) -> str:
+    """A token as it reads in the text (leading space kept); a line break shows as ↵."""
+    return tok.decode([token_id]).replace("\n", "↵")
+
+
+def shown_responses(session, n_examples: int) -> list[ShownResponse]:
+    """Sample one group for each of the first ``n_examples`` held-out prompts and keep, per
+    group, the responses with the highest and the lowest advantage, weighed by every
+    registered scheme of :data:`SCHEMES` on the same rollouts."""
+    from datc.credit import CREDIT_SCHEMES
+    from datc.credit.analysis import credit_inputs, scheme_outputs
+
+    examples = [session.assets.eval[i] for i in range(n_examples)]
+    inputs = credit_inputs(session, examples, generator_seed=session.c.seed)
+    outputs = scheme_outputs(inputs, [n for n in SCHEMES if n in CREDIT_SCHEMES])
+    ro, adv, G = inputs.rollout, inputs.advantages, session.c.trainer.num_generations
+    shown = []
+    for start in range(0, len(ro.examples), G):
+        group = adv[start : start + G]
+        hi, lo = start + int(group.argmax()), start + int(group.argmin())
+        picks = {hi: "highest A", lo: "lowest A"} if hi != lo else {hi: "all A equal"}
+        for i, label in picks.items():
+            n = int(ro.response_mask[i].sum())
+            shown.append(ShownResponse(
+                prompt=ro.examples[i][session.c.data.prompt_field],
+                label=label,
+                advantage=float(adv[i]),
+                gold=float(inputs.gold[i]) if inputs.gold is not None else None,
+                tokens=[token_text(session.m.tok, t) for t in ro.response_ids[i, :n].tolist()],
+                weights={k: out.weights[i, :n].cpu().numpy() for k, out in outputs.items()},
+                gold_contrib=inputs.gold_contrib[i, :n].cpu().numpy() if inputs.gold_contrib is not None else None,
+            ))
+    return shown
+
+
+def _centred(values: np.ndarray, centre: float) -> TwoSlopeNorm:
+    # TwoSlopeNorm needs vmin < centre < vmax, which uniform weights (GRPO) alone would not give
+    return TwoSlopeNorm(vcenter=centre, vmin=min(float(values.min()), centre - MIN_HALF_SPAN),
+                        vmax=max(float(values.max()), centre + MIN_HALF_SPAN))
+
+
+def scales_for(responses: list[ShownResponse]) -> Scales:
+    w = np.concatenate([[1.0], *(x for r in responses for x in r.weights.values())])
+    g = np.concatenate([[0.0], *(r.gold_contrib for r in responses if r.gold_contrib is not None)])
+    return Scales(_centred(w, 1.0), _centred(g, 0.0))
+
+
+def colour(value: float, norm: TwoSlopeNorm) -> str:
+    """The heatmap colour of a value, as #rrggbb."""
+    return to_hex(CMAP(float(norm(value))))
+
+
+# ---- HTML -------------------------------------------------------------------------------------
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
+h2 { font-size: 1.05em; margin: 1.6em 0 0.3em; }
+p.meta { margin: 0.2em 0 0.4em; }
+table.credit { border-collapse: collapse; }
+table.credit th { text-align: right; font-weight: normal; padding: 1px 8px; white-space: nowrap; }
+table.credit td { font-family: ui-monospace, monospace; white-space: pre; padding: 2px 4px;
+                  border: 1px solid #e4e4e4; }
+.legend span { display: inline-block; min-width: 3.2em; text-align: center; font-size: 0.8em;
+               padding: 2px 0; border: 1px solid #e4e4e4; }
+"""
+
+
+def _cell_style(value: float, norm: TwoSlopeNorm) -> str:
+    bg = colour(value, norm)
+    dark = float(np.dot(to_rgb(bg), [0.299, 0.587, 0.114])) < 0.5  # keep the token text legible
+    return f"background:{bg}" + (";color:#fff" if dark else "")
+
+
+def _row(name: str, tokens: list[str], values: np.ndarray, norm: TwoSlopeNorm, fmt: str) -> str:
+    cells = "".join(
+        f'<td style="{_cell_style(v, norm)}" title="{html.escape(name)}: {fmt.format(v)}">'
+        f"{html.escape(t)}</td>"
+        for t, v in zip(tokens, values.tolist(), strict=True)
+    )
+    return f'<tr data-row="{html.escape(name)}"><th>{html.escape(name)}</th>{cells}</tr>'
+
+
+def _legend(norm: TwoSlopeNorm, label: str, fmt: str) -> str:
+    centre = float(norm.vcenter)
+    values = [*np.linspace(norm.vmin, centre, 4)[:-1], centre, *np.linspace(centre, norm.vmax, 4)[1:]]
+    swatches = "".join(f'<span style="background:{colour(v, norm)}">{fmt.format(v)}</span>' for v in values)
+    return f'<p class="legend">{html.escape(label)}: {swatches}</p>'
+
+
+def render_html(responses: list[ShownResponse], title: str, scales: Scales) -> str:
+    """A self-contained page (inline CSS): per response its prompt, A and gold reward, and a
+    table of one row per scheme (gold contribution first) and one cell per token; a cell's
+    tooltip holds its value."""
+    parts = [
+        f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        _legend(scales.weight, "weight w (white = 1: the response's advantage unchanged)", "{:.2f}"),
+        _legend(scales.gold, "gold contribution (white = 0)", "{:+.2f}"),
+    ]
+    for k, r in enumerate(responses):
+        gold = "n/a" if r.gold is None else f"{r.gold:.3f}"
+        rows = [_row(GOLD_ROW, r.tokens, r.gold_contrib, scales.gold, "{:+.4f}")] if r.gold_contrib is not None else []
+        rows += [_row(name, r.tokens, w, scales.weight, "w = {:.4f}") for name, w in r.weights.items()]
+        parts += [
+            f"<h2>Response {k + 1} ({html.escape(r.label)} of its group)</h2>",
+            f'<p class="meta">prompt: <code>{html.escape(r.prompt)}</code> · A = {r.advantage:+.3f} · '
+            f"gold reward = {gold}</p>",
+            f'<table class="credit" data-response="{k}">{"".join(rows)}</table>',
+        ]
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+# ---- PNG --------------------------------------------------------------------------------------
+
+
+def _tick(token: str) -> str:
+    return token.replace("$", r"\$")  # a literal $, not matplotlib mathtext
+
+
+def render_png(responses: list[ShownResponse], title: str, scales: Scales) -> bytes:
+    """One subplot per response: schemes × tokens (gold contribution on top, on its own
+    scale), token texts along x; one colourbar per scale. Rendered with Agg."""
+    n_max = max(len(r.tokens) for r in responses)
+    n_rows = 1 + len(responses[0].weights)
+    width = min(60.0, 3.0 + 0.32 * n_max)  # inches; very long responses get narrow cells
+    fig = Figure(figsize=(width, 0.9 + len(responses) * (0.9 + 0.28 * n_rows)), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(responses), 1, squeeze=False)[:, 0]
+    for ax, r in zip(axes, responses, strict=True):
+        names = list(r.weights)
+        n, R = len(r.tokens), len(names)
+        # Scheme rows at y = 1..R; the gold row, on its own scale, drawn over y = 0.
+        ax.imshow(np.stack([r.weights[k] for k in names]), cmap=CMAP, norm=scales.weight,
+                  aspect="auto", interpolation="nearest", extent=(-0.5, n - 0.5, R + 0.5, 0.5))
+        first = 1
+        if r.gold_contrib is not None:
+            ax.imshow(r.gold_contrib[None, :], cmap=CMAP, norm=scales.gold, aspect="auto",
+                      interpolation="nearest", extent=(-0.5, n - 0.5, 0.5, -0.5))
+            first, names = 0, [GOLD_ROW, *names]
+        ax.set_ylim(R + 0.5, first - 0.5)
+        ax.set_xlim(-0.5, n - 0.5)
+        ax.set_xticks(range(n), [_tick(t) for t in r.tokens], rotation=90, fontsize=7)
+        ax.set_yticks(range(first, R + 1), names, fontsize=7)
+        gold = "n/a" if r.gold is None else f"{r.gold:.3f}"
+        ax.set_title(_tick(f"{r.prompt}  ({r.label}: A = {r.advantage:+.3f}, gold = {gold})"),
+                     fontsize=8, loc="left")
+    fig.colorbar(ScalarMappable(scales.weight, CMAP), ax=axes, label="weight w (white = 1)",
+                 fraction=0.03, pad=0.01)
+    fig.colorbar(ScalarMappable(scales.gold, CMAP), ax=axes, label="gold contribution (white = 0)",
+                 fraction=0.03, pad=0.01)
+    fig.suptitle(title)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    return buf.getvalue()
+
+
+# ---- output -----------------------------------------------------------------------------------
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write via a temporary sibling and rename, so readers never see a torn file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def log_to_wandb(key: str, page: str, png: Path, out_dir: Path) -> None:
+    """Log the page and the image to the active W&B run, or to a new offline one in
+    ``out_dir``. A failure is reported and never stops the script: the files are written."""
+    try:
+        import wandb
+
+        run, started = wandb.run, wandb.run is None
+        if started:
+            run = wandb.init(project="datc", job_type="heatmaps", name=f"heatmaps-{key}",
+                             dir=str(out_dir), mode="offline")
+        run.log({f"heatmaps/{key}/html": wandb.Html(page), f"heatmaps/{key}/png": wandb.Image(str(png))})
+        if started:
+            run.finish()
+            print(f"W&B: logged offline to {run.dir}; upload with `wandb sync {Path(run.dir).parent}`")
+    except Exception as e:  # W&B is optional here; the local files hold everything
+        print(f"W&B logging failed ({type(e).__name__}: {e}); the heatmaps are in {out_dir}",
+              file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", type=Path, help="run directory whose latest checkpoint the policy loads")
+    ap.add_argument("--examples", type=int, default=4, help="held-out prompts, one group each")
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "four_settings" / "heatmaps")
+    ap.add_argument("--wandb", action="store_true", help="also log to W&B (offline without a run)")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. policy=tiny_llama data=arithmetic")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    from datc.checkpoint import latest_checkpoint, load_checkpoint
+    from datc.credit.analysis import session_for
+    from datc.utils import atomic_write_text, quiet_libraries
+
+    quiet_libraries()
+    if a.examples < 1:
+        ap.error("--examples must be at least 1")
+    s = session_for(list(a.overrides))
+    source = "warm-started policy"
+    if a.run is not None:
+        ckpt = latest_checkpoint(a.run)
+        if ckpt is None:
+            raise SystemExit(f"--run {a.run}: no complete checkpoint under {a.run / 'checkpoints'}")
+        s.m.policy.load_state_dict(load_checkpoint(ckpt)["policy"])
+        source = f"checkpoint {ckpt}"
+    responses = shown_responses(s, a.examples)
+    key = f"{s.c.data.name}-{s.c.policy.name}"
+    title = f"Token credit on {key} ({source})"
+    scales = scales_for(responses)
+    page = render_html(responses, title, scales)
+    html_path, png_path = a.out / f"{key}.html", a.out / f"{key}.png"
+    atomic_write_text(html_path, page)
+    _atomic_write_bytes(png_path, render_png(responses, title, scales))
+    print(html_path)
+    print(png_path)
+    if a.wandb:
+        log_to_wandb(key, page, png_path, a.out)
+
+
+if __name__ == "__main__":
+    main()

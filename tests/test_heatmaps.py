@@ -1,0 +1,124 @@
+"""Token-credit heatmaps and the shared credit-analysis helpers, on the tiny testbed: the page
+shows every scheme and token with the right colours, the figure is a PNG, the helpers are
+deterministic and complete, and the credit-accuracy script still runs on them."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+
+import pytest
+import torch
+
+from datc.checkpoint import save_checkpoint
+from datc.config import validate
+from datc.credit import CREDIT_SCHEMES
+from datc.credit.analysis import credit_inputs, scheme_outputs
+from datc.credit.base import NEEDS
+from datc.trainer import build_session
+from scripts import credit_accuracy, heatmaps
+from tests.test_train_e2e import cfg_for
+
+WHITE = "#ffffff"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SHOWN = [n for n in heatmaps.SCHEMES if n in CREDIT_SCHEMES]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def session(cache_dir, tmp_path_factory):
+    s = build_session(validate(cfg_for(cache_dir, tmp_path_factory.mktemp("run"))))
+    torch.manual_seed(s.c.seed)
+    return s
+
+
+@pytest.fixture(scope="module")
+def shown(session):
+    return heatmaps.shown_responses(session, 2)
+
+
+@pytest.fixture(scope="module")
+def page(shown):
+    return heatmaps.render_html(shown, "test", heatmaps.scales_for(shown))
+
+
+def _cells(page: str) -> dict[tuple[int, str], list[tuple[str, str, str]]]:
+    """(response, row name) -> [(background, title, text)] per token cell, parsed from the page."""
+    out = {}
+    for k, table in re.findall(r'<table class="credit" data-response="(\d+)">(.*?)</table>', page, re.S):
+        for name, row in re.findall(r'<tr data-row="([^"]*)"><th>[^<]*</th>(.*?)</tr>', table):
+            out[int(k), html.unescape(name)] = re.findall(
+                r'<td style="background:(#[0-9a-f]{6})[^"]*" title="([^"]*)">(.*?)</td>', row)
+    return out
+
+
+def test_page_shows_every_scheme_and_token_and_grpo_is_white(session, shown, page):
+    assert len(shown) >= 2 and {r.label for r in shown} <= {"highest A", "lowest A", "all A equal"}
+    cells = _cells(page)
+    for name in [heatmaps.GOLD_ROW, *SHOWN]:
+        assert f"<th>{html.escape(name)}</th>" in page
+    for k, r in enumerate(shown):
+        for name in [heatmaps.GOLD_ROW, *SHOWN]:
+            # exactly the valid tokens, in order: no padding position is drawn
+            assert [html.unescape(c[2]) for c in cells[k, name]] == r.tokens, (k, name)
+        assert all(bg == WHITE for bg, _, _ in cells[k, "grpo"])
+        assert all(title == "grpo: w = 1.0000" for _, title, _ in cells[k, "grpo"])
+    assert html.escape(session.m.tok.pad_token) not in page
+    assert "<eos>" not in page  # token text is escaped
+
+
+def test_datc_colours_weights_above_and_below_one_apart(shown, page):
+    cells = _cells(page)
+    above = [(k, t) for k, r in enumerate(shown) for t, w in enumerate(r.weights["datc"]) if w > 1.1]
+    below = [(k, t) for k, r in enumerate(shown) for t, w in enumerate(r.weights["datc"]) if w < 0.9]
+    assert above and below, "the tiny rollouts should give datc weights on both sides of 1"
+    (ka, ta), (kb, tb) = above[0], below[0]
+    hi, lo = cells[ka, "datc"][ta][0], cells[kb, "datc"][tb][0]
+    assert WHITE not in (hi, lo) and hi != lo
+    assert int(hi[1:3], 16) > int(hi[5:7], 16)  # above 1: red
+    assert int(lo[5:7], 16) > int(lo[1:3], 16)  # below 1: blue
+
+
+def test_script_writes_html_and_png_from_a_checkpoint(session, cache_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    save_checkpoint(run, 1, {"policy": session.m.policy.state_dict()}, keep=1)
+    out = tmp_path / "heatmaps"
+    heatmaps.main(["--run", str(run), "--examples", "1", "--out", str(out), "debug=fast",
+                   f"cache_dir={cache_dir}"])
+    page, png = out / "keywords-tiny_gpt2.html", out / "keywords-tiny_gpt2.png"
+    assert str(page) in capsys.readouterr().out
+    assert "checkpoint" in page.read_text()
+    data = png.read_bytes()
+    assert len(data) > 1000 and data.startswith(PNG_MAGIC)
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+    with pytest.raises(SystemExit):
+        heatmaps.main(["--run", str(tmp_path / "none"), "--out", str(out), "debug=fast",
+                       f"cache_dir={cache_dir}"])
+
+
+def test_credit_inputs_are_complete_and_scheme_outputs_deterministic(session):
+    inputs = credit_inputs(session, [session.assets.eval[i] for i in range(2)], generator_seed=3)
+    b, t = inputs.batch, session.c.trainer
+    B, T = 2 * t.num_generations, t.max_new_tokens
+    assert all(getattr(b, f) is not None for f in NEEDS)
+    assert b.response_ids.shape == b.old_logps.shape == b.entropy.shape == inputs.gold_contrib.shape == (B, T)
+    assert b.rm_grad.shape[:2] == b.policy_logits.shape[:2] == (B, T)
+    assert inputs.advantages.shape == inputs.gold.shape == (B,)
+    first, second = scheme_outputs(inputs, SHOWN), scheme_outputs(inputs, SHOWN)
+    assert list(first) == SHOWN
+    for name in SHOWN:
+        assert torch.equal(first[name].weights, second[name].weights), name
+
+
+def test_credit_accuracy_script_runs_on_the_shared_helpers(cache_dir, tmp_path):
+    credit_accuracy.main(["--batches", "1", "--out", str(tmp_path), "debug=fast", f"cache_dir={cache_dir}"])
+    result = json.loads((tmp_path / "keywords-tiny_gpt2.json").read_text())
+    assert sorted(result["schemes"]) == sorted(credit_accuracy.SCHEMES)
+    assert result["batches"] == 1 and sum(result["tokens"].values()) > 0
+    md = (tmp_path / "keywords-tiny_gpt2.md").read_text()
+    assert "| scheme | credit accuracy | mean w, agree | mean w, neutral | mean w, disagree |" in md
