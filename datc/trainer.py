@@ -177,11 +177,18 @@ def _resolved(cfg: DictConfig | dict) -> dict[str, Any]:
 
 
 def _git_commit() -> str | None:
+    """The commit of the code this process loaded (``+dirty`` if the tree had changes then)."""
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                              cwd=Path(__file__).parent).stdout.strip() or None
+        cwd = Path(__file__).parent
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=cwd).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                               timeout=5, cwd=cwd).stdout.strip()
+        return (head + ("+dirty" if dirty else "")) or None
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+GIT_COMMIT = _git_commit()  # read at import: a sweep's later runs report the code they ran
 
 
 @dataclass
@@ -434,7 +441,7 @@ def _summary(c: TrainConfig, run: RunDir, assets: Assets, elapsed: float) -> dic
     out: dict[str, Any] = {
         "run_name": c.run_name, "run_id": run.run_id, "seed": c.seed,
         "credit": c.credit.get("name", c.credit.get("_target_")), "policy": c.policy.name, "data": c.data.name,
-        "steps": c.trainer.steps, "wall_time_s": round(elapsed, 2), "git_commit": _git_commit(),
+        "steps": c.trainer.steps, "wall_time_s": round(elapsed, 2), "git_commit": GIT_COMMIT,
         "eval": {"initial": {k: v for k, v in evals[0].items() if k != "step"} if evals else {},
                  "final": {k: v for k, v in evals[-1].items() if k != "step"} if evals else {},
                  "curve": [{"step": r["step"], "gold": r.get("eval/gold"), "rm_score": r["eval/rm_score"]} for r in evals]},
