@@ -330,12 +330,14 @@ def train(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict[str
     t = c.trainer
     torch.set_num_threads(t.threads)
     quiet_libraries()
-    seed_everything(c.seed)
     try:
         s = build_session(c)
     except BaseException:
         run.discard()
         raise
+    # Seeded after the set-up: a cold cache (prepare draws random numbers) and a warm one must
+    # give the same run.
+    seed_everything(c.seed)
     logger = RunLogger(run.path, run.metrics_file, c.logger, c.run_name, run.run_id, resolved)
     eval_rows = list(s.assets.eval)[: t.eval_size]
 

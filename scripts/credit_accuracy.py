@@ -7,7 +7,8 @@ from a checkpoint; every scheme scores the *same* batches. Reported per scheme: 
 mean weight of tokens whose gold contribution agrees with the advantage's sign
 (``sign(A)·c > 0``: the tokens that earned the response its advantage), is zero, or disagrees.
 
-    python scripts/credit_accuracy.py [--batches 8] [--out results/credit_accuracy] [hydra overrides ...]
+    python scripts/credit_accuracy.py [--batches 8] [--out results/credit_accuracy]
+                                      [hydra overrides ...]
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMES = ["datc", "datc_shuffled", "datc_unsigned", "datc_identity", "datc_magnitude", "rm_saliency"]
+SCHEMES = ["datc", "datc_shuffled", "datc_unsigned", "datc_identity", "datc_magnitude",
+           "rm_saliency"]
 
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=int, default=8)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "credit_accuracy",
                     help="output directory (default: results/credit_accuracy)")
@@ -39,17 +42,20 @@ def main(argv: list[str] | None = None) -> None:
     quiet_libraries()
     s = session_for(["credit=datc", *a.overrides])
     if s.assets.task is None:
-        raise SystemExit("credit accuracy needs a testbed task (data.task): it compares with gold contributions")
+        raise SystemExit("credit accuracy needs a testbed task (data.task): it compares the "
+                         "schemes' scores with the task's gold contributions")
     c, t = s.c, s.c.trainer
     acc: dict[str, list[float]] = {n: [] for n in SCHEMES}
     wsum = {n: {"agree": 0.0, "neutral": 0.0, "disagree": 0.0} for n in SCHEMES}
     count = {"agree": 0, "neutral": 0, "disagree": 0}
     for b in range(a.batches):
-        inputs = credit_inputs(s, [s.assets.train[i] for i in s.sampler.indices(b)], generator_seed=b)
+        examples = [s.assets.train[i] for i in s.sampler.indices(b)]
+        inputs = credit_inputs(s, examples, generator_seed=b)
         adv, contrib = inputs.advantages, inputs.gold_contrib
         mask = inputs.rollout.response_mask & (adv != 0)[:, None]
         aligned = torch.sign(adv)[:, None] * contrib
-        groups = {"agree": mask & (aligned > 0), "neutral": mask & (aligned == 0), "disagree": mask & (aligned < 0)}
+        groups = {"agree": mask & (aligned > 0), "neutral": mask & (aligned == 0),
+                  "disagree": mask & (aligned < 0)}
         for k, g in groups.items():
             count[k] += int(g.sum())
         for name, out in scheme_outputs(inputs, SCHEMES).items():
@@ -58,7 +64,8 @@ def main(argv: list[str] | None = None) -> None:
                 wsum[name][k] += float(out.weights[g].sum())
     result = {
         "command": "python scripts/credit_accuracy.py " + " ".join(args),
-        "setting": f"{c.data.name}-{c.policy.name}", "batches": a.batches, "responses_per_batch": t.batch_size,
+        "setting": f"{c.data.name}-{c.policy.name}", "batches": a.batches,
+        "responses_per_batch": t.batch_size,
         "rm_within_group_corr": (s.assets.rm_report or {}).get("heldout_within_group_corr"),
         "tokens": count,
         "schemes": {
@@ -68,12 +75,15 @@ def main(argv: list[str] | None = None) -> None:
         },
     }
     atomic_write_json(a.out / f"{result['setting']}.json", result)
-    lines = [f"# Credit accuracy on {result['setting']} (warm-started policy, {a.batches} batches of {t.batch_size})", "",
+    lines = [f"# Credit accuracy on {result['setting']} (warm-started policy, {a.batches} batches "
+             f"of {t.batch_size})", "",
              f"Command: `{result['command']}`. Tokens by `sign(A)·gold contribution`: {count}.", "",
-             "| scheme | credit accuracy | mean w, agree | mean w, neutral | mean w, disagree |", "|---|---|---|---|---|"]
+             "| scheme | credit accuracy | mean w, agree | mean w, neutral | mean w, disagree |",
+             "|---|---|---|---|---|"]
     for n, r in result["schemes"].items():
         w = r["mean_weight"]
-        lines.append(f"| {n} | {_fmt(r['credit_accuracy'])} | {_fmt(w['agree'])} | {_fmt(w['neutral'])} | {_fmt(w['disagree'])} |")
+        lines.append(f"| {n} | {_fmt(r['credit_accuracy'])} | {_fmt(w['agree'])} | "
+                     f"{_fmt(w['neutral'])} | {_fmt(w['disagree'])} |")
     atomic_write_text(a.out / f"{result['setting']}.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 

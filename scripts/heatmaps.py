@@ -8,6 +8,9 @@ weighs the *same* responses. One row per scheme, one cell per response token, co
 diverging scale centred at w = 1 (white; red above, blue below); the first row is the task's
 gold contribution per token, centred at 0 (red: the token raised the gold reward).
 
+With ``--run``, give the overrides the run was trained with (at least its ``policy=`` and
+``data=``): the checkpoint supplies only the policy's weights.
+
     python scripts/heatmaps.py [--run RUN_DIR] [--examples 4] [--out results/four_settings/heatmaps]
                                [--wandb] [hydra overrides ...]
 """
@@ -78,6 +81,7 @@ def shown_responses(session, n_examples: int) -> list[ShownResponse]:
     inputs = credit_inputs(session, examples, generator_seed=session.c.seed)
     outputs = scheme_outputs(inputs, [n for n in SCHEMES if n in CREDIT_SCHEMES])
     ro, adv, G = inputs.rollout, inputs.advantages, session.c.trainer.num_generations
+    contrib = inputs.gold_contrib
     shown = []
     for start in range(0, len(ro.examples), G):
         group = adv[start : start + G]
@@ -92,7 +96,7 @@ def shown_responses(session, n_examples: int) -> list[ShownResponse]:
                 gold=float(inputs.gold[i]) if inputs.gold is not None else None,
                 tokens=[token_text(session.m.tok, t) for t in ro.response_ids[i, :n].tolist()],
                 weights={k: out.weights[i, :n].cpu().numpy() for k, out in outputs.items()},
-                gold_contrib=inputs.gold_contrib[i, :n].cpu().numpy() if inputs.gold_contrib is not None else None,
+                gold_contrib=contrib[i, :n].cpu().numpy() if contrib is not None else None,
             ))
     return shown
 
@@ -144,10 +148,15 @@ def _row(name: str, tokens: list[str], values: np.ndarray, norm: TwoSlopeNorm, f
     return f'<tr data-row="{html.escape(name)}"><th>{html.escape(name)}</th>{cells}</tr>'
 
 
+def scale_marks(norm: TwoSlopeNorm) -> list[float]:
+    """Seven values spread evenly over each half of a scale: its legend and colourbar ticks."""
+    c = float(norm.vcenter)
+    return [*np.linspace(norm.vmin, c, 4).tolist(), *np.linspace(c, norm.vmax, 4)[1:].tolist()]
+
+
 def _legend(norm: TwoSlopeNorm, label: str, fmt: str) -> str:
-    centre = float(norm.vcenter)
-    values = [*np.linspace(norm.vmin, centre, 4)[:-1], centre, *np.linspace(centre, norm.vmax, 4)[1:]]
-    swatches = "".join(f'<span style="background:{colour(v, norm)}">{fmt.format(v)}</span>' for v in values)
+    swatches = "".join(f'<span style="{_cell_style(v, norm)}">{fmt.format(v)}</span>'
+                       for v in scale_marks(norm))
     return f'<p class="legend">{html.escape(label)}: {swatches}</p>'
 
 
@@ -159,18 +168,19 @@ def render_html(responses: list[ShownResponse], title: str, scales: Scales) -> s
         f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
         f"<style>{_CSS}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
-        _legend(scales.weight, "weight w (white = 1: the response's advantage unchanged)", "{:.2f}"),
+        _legend(scales.weight, "weight w (white = 1: the advantage unchanged)", "{:.2f}"),
         _legend(scales.gold, "gold contribution (white = 0)", "{:+.2f}"),
     ]
-    for k, r in enumerate(responses):
+    for i, r in enumerate(responses):
         gold = "n/a" if r.gold is None else f"{r.gold:.3f}"
-        rows = [_row(GOLD_ROW, r.tokens, r.gold_contrib, scales.gold, "{:+.4f}")] if r.gold_contrib is not None else []
-        rows += [_row(name, r.tokens, w, scales.weight, "w = {:.4f}") for name, w in r.weights.items()]
+        rows = [_row(k, r.tokens, w, scales.weight, "w = {:.4f}") for k, w in r.weights.items()]
+        if r.gold_contrib is not None:
+            rows.insert(0, _row(GOLD_ROW, r.tokens, r.gold_contrib, scales.gold, "{:+.4f}"))
         parts += [
-            f"<h2>Response {k + 1} ({html.escape(r.label)} of its group)</h2>",
-            f'<p class="meta">prompt: <code>{html.escape(r.prompt)}</code> · A = {r.advantage:+.3f} · '
-            f"gold reward = {gold}</p>",
-            f'<table class="credit" data-response="{k}">{"".join(rows)}</table>',
+            f"<h2>Response {i + 1} ({html.escape(r.label)} of its group)</h2>",
+            f'<p class="meta">prompt: <code>{html.escape(r.prompt)}</code> · '
+            f"A = {r.advantage:+.3f} · gold reward = {gold}</p>",
+            f'<table class="credit" data-response="{i}">{"".join(rows)}</table>',
         ]
     parts.append("</body></html>\n")
     return "\n".join(parts)
@@ -189,7 +199,8 @@ def render_png(responses: list[ShownResponse], title: str, scales: Scales) -> by
     n_max = max(len(r.tokens) for r in responses)
     n_rows = 1 + len(responses[0].weights)
     width = min(60.0, 3.0 + 0.32 * n_max)  # inches; very long responses get narrow cells
-    fig = Figure(figsize=(width, 0.9 + len(responses) * (0.9 + 0.28 * n_rows)), layout="constrained")
+    height = 0.9 + len(responses) * (0.9 + 0.28 * n_rows)
+    fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(responses), 1, squeeze=False)[:, 0]
     for ax, r in zip(axes, responses, strict=True):
@@ -210,10 +221,11 @@ def render_png(responses: list[ShownResponse], title: str, scales: Scales) -> by
         gold = "n/a" if r.gold is None else f"{r.gold:.3f}"
         ax.set_title(_tick(f"{r.prompt}  ({r.label}: A = {r.advantage:+.3f}, gold = {gold})"),
                      fontsize=8, loc="left")
-    fig.colorbar(ScalarMappable(scales.weight, CMAP), ax=axes, label="weight w (white = 1)",
-                 fraction=0.03, pad=0.01)
-    fig.colorbar(ScalarMappable(scales.gold, CMAP), ax=axes, label="gold contribution (white = 0)",
-                 fraction=0.03, pad=0.01)
+    for norm, label in ((scales.weight, "weight w (white = 1)"),
+                        (scales.gold, "gold contribution (white = 0)")):
+        # explicit ticks: the default ones skip the short half of a lopsided scale
+        fig.colorbar(ScalarMappable(norm, CMAP), ax=axes, label=label, fraction=0.03, pad=0.01,
+                     ticks=scale_marks(norm), format="%.2f")
     fig.suptitle(title)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
@@ -230,6 +242,8 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -247,31 +261,34 @@ def log_to_wandb(key: str, page: str, png: Path, out_dir: Path) -> None:
         if started:
             run = wandb.init(project="datc", job_type="heatmaps", name=f"heatmaps-{key}",
                              dir=str(out_dir), mode="offline")
-        run.log({f"heatmaps/{key}/html": wandb.Html(page), f"heatmaps/{key}/png": wandb.Image(str(png))})
+        run.log({f"heatmaps/{key}/html": wandb.Html(page),
+                 f"heatmaps/{key}/png": wandb.Image(str(png))})
         if started:
-            run.finish()
-            print(f"W&B: logged offline to {run.dir}; upload with `wandb sync {Path(run.dir).parent}`")
+            run.finish()  # flushes the offline run; W&B prints how to sync it
     except Exception as e:  # W&B is optional here; the local files hold everything
         print(f"W&B logging failed ({type(e).__name__}: {e}); the heatmaps are in {out_dir}",
               file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--run", type=Path, help="run directory whose latest checkpoint the policy loads")
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", type=Path, help="run directory; the policy loads its last checkpoint")
     ap.add_argument("--examples", type=int, default=4, help="held-out prompts, one group each")
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "four_settings" / "heatmaps")
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "four_settings" / "heatmaps",
+                    help="output directory (default: results/four_settings/heatmaps)")
     ap.add_argument("--wandb", action="store_true", help="also log to W&B (offline without a run)")
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. policy=tiny_llama data=arithmetic")
+    ap.add_argument("overrides", nargs="*",
+                    help="Hydra overrides, e.g. policy=tiny_llama data=arithmetic")
     a = ap.parse_args(argv)
+    if a.examples < 1:
+        ap.error("--examples must be at least 1")
     torch.set_num_threads(1)
     from datc.checkpoint import latest_checkpoint, load_checkpoint
     from datc.credit.analysis import session_for
     from datc.utils import atomic_write_text, quiet_libraries
 
     quiet_libraries()
-    if a.examples < 1:
-        ap.error("--examples must be at least 1")
     s = session_for(list(a.overrides))
     source = "warm-started policy"
     if a.run is not None:

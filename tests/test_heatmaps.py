@@ -50,7 +50,8 @@ def page(shown):
 def _cells(page: str) -> dict[tuple[int, str], list[tuple[str, str, str]]]:
     """(response, row name) -> [(background, title, text)] per token cell, parsed from the page."""
     out = {}
-    for k, table in re.findall(r'<table class="credit" data-response="(\d+)">(.*?)</table>', page, re.S):
+    tables = re.findall(r'<table class="credit" data-response="(\d+)">(.*?)</table>', page, re.S)
+    for k, table in tables:
         for name, row in re.findall(r'<tr data-row="([^"]*)"><th>[^<]*</th>(.*?)</tr>', table):
             out[int(k), html.unescape(name)] = re.findall(
                 r'<td style="background:(#[0-9a-f]{6})[^"]*" title="([^"]*)">(.*?)</td>', row)
@@ -74,8 +75,9 @@ def test_page_shows_every_scheme_and_token_and_grpo_is_white(session, shown, pag
 
 def test_datc_colours_weights_above_and_below_one_apart(shown, page):
     cells = _cells(page)
-    above = [(k, t) for k, r in enumerate(shown) for t, w in enumerate(r.weights["datc"]) if w > 1.1]
-    below = [(k, t) for k, r in enumerate(shown) for t, w in enumerate(r.weights["datc"]) if w < 0.9]
+    tokens = [(k, t, w) for k, r in enumerate(shown) for t, w in enumerate(r.weights["datc"])]
+    above = [(k, t) for k, t, w in tokens if w > 1.1]
+    below = [(k, t) for k, t, w in tokens if w < 0.9]
     assert above and below, "the tiny rollouts should give datc weights on both sides of 1"
     (ka, ta), (kb, tb) = above[0], below[0]
     hi, lo = cells[ka, "datc"][ta][0], cells[kb, "datc"][tb][0]
@@ -106,7 +108,8 @@ def test_credit_inputs_are_complete_and_scheme_outputs_deterministic(session):
     b, t = inputs.batch, session.c.trainer
     B, T = 2 * t.num_generations, t.max_new_tokens
     assert all(getattr(b, f) is not None for f in NEEDS)
-    assert b.response_ids.shape == b.old_logps.shape == b.entropy.shape == inputs.gold_contrib.shape == (B, T)
+    for x in (b.response_ids, b.response_mask, b.old_logps, b.entropy, inputs.gold_contrib):
+        assert x.shape == (B, T)
     assert b.rm_grad.shape[:2] == b.policy_logits.shape[:2] == (B, T)
     assert inputs.advantages.shape == inputs.gold.shape == (B,)
     first, second = scheme_outputs(inputs, SHOWN), scheme_outputs(inputs, SHOWN)
@@ -116,7 +119,8 @@ def test_credit_inputs_are_complete_and_scheme_outputs_deterministic(session):
 
 
 def test_credit_accuracy_script_runs_on_the_shared_helpers(cache_dir, tmp_path):
-    credit_accuracy.main(["--batches", "1", "--out", str(tmp_path), "debug=fast", f"cache_dir={cache_dir}"])
+    credit_accuracy.main(["--batches", "1", "--out", str(tmp_path), "debug=fast",
+                          f"cache_dir={cache_dir}"])
     result = json.loads((tmp_path / "keywords-tiny_gpt2.json").read_text())
     assert sorted(result["schemes"]) == sorted(credit_accuracy.SCHEMES)
     assert result["batches"] == 1 and sum(result["tokens"].values()) > 0

@@ -56,7 +56,9 @@ def session_for(overrides: list[str]) -> Session:
     return session
 
 
-def credit_inputs(session: Session, examples: list[dict[str, Any]], generator_seed: int) -> CreditInputs:
+def credit_inputs(
+    session: Session, examples: list[dict[str, Any]], generator_seed: int
+) -> CreditInputs:
     """Sample ``num_generations`` responses per example with the session's policy and compute
     everything a scheme may read: the reward model's scores and input-embedding gradients
     (B, T, d), its embedding matrix (V, d), group advantages (B,) with the session's
@@ -67,13 +69,14 @@ def credit_inputs(session: Session, examples: list[dict[str, Any]], generator_se
     credit a scheme assigns is judged against the reward model it differentiates.
     """
     t, m = session.c.trainer, session.m
-    ro = sample_groups(m.policy, m.tok, examples, t.num_generations, t.max_new_tokens, t.temperature,
-                       t.top_p, session.c.data.prompt_field)
+    ro = sample_groups(m.policy, m.tok, examples, t.num_generations, t.max_new_tokens,
+                       t.temperature, t.top_p, session.c.data.prompt_field)
     inp = build_rm_inputs(ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask,
                           m.tok.pad_token_id)
     rm = score(m.rm, inp, ro.response_mask, with_grad=True, batch_size=t.micro_batch_size)
     adv = group_advantages(rm.scores, t.num_generations, t.scale_rewards)
-    logps, entropy, logits = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size, True)
+    logps, entropy, logits = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size,
+                                                 keep_logits=True)
     gold = contrib = None
     if session.assets.task is not None:
         gold, contrib = gold_of(session.assets.task, m.tok, ro.examples, ro.response_ids,
