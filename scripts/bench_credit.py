@@ -91,25 +91,11 @@ def bench_real_shape(repeats: int) -> dict:
 # ---- 1 and 3. the testbed ---------------------------------------------------------------------
 
 
-def _session(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-
-    from datc.config import validate
-    from datc.train import CONFIG_DIR
-    from datc.trainer import build_session
-
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(config_name="train", overrides=overrides)
-    c = validate(cfg)
-    s = build_session(c)
-    torch.manual_seed(c.seed)  # after the set-up, so a cold and a warm cache give the same steps
-    return s
-
-
 def bench_testbed(steps: int, overrides: list[str]) -> dict:
+    from datc.credit.analysis import session_for
     from datc.trainer import train_step
 
-    sessions = {name: _session([f"credit={name}", *overrides]) for name in ("grpo", "datc")}
+    sessions = {name: session_for([f"credit={name}", *overrides]) for name in ("grpo", "datc")}
     keys = ["perf/step_s", "perf/rollout_s", "perf/reward_s", "perf/credit_s", "perf/update_s"]
     rows: dict[str, list[dict]] = {name: [] for name in sessions}
     warmup = 2

@@ -14,9 +14,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from scripts.bench_credit import _session  # noqa: E402
 
 
 def main() -> None:
@@ -25,11 +22,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
+    from datc.credit.analysis import session_for
     from datc.trainer import train_step
     from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
 
     quiet_libraries()
-    s = _session(a.overrides)
+    s = session_for(a.overrides)
     times: dict[int, list[float]] = {n: [] for n in a.threads}
     for it in range(a.steps + 1):
         for n in a.threads if it % 2 == 0 else reversed(a.threads):
