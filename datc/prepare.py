@@ -232,7 +232,7 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
     policy_path = cfg.policy.path
     data_key = {"task": cfg.data.task, "train": cfg.data.train_size, "norm_len": cfg.data.norm_len}
     pol_key = {"v": PREPARE_VERSION, "arch": dict(cfg.policy.arch), "ws": asdict(cfg.policy.warm_start),
-               "data": data_key, "tok": tok_path, "T": cfg.trainer.max_new_tokens}
+               "data": data_key, "tok": config_hash(sorted(tok.get_vocab().items())), "T": cfg.trainer.max_new_tokens}
     if policy_path is None:
         policy_path = str(cache / "policy" / f"{cfg.policy.name}-{cfg.data.name}-{config_hash(pol_key)}")
         if not (Path(policy_path) / "config.json").exists():
@@ -250,7 +250,10 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
     reward_path = cfg.reward.path
     rm_report = None
     if reward_path is None:
-        rm_key = {"v": PREPARE_VERSION, "arch": dict(cfg.reward.arch), "train": asdict(cfg.reward.train), "policy": policy_path}
+        # Keys name contents, not paths: the same cache reached as a relative or an absolute
+        # path (or moved) is still hit.
+        policy_id = config_hash(pol_key) if cfg.policy.path is None else cfg.policy.path
+        rm_key = {"v": PREPARE_VERSION, "arch": dict(cfg.reward.arch), "train": asdict(cfg.reward.train), "policy": policy_id}
         reward_path = str(cache / "reward" / f"{cfg.reward.name}-{cfg.policy.name}-{cfg.data.name}-{config_hash(rm_key)}")
         report_file = Path(reward_path) / "rm_report.json"
         if not report_file.exists():

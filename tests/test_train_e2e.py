@@ -119,3 +119,13 @@ def test_length_errors_come_before_any_training_and_free_the_run_name(cache_dir,
         train(cfg_for(tmp_path / "fresh_cache", tmp_path / "r", override))
     assert not (tmp_path / "fresh_cache" / "policy").exists()  # nothing was warm-started
     train(cfg_for(cache_dir, tmp_path / "r"))  # the corrected command may use the same run directory
+
+
+def test_cache_is_hit_through_another_spelling_of_its_path(tmp_path, monkeypatch):
+    from datc.config import validate
+    from datc.prepare import ensure_assets
+
+    a = ensure_assets(validate(cfg_for(str(tmp_path / "cache"), tmp_path / "r")))
+    monkeypatch.chdir(tmp_path)
+    b = ensure_assets(validate(cfg_for("cache", tmp_path / "r")))  # relative spelling, same directory
+    assert os.path.samefile(a.policy_path, b.policy_path) and os.path.samefile(a.reward_path, b.reward_path)
