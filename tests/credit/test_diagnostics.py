@@ -1,0 +1,36 @@
+import math
+
+import torch
+
+from datc.credit.base import CreditOutput
+from datc.credit.diagnostics import credit_accuracy, credit_metrics
+
+
+def test_credit_accuracy_hand_values():
+    # Response 1: scores rank the tokens exactly as the gold does -> Spearman 1.
+    # Response 2: reversed ranks -> -1. Response 3: constant gold -> skipped. Mean = 0.
+    s = torch.tensor([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0], [1.0, 2.0, 3.0]])
+    g = torch.tensor([[0.0, 0.5, 1.0], [0.0, 0.5, 1.0], [0.2, 0.2, 0.2]])
+    mask = torch.ones(3, 3, dtype=torch.bool)
+    assert credit_accuracy(s, g, mask) == 0.0
+    assert credit_accuracy(s[:1], g[:1], mask[:1]) == 1.0
+
+
+def test_uniform_weights_have_undefined_accuracy_not_zero():
+    w = torch.ones(2, 3)
+    out = CreditOutput(w, None, torch.zeros(2, dtype=torch.bool), "per_response")
+    m = credit_metrics(out, torch.tensor([1.0, -1.0]), torch.ones(2, 3, dtype=torch.bool),
+                       torch.tensor([[0.0, 1.0, -1.0], [1.0, 0.0, 0.0]]))
+    assert math.isnan(m["credit/accuracy"])
+    assert m["credit/ess"] == 1.0 and m["credit/weight_std"] == 0.0
+
+
+def test_weight_statistics_hand_values():
+    # One response, weights [2, 1, 0] (mean 1): ESS = (3)^2 / (3 * (4 + 1 + 0)) = 0.6;
+    # one of three tokens above 1; scores [3, 2, 1]: median 2.
+    w = torch.tensor([[2.0, 1.0, 0.0]])
+    out = CreditOutput(w, torch.tensor([[3.0, 2.0, 1.0]]), torch.zeros(1, dtype=torch.bool), "per_response")
+    m = credit_metrics(out, torch.tensor([1.0]), torch.ones(1, 3, dtype=torch.bool), None)
+    assert math.isclose(m["credit/ess"], 0.6, rel_tol=1e-6)
+    assert math.isclose(m["credit/frac_above_1"], 1 / 3, rel_tol=1e-6)
+    assert m["credit/score_p50"] == 2.0 and m["credit/weight_max"] == 2.0
