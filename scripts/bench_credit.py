@@ -1,8 +1,9 @@
 """Benchmark of DATC's cost, written to results/bench/credit.{json,md}.
 
 1. Testbed: training-step time of ``credit=datc`` over ``credit=grpo``, measured in one
-   process, steps interleaved (grpo, datc, datc, grpo, ...), with the breakdown rollout /
-   reward (+ RM gradient) / credit / update.
+   process, steps interleaved (grpo, datc, datc, grpo, ...) from the same weights and random
+   stream (so both sample the same responses), with the breakdown rollout / reward (+ RM
+   gradient) / credit / update.
 2. Real vocabulary shape (|V| = 151,936, d = 896, 512 response tokens): the exact credit
    computation and its ``top_k = 64`` version against one LM-head-sized matmul of the same
    shape; time (median of repeats, interleaved) and peak memory (max RSS growth, each
@@ -55,13 +56,22 @@ def _run_real(kind: str, inputs) -> None:
                     chunk_size=128, top_k=top_k)
 
 
+def _hwm_mb() -> float:
+    """This process's peak resident memory (VmHWM), in MB. Unlike ``ru_maxrss``, VmHWM belongs
+    to the process image, so a child does not inherit its parent's peak across ``exec``."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def _peak_mem_mb(kind: str) -> float:
-    """Max RSS growth of one call, in a fresh process so earlier allocations do not hide it."""
+    """Peak resident memory growth of one call, in a fresh process so that nothing allocated
+    earlier hides it."""
     code = (
-        f"import resource, sys, torch; torch.set_num_threads(1); sys.path.insert(0, {str(ROOT)!r});"
-        "from scripts.bench_credit import _real_inputs, _run_real;"
-        "x = _real_inputs(); base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
-        f"_run_real({kind!r}, x); print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)"
+        f"import sys, torch; torch.set_num_threads(1); sys.path.insert(0, {str(ROOT)!r});"
+        "from scripts.bench_credit import _hwm_mb, _real_inputs, _run_real;"
+        f"x = _real_inputs(); base = _hwm_mb(); _run_real({kind!r}, x); print(_hwm_mb() - base)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     return float(out.stdout.strip().splitlines()[-1])
@@ -101,7 +111,12 @@ def bench_testbed(steps: int, overrides: list[str]) -> dict:
     warmup = 2
     for it in range(steps + warmup):
         order = ["grpo", "datc"] if it % 2 == 0 else ["datc", "grpo"]
+        # Same weights and same random stream for both: the two steps sample the same responses,
+        # so the comparison is of the same work (diverged policies would write other lengths).
+        state = {k: v.clone() for k, v in sessions["grpo"].m.policy.state_dict().items()}
         for name in order:
+            sessions[name].m.policy.load_state_dict(state)
+            torch.manual_seed(10_000 + it)
             m = train_step(sessions[name], it)
             if it >= warmup:
                 rows[name].append({k: m[k] for k in keys})
