@@ -108,7 +108,7 @@ class TrainerConfig:
     checkpoint_every: int = 20
     keep_checkpoints: int = 2
     resume: str = "auto"
-    threads: int = 1
+    threads: int = 2
     device: str = "auto"
     progress: bool = True
 
