@@ -114,3 +114,18 @@ def test_multirun_sweep_writes_one_directory_per_job(tmp_path):
     done = sorted(p.parent.name for p in (tmp_path / "sweep").glob("*/summary.json"))
     assert done == ["keywords-tiny_gpt2-datc-s0", "keywords-tiny_gpt2-datc-s1",
                     "keywords-tiny_gpt2-grpo-s0", "keywords-tiny_gpt2-grpo-s1"]
+
+
+@pytest.mark.slow
+def test_datc_prepare_fills_the_cache_without_training(tmp_path):
+    import shutil
+
+    exe = shutil.which("datc-prepare", path=os.path.dirname(sys.executable))
+    assert exe, "the datc-prepare console script is not installed"
+    r = subprocess.run([exe, "debug=fast", f"cache_dir={tmp_path}/cache"], capture_output=True, text=True, timeout=600,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout[r.stdout.index("{"):])
+    assert os.path.isdir(out["policy"]) and os.path.isdir(out["reward"])
+    assert "heldout_within_group_corr" in out["rm_report"]
+    assert not (tmp_path / "runs").exists()  # nothing was trained
