@@ -111,6 +111,7 @@ class TrainerConfig:
     threads: int = 2
     device: str = "auto"
     progress: bool = True
+    max_nonfinite_frac: float = 0.5
 
 
 @dataclass
@@ -238,6 +239,8 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
         raise ConfigError(
             f"trainer.micro_batch_size: {t.micro_batch_size} must divide trainer.mini_batch_size={t.mini_batch_size}"
         )
+    if not 0 <= t.max_nonfinite_frac <= 1:
+        raise ConfigError(f"trainer.max_nonfinite_frac: must be in [0, 1], got {t.max_nonfinite_frac}")
     if not 0 < t.top_p <= 1:
         raise ConfigError(f"trainer.top_p: must be in (0, 1], got {t.top_p}")
     if len(t.adam_betas) != 2 or not all(0 <= b < 1 for b in t.adam_betas):

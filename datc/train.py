@@ -20,11 +20,12 @@ CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
 
 def _run(cfg: DictConfig) -> float | None:
     from datc.models import ModelLoadError
+    from datc.numerics import NonFiniteError
     from datc.trainer import train
 
     try:
         summary = train(cfg, run_dir=HydraConfig.get().runtime.output_dir)
-    except (ConfigError, ModelLoadError, FileNotFoundError) as e:
+    except (ConfigError, ModelLoadError, FileNotFoundError, NonFiniteError) as e:
         print(f"datc-train: {e}", file=sys.stderr)
         sys.exit(2)
     final = summary["eval"]["final"]

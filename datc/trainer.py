@@ -29,6 +29,14 @@ from datc.logprobs import entropy_from_logits, selective_log_softmax
 from datc.losses import AggNorm, aggregate, clipped_policy_loss
 from datc.metrics import pearson, within_group_corr
 from datc.models import freeze, load_pretrained, resolve_device, resolve_dtype
+from datc.numerics import (
+    NonFiniteReport,
+    drop_nonfinite_rewards,
+    loss_is_finite,
+    uniform_nonfinite_weights,
+    zero_nonfinite_advantages,
+    zero_nonfinite_rm_grad,
+)
 from datc.prepare import Assets, ensure_assets, gold_of
 from datc.rewards.model import build_rm_inputs, score
 from datc.rewards.rules import RULES, RuleContext
@@ -206,6 +214,7 @@ class Session:
     sampler: PromptSampler
     rm_embedding: torch.Tensor | None  # (V, d) when the scheme declares it
     amp_dtype: torch.dtype | None  # autocast dtype for the policy (bf16 on capable GPUs), None = fp32
+    nonfinite: NonFiniteReport | None = None  # the last step's non-finite hits (datc.numerics)
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None)
@@ -269,7 +278,12 @@ def _train_step(s: Session, it: int) -> dict[str, float]:
             r = RULES.get(rule.name)(ctx).to(rewards)
             rewards = rewards + rule.weight * r
             rule_metrics[f"reward/rule_{rule.name}"] = float(r.mean())
-    advantages = group_advantages(rewards, t.num_generations, t.scale_rewards)
+    nf = s.nonfinite = NonFiniteReport(len(rewards))  # NaN/inf caught per stage (datc.numerics)
+    finite_rewards, mask, bad_reward = drop_nonfinite_rewards(rewards, mask, t.num_generations)
+    nf.add("reward", bad_reward)
+    advantages = group_advantages(finite_rewards, t.num_generations, t.scale_rewards)
+    advantages, bad_adv = zero_nonfinite_advantages(advantages, dropped=bad_reward)
+    nf.add("advantage", bad_adv)
     t2 = time.perf_counter()
 
     # ---- credit: token weights w, Â = A · w ----------------------------------------------
@@ -283,16 +297,20 @@ def _train_step(s: Session, it: int) -> dict[str, float]:
                                                          POLICY_LOGITS in needs)
         credit_old_logps = old_logps
     ref_logps = rollout_policy_pass(m.ref, ro, t.temperature, t.micro_batch_size, False)[0] if m.ref is not None else None
+    rm_grad, bad_rm_grad = zero_nonfinite_rm_grad(rm_out.grad)
+    nf.add("rm_grad", bad_rm_grad)
     credit = compute_credit(s.scheme, CreditBatch(
         response_ids=ro.response_ids, response_mask=mask, advantages=advantages,
-        rm_grad=rm_out.grad, rm_embedding=s.rm_embedding, policy_logits=logits, entropy=entropy,
+        rm_grad=rm_grad, rm_embedding=s.rm_embedding, policy_logits=logits, entropy=entropy,
         old_logps=credit_old_logps, generator=torch.Generator().manual_seed(c.seed * 1_000_003 + it),
     ), s.credit_params)
+    credit, bad_weight = uniform_nonfinite_weights(credit, mask, forced=bad_rm_grad)
+    nf.add("weight", bad_weight)
     token_adv = advantages[:, None] * credit.weights  # (B, T)
     t3 = time.perf_counter()
 
     # ---- loss and update ------------------------------------------------------------------
-    stats = _update(c, m.policy, s.opt, s.sched, ro, mask, token_adv, old_logps, ref_logps)
+    stats = _update(c, m.policy, s.opt, s.sched, ro, mask, token_adv, old_logps, ref_logps, nf)
     t4 = time.perf_counter()
 
     n_tokens = int(ro.response_mask.sum())
@@ -300,9 +318,9 @@ def _train_step(s: Session, it: int) -> dict[str, float]:
     if entropy is not None:
         rollout_entropy = float((entropy * ro.response_mask).sum() / max(n_tokens, 1))
     metrics = {
-        "reward/total": float(rewards.mean()),
-        "reward/rm_score": float(rm_out.scores.mean()),
-        "reward/rm_score_std": float(rm_out.scores.std()),
+        "reward/total": _finite_mean(rewards),
+        "reward/rm_score": _finite_mean(rm_out.scores),
+        "reward/rm_score_std": _finite_std(rm_out.scores),
         "reward/advantage_abs": float(advantages.abs().mean()),
         **rule_metrics,
         "rollout/response_len": float(ro.response_mask.float().sum(-1).mean()),
@@ -310,6 +328,7 @@ def _train_step(s: Session, it: int) -> dict[str, float]:
         "rollout/entropy": rollout_entropy,
         **{f"loss/{k}": v for k, v in stats.items()},
         **credit_metrics(credit, advantages, mask, gold_contrib),
+        **nf.metrics(),
         "perf/step_s": t4 - t0, "perf/rollout_s": t1 - t0, "perf/reward_s": t2 - t1,
         "perf/credit_s": t3 - t2, "perf/update_s": t4 - t3,
         "perf/tokens_per_s": n_tokens / (t4 - t0), "perf/samples_per_s": t.batch_size / (t4 - t0),
@@ -366,6 +385,7 @@ def train(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict[str
         step = it + 1
         elapsed += metrics["perf/step_s"]
         logger.log(metrics, step)
+        s.nonfinite.check(t.max_nonfinite_frac, step)  # NonFiniteError, after the step is logged
         if step % t.eval_every == 0 or step == t.steps:
             do_eval(step)
         if step % t.checkpoint_every == 0 or step == t.steps:
@@ -383,10 +403,13 @@ def train(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict[str
     return summary
 
 
-def _update(c: TrainConfig, policy, opt, sched, ro: Rollout, mask, token_adv, old_logps, ref_logps) -> dict[str, float]:
+def _update(c: TrainConfig, policy, opt, sched, ro: Rollout, mask, token_adv, old_logps, ref_logps,
+            nf: NonFiniteReport) -> dict[str, float]:
     """``epochs`` passes over the rollout batch in mini-batches (one optimizer step each),
     accumulated over micro-batches; the aggregation normalizers are the mini-batch's, so the
-    accumulated gradient equals the mini-batch's gradient."""
+    accumulated gradient equals the mini-batch's gradient. A non-finite micro-batch loss is
+    not backpropagated (recorded in ``nf``); a mini-batch left without any gradient, or with a
+    non-finite gradient norm, takes no optimizer step (``skipped_steps``)."""
     t = c.trainer
     B, T = ro.response_ids.shape
     sums: dict[str, float] = {"pg": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio": 0.0, "entropy": 0.0, "total": 0.0,
@@ -397,6 +420,7 @@ def _update(c: TrainConfig, policy, opt, sched, ro: Rollout, mask, token_adv, ol
         for mb in order.split(t.mini_batch_size):
             norm = AggNorm(num_seqs=len(mb), num_tokens=float(mask[mb].sum()), norm_len=T)
             opt.zero_grad(set_to_none=True)
+            backpropagated = 0
             for micro in mb.split(t.micro_batch_size):
                 z = policy_logits(policy, ro, micro, t.temperature)
                 logps = selective_log_softmax(z, ro.response_ids[micro])
@@ -405,7 +429,12 @@ def _update(c: TrainConfig, policy, opt, sched, ro: Rollout, mask, token_adv, ol
                                           ref_logps[micro] if ref_logps is not None else None)
                 mk = mask[micro]
                 loss = aggregate(out.loss, mk, t.loss_agg, norm)
+                if not loss_is_finite(loss):  # never backpropagate NaN/inf
+                    nf.nonfinite_micro_batches += 1
+                    nf.add("loss", torch.zeros(B, dtype=torch.bool).index_fill_(0, micro.cpu(), True))
+                    continue
                 loss.backward()
+                backpropagated += 1
                 mkf = mk.float()
                 with torch.no_grad():
                     sums["total"] += float(loss)
@@ -416,7 +445,7 @@ def _update(c: TrainConfig, policy, opt, sched, ro: Rollout, mask, token_adv, ol
                         sums["kl"] += float((out.kl * mkf).sum())
                 n_tok_total += float(mkf.sum())
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), t.max_grad_norm)
-            if torch.isfinite(grad_norm):
+            if backpropagated and torch.isfinite(grad_norm):
                 opt.step()
             else:  # never step on a non-finite gradient
                 sums["skipped_steps"] += 1
@@ -457,6 +486,18 @@ def _summary(c: TrainConfig, run: RunDir, assets: Assets, elapsed: float) -> dic
         keys = [k for k in trains[0] if k.startswith(("perf/", "credit/"))]
         out["train_mean"] = {k: _mean([r.get(k) for r in trains]) for k in keys}
     return out
+
+
+def _finite_mean(x: torch.Tensor) -> float:
+    """Mean of the finite entries of ``x`` (NaN if none); non-finite ones are counted apart."""
+    x = x[torch.isfinite(x)]
+    return float(x.mean()) if x.numel() else math.nan
+
+
+def _finite_std(x: torch.Tensor) -> float:
+    """Std of the finite entries of ``x`` (NaN if fewer than two)."""
+    x = x[torch.isfinite(x)]
+    return float(x.std()) if x.numel() > 1 else math.nan
 
 
 def _mean(xs: list) -> float | None:
