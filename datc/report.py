@@ -26,9 +26,7 @@ import csv
 import io
 import json
 import math
-import os
 import sys
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,6 +38,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from scipy import stats
+
+from datc.atomic import atomic_write_bytes
 
 CONFIDENCE = 0.95
 TREATMENT = "datc"
@@ -891,19 +891,8 @@ def plot_rm_vs_gold(report: Report) -> bytes:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``path`` so readers see the old or the new content, never a torn file: a temp file
-    in the same directory, then ``os.replace``. (``datc.utils`` has one too, but importing it
-    pulls in torch.)"""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``path`` so readers see the old or the new content, never a torn file."""
+    atomic_write_bytes(path, data)
 
 
 def write_outputs(report: Report, out: str | Path, warnings: Sequence[str] = ()) -> list[Path]:

@@ -18,12 +18,9 @@ With ``--run``, give the overrides the run was trained with (at least its ``poli
 from __future__ import annotations
 
 import argparse
-import contextlib
 import html
 import io
-import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,22 +232,6 @@ def render_png(responses: list[ShownResponse], title: str, scales: Scales) -> by
 # ---- output -----------------------------------------------------------------------------------
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write via a temporary sibling and rename, so readers never see a torn file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
 def log_to_wandb(key: str, page: str, png: Path, out_dir: Path) -> None:
     """Log the page and the image to the active W&B run, or to a new offline one in
     ``out_dir``. A failure is reported and never stops the script: the files are written."""
@@ -286,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     from datc.checkpoint import latest_checkpoint, load_checkpoint
     from datc.credit.analysis import session_for
-    from datc.utils import atomic_write_text, quiet_libraries
+    from datc.utils import atomic_write_bytes, atomic_write_text, quiet_libraries
 
     quiet_libraries()
     s = session_for(list(a.overrides))
@@ -304,7 +285,7 @@ def main(argv: list[str] | None = None) -> None:
     page = render_html(responses, title, scales)
     html_path, png_path = a.out / f"{key}.html", a.out / f"{key}.png"
     atomic_write_text(html_path, page)
-    _atomic_write_bytes(png_path, render_png(responses, title, scales))
+    atomic_write_bytes(png_path, render_png(responses, title, scales))
     print(html_path)
     print(png_path)
     if a.wandb:
