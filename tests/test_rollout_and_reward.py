@@ -78,7 +78,8 @@ def test_rm_gradient_matches_finite_difference(tok, reward_model):
         hp, hm = h.clone(), h.clone()
         hp[i, pos] += eps * v
         hm[i, pos] -= eps * v
-        fd = (rm_forward(rm, hp, inp.attention_mask)[i] - rm_forward(rm, hm, inp.attention_mask)[i]) / (2 * eps)
+        with torch.no_grad():
+            fd = (rm_forward(rm, hp, inp.attention_mask)[i] - rm_forward(rm, hm, inp.attention_mask)[i]) / (2 * eps)
         gv = float(out.grad[i, t].double() @ v)
         assert abs(float(fd) - gv) < 1e-4 * max(1.0, abs(gv))
 
