@@ -419,6 +419,11 @@ def _update(c: TrainConfig, policy, opt, sched, ro: Rollout, mask, token_adv, ol
         order = torch.randperm(B) if t.mini_batch_size < B else torch.arange(B)
         for mb in order.split(t.mini_batch_size):
             norm = AggNorm(num_seqs=len(mb), num_tokens=float(mask[mb].sum()), norm_len=T)
+            if norm.num_tokens == 0:  # every response masked (e.g. all truncated with mask_truncated):
+                sums["skipped_steps"] += 1  # no step, or Adam's momentum alone would move the policy
+                sched.step()
+                n_updates += 1
+                continue
             opt.zero_grad(set_to_none=True)
             backpropagated = 0
             for micro in mb.split(t.micro_batch_size):
