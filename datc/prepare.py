@@ -77,7 +77,8 @@ def warm_start(policy, tok, task: Task, train_rows: list[dict], steps: int, lr: 
     policy.train()
     losses = []
     for _ in range(steps):
-        examples = rng.sample(train_rows, batch_size)
+        # Without replacement when the prompts allow it; a prompt set smaller than a batch repeats.
+        examples = rng.sample(train_rows, batch_size) if len(train_rows) >= batch_size else rng.choices(train_rows, k=batch_size)
         prompt_ids, prompt_mask = encode_prompts(tok, examples, "prompt", "cpu")
         resp = [tokens_to_ids(tok, task.demonstration(ex, rng)) for ex in examples]
         resp_ids, resp_mask = _pad_responses(tok, resp, max_new_tokens)

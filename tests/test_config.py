@@ -51,6 +51,7 @@ def test_every_field_has_a_comment():
     [
         ("trainer.lr=-1", "trainer.lr", "> 0"),
         ("trainer.num_generations=1", "trainer.num_generations", ">= 2"),
+        ("trainer.max_new_tokens=0", "trainer.max_new_tokens", "> 0"),
         ("trainer.batch_size=60", "trainer.batch_size", "multiple of 8"),
         ("trainer.mini_batch_size=48", "trainer.mini_batch_size", "must divide"),
         ("trainer.loss_agg=mean", "trainer.loss_agg", "token-mean, seq-mean-token-mean"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -77,7 +78,9 @@ def test_same_command_gives_same_metrics(tmp_path):
 
 
 def test_killed_run_resumes_to_the_same_metrics(cache_dir, tmp_path):
-    overrides = ["trainer.steps=12", "trainer.checkpoint_every=2", "trainer.eval_every=4"]
+    # 12 training prompts, 2 per step: the prompt data's epoch ends every 6 steps, so the resumed
+    # part crosses an epoch boundary.
+    overrides = ["trainer.steps=12", "trainer.checkpoint_every=2", "trainer.eval_every=4", "data.train_size=12"]
     train(cfg_for(cache_dir, tmp_path / "full", *overrides))
 
     killed = tmp_path / "killed"
@@ -129,3 +132,36 @@ def test_cache_is_hit_through_another_spelling_of_its_path(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     b = ensure_assets(validate(cfg_for("cache", tmp_path / "r")))  # relative spelling, same directory
     assert os.path.samefile(a.policy_path, b.policy_path) and os.path.samefile(a.reward_path, b.reward_path)
+
+
+def test_a_half_written_checkpoint_is_never_loaded(tmp_path):
+    from datc.checkpoint import save_checkpoint
+
+    save_checkpoint(tmp_path, 2, {"x": torch.ones(1)}, keep=3)
+    # What a kill during the next write can leave: the temporary directory, or (never renamed
+    # before complete, but suppose a crash mid-copy by hand) a step directory without its file.
+    (tmp_path / "checkpoints" / ".step_0000004.abc.tmp").mkdir()
+    (tmp_path / "checkpoints" / ".step_0000004.abc.tmp" / "state.pt").write_bytes(b"torn")
+    (tmp_path / "checkpoints" / "step_0000006").mkdir()
+    assert latest_checkpoint(tmp_path).name == "step_0000002"
+    assert load_checkpoint(latest_checkpoint(tmp_path))["step"] == 2
+    save_checkpoint(tmp_path, 8, {"x": torch.ones(1)}, keep=3)  # the next write cleans the leftovers
+    assert not list((tmp_path / "checkpoints").glob(".step_*.tmp"))
+
+
+def test_an_interrupted_sweep_reruns_only_what_is_missing(cache_dir, tmp_path):
+    env = {**os.environ, "DATC_CACHE": str(cache_dir)}
+    cmd = [sys.executable, "-m", "datc.train", "-m", "debug=fast", "seed=0,1", f"hydra.sweep.dir={tmp_path}/sweep"]
+    assert subprocess.run(cmd, capture_output=True, timeout=900, env=env).returncode == 0
+    done = tmp_path / "sweep" / "keywords-tiny_gpt2-grpo-s0"
+    lost = tmp_path / "sweep" / "keywords-tiny_gpt2-grpo-s1"
+    kept_mtime = (done / "metrics.jsonl").stat().st_mtime_ns
+    # Simulate a sweep killed during its second job, after the first checkpoint.
+    (lost / "summary.json").unlink()
+    for ckpt in sorted((lost / "checkpoints").iterdir())[1:]:
+        shutil.rmtree(ckpt)
+    assert subprocess.run(cmd, capture_output=True, timeout=900, env=env).returncode == 0
+    assert (done / "metrics.jsonl").stat().st_mtime_ns == kept_mtime  # the finished job was not redone
+    assert (lost / "summary.json").exists()
+    steps = [r["step"] for r in _rows(lost) if "loss/total" in r]
+    assert steps == [1, 2, 3]
