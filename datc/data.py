@@ -11,6 +11,7 @@ from typing import Any
 
 import datasets
 
+from datc.config import ConfigError
 from datc.utils import atomic_dir, config_hash
 
 GEN_SEED = 0  # the testbed's prompt sets are the same for every run seed (paired comparisons)
@@ -48,17 +49,20 @@ def load_prompts(data_cfg, cache_dir: str) -> tuple[datasets.Dataset, datasets.D
             ds = datasets.load_dataset(ext, data_files={data_cfg.train_split: path})
         else:
             ds = datasets.load_dataset(path)
-    except Exception as e:  # datasets raises many types for "not found / offline"
+    except Exception as e:  # datasets raises many types for "not found / offline / unreadable"
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'}"
+        if os.path.exists(path):
+            raise ConfigError(f"data.path: {path!r} is empty or not a readable dataset ({reason})") from None
         raise FileNotFoundError(
-            f"data.path={path!r} could not be loaded ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
+            f"data.path={path!r} could not be loaded ({reason}). "
             "Offline, point data.path at a local copy (a directory saved with datasets, or a .jsonl/.csv/.parquet file)."
         ) from None
     for split in (data_cfg.train_split, data_cfg.eval_split):
         if split not in ds:
-            raise ValueError(f"data: split {split!r} not in {path!r}; splits: {list(ds)} (set data.train_split / data.eval_split)")
+            raise ConfigError(f"data.train_split / data.eval_split: split {split!r} is not in {path!r}; splits: {list(ds)}")
     train, evald = ds[data_cfg.train_split], ds[data_cfg.eval_split]
     if data_cfg.prompt_field not in train.column_names:
-        raise ValueError(f"data.prompt_field: {data_cfg.prompt_field!r} is not a column of {path!r}; columns: {train.column_names}")
+        raise ConfigError(f"data.prompt_field: {data_cfg.prompt_field!r} is not a column of {path!r}; columns: {train.column_names}")
     return train, evald
 
 

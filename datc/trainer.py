@@ -158,7 +158,8 @@ def evaluate(c: TrainConfig, m: Models, rows: list[dict], task, device: torch.de
                                     "rm_score": float(s[j]), "gold": float(golds[-1][j]) if golds else None})
     scores_t = torch.cat(scores)
     out = {
-        "eval/rm_score": float(scores_t.mean()),
+        "eval/rm_score": _finite_mean(scores_t),  # non-finite scores are counted, not averaged
+        "eval/rm_nonfinite_frac": float((~torch.isfinite(scores_t)).float().mean()),
         "eval/response_len": float(torch.cat(lens).mean()),
         "eval/entropy": float(torch.cat(ents).mean()),
         "eval/truncated_frac": float(torch.cat(truncs).mean()),
@@ -168,7 +169,8 @@ def evaluate(c: TrainConfig, m: Models, rows: list[dict], task, device: torch.de
     if golds:
         gold_t = torch.cat(golds)
         out["eval/gold"] = float(gold_t.mean())
-        out["eval/rm_gold_corr"] = pearson(scores_t, gold_t)
+        ok = torch.isfinite(scores_t)
+        out["eval/rm_gold_corr"] = pearson(scores_t[ok], gold_t[ok])
     return out, samples
 
 

@@ -129,3 +129,30 @@ def test_datc_prepare_fills_the_cache_without_training(tmp_path):
     assert os.path.isdir(out["policy"]) and os.path.isdir(out["reward"])
     assert "heldout_within_group_corr" in out["rm_report"]
     assert not (tmp_path / "runs").exists()  # nothing was trained
+
+
+@pytest.mark.parametrize("content,field", [("", "data.path"), ('{"prompt": "write about food :"}\n{bad json\n', "data.path"),
+                                           ('{"text": "write about food :"}\n', "data.prompt_field")])
+def test_empty_or_malformed_data_files_are_clear_config_errors(tmp_path, content, field):
+    from datc.config import ConfigError, DataConfig
+    from datc.data import load_prompts
+
+    f = tmp_path / "prompts.jsonl"
+    f.write_text(content)
+    with pytest.raises(ConfigError) as e:
+        load_prompts(DataConfig(task=None, path=str(f), eval_split="train"), str(tmp_path / "cache"))
+    assert str(e.value).startswith(field)
+
+
+@pytest.mark.slow
+def test_wandb_unavailable_at_start_is_reported_once_and_training_goes_on(tmp_path, monkeypatch, capsys):
+    import wandb
+
+    def refuse(*args, **kwargs):
+        raise ConnectionError("W&B is unreachable")
+
+    monkeypatch.setattr(wandb, "init", refuse)
+    run = tmp_path / "run"
+    train(cfg_for(tmp_path / "cache", run, "logger=wandb"))
+    assert capsys.readouterr().err.count("W&B logging failed") == 1
+    assert [json.loads(x)["step"] for x in open(run / "metrics.jsonl") if "loss/total" in x] == [1, 2, 3]

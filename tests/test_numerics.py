@@ -296,3 +296,21 @@ def test_a_step_mostly_nonfinite_stops_the_run_and_names_the_source(nf_cache, tm
     key = "reward/nonfinite_frac" if source == "reward" else "loss/nonfinite_micro_batches"
     assert rows[2][key] == 1.0
     assert not (tmp_path / "r" / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_nonfinite_scores_at_eval_are_counted_not_averaged(nf_cache, tmp_path, monkeypatch):
+    real = trainer_mod.score
+
+    def half_nan(*args, **kwargs):
+        out = real(*args, **kwargs)
+        scores = out.scores.clone()
+        scores[::2] = float("nan")
+        return replace(out, scores=scores)
+
+    monkeypatch.setattr(trainer_mod, "score", half_nan)
+    c = validate(cfg_for(nf_cache, tmp_path / "unused"))
+    s = trainer_mod.build_session(c)
+    metrics, _ = trainer_mod.evaluate(c, s.m, list(s.assets.eval)[:16], s.assets.task, s.device)
+    assert metrics["eval/rm_nonfinite_frac"] == 0.5
+    assert math.isfinite(metrics["eval/rm_score"]) and math.isfinite(metrics["eval/rm_gold_corr"])
