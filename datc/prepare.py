@@ -44,10 +44,6 @@ class Assets:
     task: Task | None
 
 
-def tokens_to_ids(tok, tokens: list[str]) -> list[int]:
-    return tok.convert_tokens_to_ids(tokens)
-
-
 def gold_of(task: Task, tok, examples, response_ids: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Gold reward (B,) and per-token gold contribution (B, T) of sampled responses."""
     B, T = response_ids.shape
@@ -80,7 +76,7 @@ def warm_start(policy, tok, task: Task, train_rows: list[dict], steps: int, lr: 
         # Without replacement when the prompts allow it; a prompt set smaller than a batch repeats.
         examples = rng.sample(train_rows, batch_size) if len(train_rows) >= batch_size else rng.choices(train_rows, k=batch_size)
         prompt_ids, prompt_mask = encode_prompts(tok, examples, "prompt", "cpu")
-        resp = [tokens_to_ids(tok, task.demonstration(ex, rng)) for ex in examples]
+        resp = [tok.convert_tokens_to_ids(task.demonstration(ex, rng)) for ex in examples]
         resp_ids, resp_mask = _pad_responses(tok, resp, max_new_tokens)
         ids = torch.cat([prompt_ids, resp_ids], 1)
         am = torch.cat([prompt_mask, resp_mask], 1)
@@ -114,11 +110,11 @@ def _rm_pool(policy, tok, task: Task, rows: list[dict], samples_per_prompt: int,
                 gold.append(float(g[j]))
                 for _ in range(edits_per_sample):
                     toks = task.edit(ex, tok.convert_ids_to_tokens(ids), rng)[:max_new_tokens]
-                    resp.append(tokens_to_ids(tok, toks))
+                    resp.append(tok.convert_tokens_to_ids(toks))
                     gold.append(task.gold(ex, toks))
             if perturbations:
                 for toks in task.perturbations(ex, rng):
-                    resp.append(tokens_to_ids(tok, toks[:max_new_tokens]))
+                    resp.append(tok.convert_tokens_to_ids(toks[:max_new_tokens]))
                     gold.append(task.gold(ex, toks[:max_new_tokens]))
             groups.append((ex, resp, torch.tensor(gold)))
     return groups

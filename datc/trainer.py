@@ -414,7 +414,7 @@ def _update(c: TrainConfig, policy, opt, sched, ro: Rollout, mask, token_adv, ol
     non-finite gradient norm, takes no optimizer step (``skipped_steps``)."""
     t = c.trainer
     B, T = ro.response_ids.shape
-    sums: dict[str, float] = {"pg": 0.0, "kl": 0.0, "clip_frac": 0.0, "ratio": 0.0, "entropy": 0.0, "total": 0.0,
+    sums: dict[str, float] = {"kl": 0.0, "clip_frac": 0.0, "ratio": 0.0, "entropy": 0.0, "total": 0.0,
                               "grad_norm": 0.0, "skipped_steps": 0.0}
     n_tok_total, n_updates = 0.0, 0
     for _ in range(t.epochs):

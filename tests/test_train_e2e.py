@@ -165,3 +165,11 @@ def test_an_interrupted_sweep_reruns_only_what_is_missing(cache_dir, tmp_path):
     assert (lost / "summary.json").exists()
     steps = [r["step"] for r in _rows(lost) if "loss/total" in r]
     assert steps == [1, 2, 3]
+
+
+def test_a_directory_with_foreign_files_is_refused_and_left_alone(cache_dir, tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="files that are not a datc run \\(notes.txt\\)"):
+        train(cfg_for(cache_dir, tmp_path / "r"))
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["notes.txt"]

@@ -1,0 +1,65 @@
+"""The registry's refusals and compute_credit's checks, each with the message a user sees."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from datc.credit import (
+    CREDIT_SCHEMES,
+    CreditBatch,
+    compute_credit,
+    credit_scheme,
+    register_credit,
+    resolve_scheme,
+)
+from datc.credit.base import ENTROPY
+from datc.registry import Registry, RegistryError
+
+
+def _batch():
+    return CreditBatch(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.bool), torch.tensor([1.0, -1.0]))
+
+
+def test_a_duplicate_name_is_refused():
+    with pytest.raises(RegistryError, match="'grpo' is already registered"):
+        register_credit("grpo")(lambda batch, params: batch.response_mask.float())
+    assert CREDIT_SCHEMES.get("grpo").name == "grpo"  # the original is untouched
+
+
+def test_an_unknown_name_lists_the_registered_ones():
+    with pytest.raises(RegistryError) as e:
+        Registry("thing").get("nope")
+    assert str(e.value) == "unknown thing 'nope'; registered: "
+    with pytest.raises(RegistryError, match="datc, datc_identity"):
+        resolve_scheme({"name": "nope"})
+
+
+def test_unknown_declared_inputs_and_outputs_are_refused():
+    with pytest.raises(ValueError, match="declares unknown inputs \\['lm_head'\\]"):
+        credit_scheme("x", needs={"lm_head"})
+    with pytest.raises(ValueError, match="output must be 'scores' or 'weights'"):
+        credit_scheme("x", output="probabilities")
+
+
+def test_unknown_params_name_the_valid_fields():
+    with pytest.raises(ValueError, match="has no field\\(s\\) \\['taus'\\]; valid fields: .*'tau'"):
+        resolve_scheme({"name": "datc", "taus": 2.0})
+
+
+def test_a_declared_input_the_trainer_did_not_fill_is_an_error():
+    scheme = credit_scheme("needs_entropy", needs={ENTROPY})(lambda batch, params: batch.entropy)
+    with pytest.raises(ValueError, match="needs \\['entropy'\\], which the trainer did not fill"):
+        compute_credit(scheme, _batch(), scheme.make_params({}))
+
+
+def test_a_wrong_output_shape_is_an_error():
+    scheme = credit_scheme("flat")(lambda batch, params: torch.ones(2))
+    with pytest.raises(ValueError, match="returned shape \\(2,\\), expected \\(2, 3\\)"):
+        compute_credit(scheme, _batch(), scheme.make_params({}))
+
+
+def test_a_score_scheme_without_weight_step_params_is_an_error():
+    scheme = credit_scheme("bare_scores", output="scores")(lambda batch, params: torch.rand(2, 3))
+    with pytest.raises(TypeError, match="must subclass datc.credit.weights.WeightParams"):
+        compute_credit(scheme, _batch(), scheme.make_params({}))
