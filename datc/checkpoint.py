@@ -8,14 +8,17 @@ never loaded.
 
 from __future__ import annotations
 
+import io
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from datc.utils import atomic_dir
+from datc.config import ConfigError
+from datc.utils import atomic_dir, atomic_write_bytes
 
 _NAME = re.compile(r"^step_(\d{7})$")
 
@@ -49,3 +52,57 @@ def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], keep:
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     # Our own file with RNG states (numpy arrays, tuples): not a weights-only pickle.
     return torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)
+
+
+# ---- DeepSpeed engines ------------------------------------------------------------------------
+#
+# Under DeepSpeed the same directory holds DeepSpeed's own checkpoint (every rank writes its
+# shards of parameters and optimizer state), one ``rank_XXXXX.pt`` per rank (its RNG state: every
+# rank samples its own responses), and ``state.pt`` (step, elapsed time) written last by rank 0.
+# A directory without ``state.pt`` is incomplete and never loaded, as above.
+
+
+def _rank_file(path: Path, rank: int) -> Path:
+    return path / f"rank_{rank:05d}.pt"
+
+
+def save_engine_checkpoint(run_dir: str | Path, step: int, engine, state: dict[str, Any], rank_state: dict[str, Any],
+                           rank: int, world_size: int, barrier: Callable[[], None], keep: int) -> Path:
+    """Every rank calls this at the same step. Returns the checkpoint directory."""
+    root = Path(run_dir) / "checkpoints"
+    tag = f"step_{step:07d}"
+    path = root / tag
+    if rank == 0 and path.exists():  # an incomplete write of a killed run at this very step
+        shutil.rmtree(path)
+    barrier()
+    engine.save_checkpoint(str(root), tag=tag, save_latest=False)
+    buf = io.BytesIO()
+    torch.save(rank_state, buf)
+    atomic_write_bytes(_rank_file(path, rank), buf.getvalue())
+    barrier()
+    if rank == 0:
+        buf = io.BytesIO()
+        torch.save({**state, "step": step, "world_size": world_size, "deepspeed": True}, buf)
+        atomic_write_bytes(path / "state.pt", buf.getvalue())
+        for old in checkpoint_dirs(run_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    barrier()
+    return path
+
+
+def load_engine_checkpoint(path: str | Path, engine, rank: int, world_size: int) -> dict[str, Any]:
+    """Restore the engine (parameters, optimizer, LR schedule) and this rank's state; returns
+    ``state.pt`` with this rank's ``rng``."""
+    path = Path(path)
+    state = load_checkpoint(path)
+    if not state.get("deepspeed"):
+        raise ConfigError(f"deepspeed: {path} was written without DeepSpeed; resume it with deepspeed=none")
+    if state["world_size"] != world_size:
+        raise ConfigError(f"deepspeed: {path} was written by {state['world_size']} processes, this run has "
+                          f"{world_size}; resume with the same number of processes")
+    load_path, _ = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
+                                          load_lr_scheduler_states=True)
+    if load_path is None:
+        raise ConfigError(f"deepspeed: DeepSpeed could not load the checkpoint in {path}")
+    rank_state = torch.load(_rank_file(path, rank), map_location="cpu", weights_only=False)
+    return {**state, **rank_state}

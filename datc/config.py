@@ -128,6 +128,12 @@ class LoggerConfig:
 @dataclass
 class DeepSpeedConfig:
     name: str = "none"
+    stage: int | None = None  # None: plain PyTorch, no DeepSpeed engine
+    offload_optimizer: str = "none"
+    offload_param: str = "none"
+    optimizer_impl: str = "auto"
+    overlap_comm: bool = False
+    config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -158,7 +164,10 @@ CHOICES = {
     ),
     "logger.name": ("none", "wandb"),
     "logger.mode": ("auto", "online", "offline", "disabled"),
-    "deepspeed.name": ("none",),
+    "deepspeed.stage": (None, 0, 1, 2, 3),
+    "deepspeed.offload_optimizer": ("none", "cpu"),
+    "deepspeed.offload_param": ("none", "cpu"),
+    "deepspeed.optimizer_impl": ("auto", "torch", "deepspeed"),
 }
 
 POSITIVE = [
@@ -216,7 +225,7 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
     c = to_schema(cfg)
     for key, choices in CHOICES.items():
         if _get(c, key) not in choices:
-            raise ConfigError(f"{key}: {_get(c, key)!r} is not valid; choose one of {', '.join(choices)}")
+            raise ConfigError(f"{key}: {_get(c, key)!r} is not valid; choose one of {', '.join('null' if x is None else str(x) for x in choices)}")
     for key in POSITIVE:
         if not _get(c, key) > 0:
             raise ConfigError(f"{key}: must be > 0, got {_get(c, key)}")
@@ -245,6 +254,11 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
         raise ConfigError(f"trainer.top_p: must be in (0, 1], got {t.top_p}")
     if len(t.adam_betas) != 2 or not all(0 <= b < 1 for b in t.adam_betas):
         raise ConfigError(f"trainer.adam_betas: must be two values in [0, 1), got {t.adam_betas}")
+    d = c.deepspeed
+    if d.offload_param != "none" and d.stage != 3:
+        raise ConfigError(f"deepspeed.offload_param: parameter offload needs deepspeed.stage=3, got stage {d.stage}")
+    if d.offload_optimizer != "none" and d.stage not in (1, 2, 3):
+        raise ConfigError(f"deepspeed.offload_optimizer: optimizer offload needs deepspeed.stage 1, 2 or 3, got {d.stage}")
     if c.data.task is None and c.data.path is None:
         raise ConfigError("data.path: a real prompt dataset needs a path (hub name or local files) when data.task is null")
     from datc.tasks import TASKS

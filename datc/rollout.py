@@ -23,6 +23,11 @@ class Rollout:
     examples: list[dict[str, Any]]  # the prompt row of each response, length B
     logits: Tensor | None = None  # (B, T, V) generate's raw logits at each response position, if kept
 
+    def select(self, rows: slice) -> Rollout:
+        """The responses ``rows`` (e.g. one rank's share of whole groups)."""
+        return Rollout(self.prompt_ids[rows], self.prompt_mask[rows], self.response_ids[rows], self.response_mask[rows],
+                       self.truncated[rows], self.examples[rows], None if self.logits is None else self.logits[rows])
+
     @property
     def input_ids(self) -> Tensor:  # (B, P + T)
         return torch.cat([self.prompt_ids, self.response_ids], 1)
@@ -64,11 +69,13 @@ def sample_groups(
     top_p: float = 1.0,
     prompt_field: str = "prompt",
     keep_logits: bool = False,
+    synced_gpus: bool = False,
 ) -> Rollout:
     """Sample ``num_generations`` responses per prompt with HF ``generate`` (pure sampling:
     ``top_k`` off, so the sampling distribution is ``softmax(z / temperature)`` up to top-p).
     ``keep_logits`` also returns the raw logits generate computed for each sampled position
-    (the rollout policy's distribution, without a second forward pass)."""
+    (the rollout policy's distribution, without a second forward pass). ``synced_gpus`` keeps
+    generating until every rank is done (ZeRO-3: each forward gathers parameters from all ranks)."""
     device = next(policy.parameters()).device
     ids, mask = encode_prompts(tokenizer, examples, prompt_field, device)
     ids = ids.repeat_interleave(num_generations, 0)
@@ -86,7 +93,7 @@ def sample_groups(
     was_training = policy.training
     policy.eval()
     out = policy.generate(input_ids=ids, attention_mask=mask.long(), generation_config=gen_cfg,
-                          output_logits=keep_logits, return_dict_in_generate=True)
+                          output_logits=keep_logits, return_dict_in_generate=True, synced_gpus=synced_gpus)
     policy.train(was_training)
     resp = out.sequences[:, ids.shape[1] :]
     logits = None

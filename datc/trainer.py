@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -19,11 +20,19 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from datc.advantages import group_advantages
-from datc.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from datc.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    load_engine_checkpoint,
+    save_checkpoint,
+    save_engine_checkpoint,
+)
 from datc.config import ConfigError, TrainConfig, validate
 from datc.credit import compute_credit, resolve_scheme
 from datc.credit.base import ENTROPY, OLD_LOGPS, POLICY_LOGITS, RM_EMBEDDING, RM_GRAD, CreditBatch
 from datc.credit.diagnostics import credit_metrics
+from datc.distributed import Dist, deepspeed_config, gathered, inference_config
+from datc.distributed import init as init_distributed
 from datc.logger import RunLogger
 from datc.logprobs import entropy_from_logits, selective_log_softmax
 from datc.losses import AggNorm, aggregate, clipped_policy_loss
@@ -75,13 +84,29 @@ class PromptSampler:
 
 @dataclass
 class Models:
-    policy: Any
+    policy: Any  # the policy module (under DeepSpeed: the engine's module; forwards go through it)
     ref: Any | None
     rm: Any
     tok: Any
+    vocab_size: int = 0  # rows of the policy's LM head (read before any ZeRO-3 partitioning)
+    synced_gpus: bool = False  # generate keeps every rank in step (ZeRO-3 with several ranks)
 
 
-def load_models(c: TrainConfig, assets: Assets, device: torch.device) -> Models:
+def _frozen(model, c: TrainConfig, dist: Dist):
+    """A frozen model placed for inference: sharded under ZeRO-3 (as TRL prepares its reference
+    and reward models), else a plain replica on every rank."""
+    ds_cfg = inference_config(c, dist.world_size) if dist.enabled else None
+    if ds_cfg is None:
+        return model
+    import deepspeed
+
+    engine, *_ = deepspeed.initialize(model=model, config=ds_cfg)
+    engine.module.eval()
+    return engine.module
+
+
+def load_models(c: TrainConfig, assets: Assets, device: torch.device, dist: Dist | None = None) -> Models:
+    dist = dist or Dist()
     dtype = resolve_dtype(c.policy.dtype, device)
     tok = load_tokenizer(assets.tokenizer_path)
     policy = load_pretrained("causal_lm", assets.policy_path, "policy.path").to(device)  # fp32 master weights
@@ -94,7 +119,10 @@ def load_models(c: TrainConfig, assets: Assets, device: torch.device) -> Models:
             f"({assets.tokenizer_path}) assign different token ids; the reward model must read the "
             "policy's sampled ids as they are (use a reward model of the policy's family)"
         )
-    return Models(policy, ref, rm, tok)
+    vocab = policy.get_output_embeddings().weight.shape[0]
+    ref = _frozen(ref, c, dist) if ref is not None else None
+    rm = _frozen(rm, c, dist)
+    return Models(policy, ref, rm, tok, vocab, synced_gpus=dist.enabled and c.deepspeed.stage == 3 and dist.world_size > 1)
 
 
 def policy_logits(model, ro: Rollout, rows: slice | torch.Tensor, temperature: float) -> torch.Tensor:
@@ -135,7 +163,8 @@ def evaluate(c: TrainConfig, m: Models, rows: list[dict], task, device: torch.de
         torch.manual_seed(t.eval_seed)
         for i in range(0, len(rows), t.eval_batch_size):
             chunk = rows[i : i + t.eval_batch_size]
-            ro = sample_groups(m.policy, m.tok, chunk, 1, t.max_new_tokens, t.temperature, t.top_p, c.data.prompt_field)
+            ro = sample_groups(m.policy, m.tok, chunk, 1, t.max_new_tokens, t.temperature, t.top_p, c.data.prompt_field,
+                               synced_gpus=m.synced_gpus)
             inp = build_rm_inputs(ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask, m.tok.pad_token_id)
             s = score(m.rm, inp, ro.response_mask, batch_size=t.eval_batch_size).scores
             logps, ent, _ = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size, False)
@@ -217,28 +246,54 @@ class Session:
     rm_embedding: torch.Tensor | None  # (V, d) when the scheme declares it
     amp_dtype: torch.dtype | None  # autocast dtype for the policy (bf16 on capable GPUs), None = fp32
     nonfinite: NonFiniteReport | None = None  # the last step's non-finite hits (datc.numerics)
+    dist: Dist = dataclasses.field(default_factory=Dist)  # this process's rank (datc.distributed)
+    engine: Any = None  # the policy's DeepSpeed engine (None = plain PyTorch)
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None)
 
 
-def build_session(c: TrainConfig) -> Session:
-    """Prepare (or load from cache) the assets, load the models, build the optimizer."""
+def build_session(c: TrainConfig, dist: Dist | None = None) -> Session:
+    """Prepare (or load from cache) the assets, load the models, build the optimizer (under
+    DeepSpeed: the policy's engine, whose optimizer and schedule are the same AdamW and
+    transformers scheduler)."""
     t = c.trainer
+    dist = dist or Dist()
     device = resolve_device(t.device)
+    if device.type == "cuda" and dist.enabled:
+        device = torch.device("cuda", dist.local_rank)
     scheme, credit_params = resolve_scheme(c.credit)
+    if not dist.is_main:  # rank 0 prepares the cache; the others read it
+        dist.barrier()
     assets = ensure_assets(c)
-    m = load_models(c, assets, device)
+    if dist.is_main:
+        dist.barrier()
+    m = load_models(c, assets, device, dist)
     m.policy.eval()  # dropout off: the loss must see the distribution that sampled (ratio = 1 on-policy)
-    opt = torch.optim.AdamW(m.policy.parameters(), lr=t.lr, betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
     updates_per_step = t.epochs * (t.batch_size // t.mini_batch_size)
-    sched = get_scheduler(t.lr_scheduler, opt, num_warmup_steps=t.warmup_steps * updates_per_step,
-                          num_training_steps=t.steps * updates_per_step)
+
+    def make_scheduler(opt):
+        return get_scheduler(t.lr_scheduler, opt, num_warmup_steps=t.warmup_steps * updates_per_step,
+                             num_training_steps=t.steps * updates_per_step)
+
+    engine = None
+    if dist.enabled:
+        import deepspeed
+
+        engine, opt, _, sched = deepspeed.initialize(model=m.policy, model_parameters=m.policy.parameters(),
+                                                     config=deepspeed_config(c, dist.world_size, device),
+                                                     lr_scheduler=make_scheduler)
+        m.policy = engine.module
+        m.policy.eval()
+    else:
+        opt = torch.optim.AdamW(m.policy.parameters(), lr=t.lr, betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
+        sched = make_scheduler(opt)
     sampler = PromptSampler(len(assets.train), t.batch_size // t.num_generations, c.seed)
-    rm_embedding = m.rm.get_input_embeddings().weight.detach().float() if RM_EMBEDDING in scheme.needs else None
+    rm_embedding = gathered(m.rm.get_input_embeddings().weight).float() if RM_EMBEDDING in scheme.needs else None
     dtype = resolve_dtype(c.policy.dtype, device)
     amp = dtype if dtype != torch.float32 else None  # fp32 master weights, low-precision compute
-    return Session(c, m, assets, device, scheme, credit_params, opt, sched, sampler, rm_embedding, amp)
+    return Session(c, m, assets, device, scheme, credit_params, opt, sched, sampler, rm_embedding, amp,
+                   dist=dist, engine=engine)
 
 
 def train_step(s: Session, it: int) -> dict[str, float]:
@@ -251,17 +306,26 @@ def train_step(s: Session, it: int) -> dict[str, float]:
 def _train_step(s: Session, it: int) -> dict[str, float]:
     c, t, m, needs = s.c, s.c.trainer, s.m, s.scheme.needs
     t0 = time.perf_counter()
-    examples = [s.assets.train[i] for i in s.sampler.indices(it)]
+    indices = s.sampler.indices(it)
+    examples = [s.assets.train[i] for i in indices[s.dist.shard(len(indices))]]  # whole groups per rank
 
     # ---- rollout: G samples per prompt ----------------------------------------------------
     on_policy = t.epochs == 1 and t.mini_batch_size == t.batch_size
     wants_dist = bool(needs & {POLICY_LOGITS, ENTROPY, OLD_LOGPS})
-    vocab = m.policy.get_output_embeddings().weight.shape[0]
     reuse = on_policy and wants_dist and (
         t.reuse_rollout_logits == "always"
-        or (t.reuse_rollout_logits == "auto" and t.batch_size * t.max_new_tokens * vocab <= REUSE_LOGITS_MAX_ELEMENTS))
+        or (t.reuse_rollout_logits == "auto" and t.batch_size * t.max_new_tokens * m.vocab_size <= REUSE_LOGITS_MAX_ELEMENTS))
     ro = sample_groups(m.policy, m.tok, examples, t.num_generations, t.max_new_tokens, t.temperature, t.top_p,
-                       c.data.prompt_field, keep_logits=reuse)
+                       c.data.prompt_field, keep_logits=reuse, synced_gpus=m.synced_gpus)
+    return _learn(s, it, ro, reuse, t0)
+
+
+def _learn(s: Session, it: int, ro: Rollout, reuse: bool, t0: float) -> dict[str, float]:
+    """Everything after the rollout: reward → credit → loss → update, on this rank's responses
+    (whole groups). ``reuse``: ``ro.logits`` holds generate's logits for the credit."""
+    c, t, m, needs = s.c, s.c.trainer, s.m, s.scheme.needs
+    on_policy = t.epochs == 1 and t.mini_batch_size == t.batch_size
+    wants_dist = bool(needs & {POLICY_LOGITS, ENTROPY, OLD_LOGPS})
     mask = ro.response_mask
     if t.mask_truncated:  # TRL's mask_truncated_completions: no loss on unfinished responses
         mask = mask & ~ro.truncated[:, None]
@@ -312,7 +376,7 @@ def _train_step(s: Session, it: int) -> dict[str, float]:
     t3 = time.perf_counter()
 
     # ---- loss and update ------------------------------------------------------------------
-    stats = _update(c, m.policy, s.opt, s.sched, ro, mask, token_adv, old_logps, ref_logps, nf)
+    stats = _update(c, m.policy, s.opt, s.sched, ro, mask, token_adv, old_logps, ref_logps, nf, s.engine, s.dist)
     t4 = time.perf_counter()
 
     n_tokens = int(ro.response_mask.sum())
@@ -334,102 +398,197 @@ def _train_step(s: Session, it: int) -> dict[str, float]:
         "perf/step_s": t4 - t0, "perf/rollout_s": t1 - t0, "perf/reward_s": t2 - t1,
         "perf/credit_s": t3 - t2, "perf/update_s": t4 - t3,
         "perf/tokens_per_s": n_tokens / (t4 - t0), "perf/samples_per_s": t.batch_size / (t4 - t0),
+        "perf/peak_mem_gb": peak_memory_gb(s.device),
     }
     if gold is not None:
         metrics["reward/gold"] = float(gold.mean())
         metrics["reward/rm_gold_corr"] = within_group_corr(rm_out.scores, gold, t.num_generations)
-    return metrics
+    return _across_ranks(s.dist, metrics)
+
+
+def _across_ranks(dist: Dist, metrics: dict[str, float]) -> dict[str, float]:
+    """One rank's step metrics -> the run's: means over ranks (every rank holds equally many
+    responses), token throughput summed, the slowest rank's times."""
+    if dist.world_size == 1:
+        return metrics
+    parts = dist.gather(metrics)
+    out = {}
+    for k in metrics:
+        vals = [p[k] for p in parts if isinstance(p.get(k), (int, float)) and math.isfinite(p[k])]
+        if not vals:
+            out[k] = metrics[k]
+        elif k == "perf/tokens_per_s":
+            out[k] = sum(vals)
+        elif k == "perf/peak_mem_gb":
+            out[k] = max(vals)
+        elif k == "perf/samples_per_s":
+            out[k] = min(vals)
+        elif k.startswith("perf/") and k.endswith("_s"):
+            out[k] = max(vals)
+        else:
+            out[k] = sum(vals) / len(vals)
+    return out
 
 
 def train(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict[str, Any]:
-    """Run one experiment; return its summary (also written to ``<run_dir>/summary.json``)."""
+    """Run one experiment; return its summary (also written to ``<run_dir>/summary.json``).
+
+    Under DeepSpeed every process calls this; rank 0 owns the run directory, the metrics, W&B
+    and the summary, every rank writes its own shards and RNG state into the checkpoints."""
     c = validate(cfg)  # typed and range-checked before any model loads
     resolved = _resolved(cfg)
-    run = RunDir.open(run_dir or c.run_dir, resolved, c.trainer.resume)
-    if run.summary_file.exists():  # this run already finished: nothing to redo
-        return json.loads(run.summary_file.read_text())
     t = c.trainer
+    dist = init_distributed(c)  # world-size checks, then the process group (DeepSpeed only)
+    run, done = _open_run(dist, run_dir or c.run_dir, resolved, t.resume)
+    if done is not None:  # this run already finished: nothing to redo
+        return done
     torch.set_num_threads(t.threads)
     quiet_libraries()
     try:
-        s = build_session(c)
+        s = build_session(c, dist)
     except BaseException:
-        run.discard()
+        if dist.is_main:
+            run.discard()
         raise
     # Seeded after the set-up: a cold cache (prepare draws random numbers) and a warm one must
-    # give the same run.
-    seed_everything(c.seed)
-    logger = RunLogger(run.path, run.metrics_file, c.logger, c.run_name, run.run_id, resolved)
+    # give the same run. Rank r samples its own responses (rank 0's stream is a lone run's).
+    seed_everything(c.seed + 1_000_003 * dist.rank)
+    logger = RunLogger(run.path, run.metrics_file, c.logger, c.run_name, run.run_id, resolved) if dist.is_main else _NoLogger()
     eval_rows = list(s.assets.eval)[: t.eval_size]
 
     start, elapsed = 0, 0.0
     ckpt = latest_checkpoint(run.path) if run.resumable else None
     if ckpt is not None:
-        state = load_checkpoint(ckpt)
-        s.m.policy.load_state_dict(state["policy"])
-        s.opt.load_state_dict(state["optimizer"])
-        s.sched.load_state_dict(state["scheduler"])
+        if s.engine is None:
+            state = load_checkpoint(ckpt)
+            if state.get("deepspeed"):
+                raise ConfigError(f"deepspeed: {ckpt} was written under DeepSpeed ({state['world_size']} processes); "
+                                  "resume it with the same deepspeed stage and process count")
+            s.m.policy.load_state_dict(state["policy"])
+            s.opt.load_state_dict(state["optimizer"])
+            s.sched.load_state_dict(state["scheduler"])
+        else:
+            state = load_engine_checkpoint(ckpt, s.engine, dist.rank, dist.world_size)
         set_rng_state(state["rng"])
         start, elapsed = state["step"], state["elapsed"]
-    run.truncate_metrics(start if ckpt is not None else -1)
+    if dist.is_main:
+        run.truncate_metrics(start if ckpt is not None else -1)
 
     def do_eval(step: int) -> None:
-        with s.autocast():
+        with s.autocast():  # every rank evaluates (ZeRO-3 gathers need all of them); rank 0 logs
             metrics, samples = evaluate(c, s.m, eval_rows, s.assets.task, s.device)
         logger.log(metrics, step)
         logger.log_samples(samples, step)
 
     if start == 0:
         do_eval(0)
-    bar = tqdm(range(start, t.steps), initial=start, total=t.steps, disable=not t.progress, desc=c.run_name)
+    bar = tqdm(range(start, t.steps), initial=start, total=t.steps, disable=not (t.progress and dist.is_main), desc=c.run_name)
     for it in bar:
         metrics = train_step(s, it)
         step = it + 1
         elapsed += metrics["perf/step_s"]
         logger.log(metrics, step)
-        s.nonfinite.check(t.max_nonfinite_frac, step)  # NonFiniteError, after the step is logged
+        _merged_nonfinite(dist, s.nonfinite).check(t.max_nonfinite_frac, step)  # after the step is logged
         if step % t.eval_every == 0 or step == t.steps:
             do_eval(step)
         if step % t.checkpoint_every == 0 or step == t.steps:
-            save_checkpoint(run.path, step, {"policy": s.m.policy.state_dict(), "optimizer": s.opt.state_dict(),
-                                             "scheduler": s.sched.state_dict(), "rng": rng_state(), "elapsed": elapsed},
-                            t.keep_checkpoints)
+            if s.engine is None:
+                save_checkpoint(run.path, step, {"policy": s.m.policy.state_dict(), "optimizer": s.opt.state_dict(),
+                                                 "scheduler": s.sched.state_dict(), "rng": rng_state(), "elapsed": elapsed},
+                                t.keep_checkpoints)
+            else:
+                save_engine_checkpoint(run.path, step, s.engine, {"elapsed": elapsed}, {"rng": rng_state()},
+                                       dist.rank, dist.world_size, dist.barrier, t.keep_checkpoints)
         bar.set_postfix({k.split("/")[1]: f"{metrics[k]:.3f}" for k in ("reward/gold", "reward/rm_score", "loss/kl")
                          if k in metrics})
 
-    summary = _summary(c, run, s.assets, elapsed)
-    atomic_write_json(run.summary_file, summary)
-    if c.results_dir is not None:
-        atomic_write_json(Path(c.results_dir) / f"{c.run_name}.json", summary)
-    logger.finish(dict(summary["eval"]["final"]))
-    return summary
+    summary = None
+    if dist.is_main:
+        summary = _summary(c, run, s.assets, elapsed)
+        atomic_write_json(run.summary_file, summary)
+        if c.results_dir is not None:
+            atomic_write_json(Path(c.results_dir) / f"{c.run_name}.json", summary)
+        logger.finish(dict(summary["eval"]["final"]))
+    return dist.broadcast(summary)
+
+
+class _NoLogger:
+    """Ranks other than 0 log nothing."""
+
+    def log(self, *args: Any) -> None: ...
+
+    def log_samples(self, *args: Any) -> None: ...
+
+    def finish(self, *args: Any) -> None: ...
+
+
+def _open_run(dist: Dist, path: str | Path, resolved: dict[str, Any], resume: str) -> tuple[RunDir, dict | None]:
+    """Rank 0 opens (or refuses) the run directory; every rank learns the outcome, so a refusal
+    stops all of them with the same message. Returns (run, summary if the run already finished)."""
+    outcome: tuple = ()
+    if dist.is_main:
+        try:
+            run = RunDir.open(path, resolved, resume)
+            outcome = ("ok", run, json.loads(run.summary_file.read_text()) if run.summary_file.exists() else None)
+        except ConfigError as e:
+            dist.broadcast(("error", str(e), None))
+            raise
+    outcome = dist.broadcast(outcome)
+    if outcome[0] == "error":
+        raise ConfigError(outcome[1])
+    return outcome[1], outcome[2]
+
+
+def _merged_nonfinite(dist: Dist, report: NonFiniteReport) -> NonFiniteReport:
+    """The step's non-finite hits over all ranks, so every rank stops (or not) together."""
+    if dist.world_size == 1:
+        return report
+    parts = dist.gather(report)
+    merged = NonFiniteReport(sum(p.batch_size for p in parts))
+    for src in {k for p in parts for k in p.hits}:
+        merged.add(src, torch.cat([p.hits.get(src, torch.zeros(p.batch_size, dtype=torch.bool)) for p in parts]))
+    merged.nonfinite_micro_batches = sum(p.nonfinite_micro_batches for p in parts)
+    return merged
 
 
 def _update(c: TrainConfig, policy, opt, sched, ro: Rollout, mask, token_adv, old_logps, ref_logps,
-            nf: NonFiniteReport) -> dict[str, float]:
+            nf: NonFiniteReport, engine=None, dist: Dist | None = None) -> dict[str, float]:
     """``epochs`` passes over the rollout batch in mini-batches (one optimizer step each),
     accumulated over micro-batches; the aggregation normalizers are the mini-batch's, so the
     accumulated gradient equals the mini-batch's gradient. A non-finite micro-batch loss is
     not backpropagated (recorded in ``nf``); a mini-batch left without any gradient, or with a
-    non-finite gradient norm, takes no optimizer step (``skipped_steps``)."""
+    non-finite gradient norm, takes no optimizer step (``skipped_steps``).
+
+    Under DeepSpeed (``engine``) each of the W ranks holds 1/W of every mini-batch. The
+    normalizers are the global mini-batch's (token counts summed over ranks) and each rank's
+    loss is scaled by W, because DeepSpeed averages gradients over ranks: the reduced gradient is
+    again exactly the mini-batch's. Every rank must then run the same backward passes (their
+    gradient reductions are collective), so a non-finite micro-batch loss is zeroed token-wise
+    rather than skipped, and clipping and the step are DeepSpeed's."""
     t = c.trainer
+    dist = dist or Dist()
+    W = dist.world_size if engine is not None else 1
     B, T = ro.response_ids.shape
+    mini = t.mini_batch_size // W
+    micro_size = min(t.micro_batch_size, mini)
     sums: dict[str, float] = {"kl": 0.0, "clip_frac": 0.0, "ratio": 0.0, "entropy": 0.0, "total": 0.0,
                               "grad_norm": 0.0, "skipped_steps": 0.0}
     n_tok_total, n_updates = 0.0, 0
     for _ in range(t.epochs):
-        order = torch.randperm(B) if t.mini_batch_size < B else torch.arange(B)
-        for mb in order.split(t.mini_batch_size):
-            norm = AggNorm(num_seqs=len(mb), num_tokens=float(mask[mb].sum()), norm_len=T)
+        order = torch.randperm(B) if mini < B else torch.arange(B)
+        for mb in order.split(mini):
+            norm = AggNorm(num_seqs=len(mb) * W, num_tokens=dist.sum(mask[mb].sum()) if engine else float(mask[mb].sum()),
+                           norm_len=T)
             if norm.num_tokens == 0:  # every response masked (e.g. all truncated with mask_truncated):
                 sums["skipped_steps"] += 1  # no step, or Adam's momentum alone would move the policy
                 sched.step()
                 n_updates += 1
                 continue
-            opt.zero_grad(set_to_none=True)
+            if engine is None:
+                opt.zero_grad(set_to_none=True)
             backpropagated = 0
-            for micro in mb.split(t.micro_batch_size):
-                z = policy_logits(policy, ro, micro, t.temperature)
+            for micro in mb.split(micro_size):
+                z = policy_logits(engine or policy, ro, micro, t.temperature)
                 logps = selective_log_softmax(z, ro.response_ids[micro])
                 old = old_logps[micro] if old_logps is not None else logps.detach()
                 out = clipped_policy_loss(logps, old, token_adv[micro], t.epsilon_low, t.epsilon_high, t.beta,
@@ -439,8 +598,15 @@ def _update(c: TrainConfig, policy, opt, sched, ro: Rollout, mask, token_adv, ol
                 if not loss_is_finite(loss):  # never backpropagate NaN/inf
                     nf.nonfinite_micro_batches += 1
                     nf.add("loss", torch.zeros(B, dtype=torch.bool).index_fill_(0, micro.cpu(), True))
-                    continue
-                loss.backward()
+                    if engine is None:
+                        continue
+                    loss = aggregate(torch.where(torch.isfinite(out.loss), out.loss, torch.zeros_like(out.loss)), mk,
+                                     t.loss_agg, norm)
+                if engine is not None:
+                    engine.backward(loss * W, scale_wrt_gas=False)
+                    engine.step()  # applies the update only at the mini-batch's last micro-batch
+                else:
+                    loss.backward()
                 backpropagated += 1
                 mkf = mk.float()
                 with torch.no_grad():
@@ -451,14 +617,22 @@ def _update(c: TrainConfig, policy, opt, sched, ro: Rollout, mask, token_adv, ol
                     if out.kl is not None:
                         sums["kl"] += float((out.kl * mkf).sum())
                 n_tok_total += float(mkf.sum())
-            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), t.max_grad_norm)
-            if backpropagated and torch.isfinite(grad_norm):
-                opt.step()
-            else:  # never step on a non-finite gradient
-                sums["skipped_steps"] += 1
-            sched.step()
+            if engine is not None:
+                gn = engine.get_global_grad_norm()
+                grad_norm = torch.tensor(float(gn) if gn is not None else math.nan)
+            else:
+                grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), t.max_grad_norm)
+                if backpropagated and torch.isfinite(grad_norm):
+                    opt.step()
+                else:  # never step on a non-finite gradient
+                    sums["skipped_steps"] += 1
+                sched.step()
             sums["grad_norm"] += float(grad_norm)
             n_updates += 1
+    if engine is not None:  # the global mini-batch's figures (each rank's loss is its share of it)
+        sums = {k: dist.sum(v) if k in ("total", "kl", "clip_frac", "ratio", "entropy") else v for k, v in sums.items()}
+        n_tok_total = dist.sum(n_tok_total)
+    n_resp_tok = dist.sum(float(ro.response_mask.sum())) if engine is not None else float(ro.response_mask.sum())
     n_tok = max(n_tok_total, 1.0)
     return {
         "total": sums["total"] / n_updates,
@@ -468,7 +642,7 @@ def _update(c: TrainConfig, policy, opt, sched, ro: Rollout, mask, token_adv, ol
         "grad_norm": sums["grad_norm"] / n_updates,
         "skipped_steps": sums["skipped_steps"],
         "lr": sched.get_last_lr()[0],
-        "entropy": sums["entropy"] / max(float(ro.response_mask.sum()) * t.epochs, 1.0),
+        "entropy": sums["entropy"] / max(n_resp_tok * t.epochs, 1.0),
     }
 
 
@@ -493,6 +667,20 @@ def _summary(c: TrainConfig, run: RunDir, assets: Assets, elapsed: float) -> dic
         keys = [k for k in trains[0] if k.startswith(("perf/", "credit/"))]
         out["train_mean"] = {k: _mean([r.get(k) for r in trains]) for k in keys}
     return out
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak memory so far, GiB: allocated on the GPU, else this process's resident high-water
+    mark (VmHWM; NaN where /proc is missing)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2**20  # kB
+    except OSError:
+        pass
+    return math.nan
 
 
 def _finite_mean(x: torch.Tensor) -> float:

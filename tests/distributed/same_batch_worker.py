@@ -1,0 +1,50 @@
+"""Run by ``torchrun`` (or alone, plain PyTorch) from tests/test_distributed.py: a few training
+steps in which every process samples the same *global* rollout batch from the same seed and
+keeps its share of whole groups, so a 2-process DeepSpeed run and a 1-process plain run see
+exactly the same responses. Writes, from rank 0, the per-step global losses and grad norms and
+the final policy parameters.
+
+    python tests/distributed/same_batch_worker.py OUT.pt override...
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+from hydra import compose, initialize_config_dir
+
+from datc.config import validate
+from datc.distributed import gathered
+from datc.distributed import init as init_distributed
+from datc.rollout import sample_groups
+from datc.train import CONFIG_DIR
+from datc.trainer import _learn, build_session
+from datc.utils import quiet_libraries
+
+
+def main(out: str, overrides: list[str]) -> None:
+    torch.set_num_threads(1)
+    quiet_libraries()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        c = validate(compose(config_name="train", overrides=overrides))
+    t = c.trainer
+    dist = init_distributed(c)
+    s = build_session(c, dist)
+    steps = []
+    for it in range(t.steps):
+        torch.manual_seed(1000 + it)  # the same global batch on every rank
+        examples = [s.assets.train[i] for i in s.sampler.indices(it)]
+        with s.autocast():
+            ro = sample_groups(s.m.policy, s.m.tok, examples, t.num_generations, t.max_new_tokens, t.temperature,
+                               t.top_p, c.data.prompt_field, synced_gpus=s.m.synced_gpus)
+            metrics = _learn(s, it, ro.select(dist.shard(ro.response_ids.shape[0])), False, time.perf_counter())
+        steps.append({k: metrics[k] for k in ("loss/total", "loss/grad_norm", "loss/kl", "reward/rm_score")})
+    params = {n: gathered(p).float().clone() for n, p in s.m.policy.named_parameters()}
+    if dist.is_main:
+        torch.save({"steps": steps, "params": params, "world_size": dist.world_size}, out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])

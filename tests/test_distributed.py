@@ -1,0 +1,229 @@
+"""DeepSpeed on CPU (gloo): 2-process ZeRO-2 and ZeRO-3 runs compute the same losses and end
+with the same policy as one plain process on the same global batch; a ZeRO-3 run saved and
+resumed equals an uninterrupted one; ``datc-launch`` builds the launcher's command lines and
+starts the 2-process run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+import torch
+
+from datc.launch import build
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = ROOT / "tests" / "distributed" / "same_batch_worker.py"
+# Sums over ranks are reduced in another order than in one process: fp32 rounding only.
+LOSS_RTOL, PARAM_ATOL = 1e-4, 1e-5
+
+
+def _env(cache_dir) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "DATC_CACHE": str(cache_dir), "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cache")
+    # Prepare once, in this process, so the workers only read the cache.
+    from hydra import compose, initialize_config_dir
+
+    from datc.config import validate
+    from datc.prepare import ensure_assets
+    from datc.train import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        for credit in ("grpo", "datc"):
+            ensure_assets(validate(compose(config_name="train", overrides=["debug=fast", f"cache_dir={path}", f"credit={credit}"])))
+    return path
+
+
+COMMON = ["debug=fast", "trainer.steps=3", "trainer.batch_size=16", "trainer.mini_batch_size=16",
+          "trainer.micro_batch_size=4", "trainer.num_generations=4"]
+
+
+def _worker(cache_dir, out, nproc, overrides, port):
+    if nproc == 1:
+        cmd = [sys.executable, str(WORKER), str(out), *overrides]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={port}",
+               str(WORKER), str(out), *overrides]
+    proc = subprocess.run(cmd, env=_env(cache_dir), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return torch.load(out)
+
+
+@pytest.mark.parametrize("credit", ["grpo", "datc"])
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_two_processes_match_one_on_the_same_global_batch(cache_dir, tmp_path, stage, credit):
+    port = 29500 + hash((stage, credit)) % 400
+    overrides = [*COMMON, f"cache_dir={cache_dir}", f"credit={credit}"]
+    one = _worker(cache_dir, tmp_path / "one.pt", 1, overrides, port)
+    two = _worker(cache_dir, tmp_path / "two.pt", 2, [*overrides, f"deepspeed={stage}"], port)
+    assert two["world_size"] == 2 and one["world_size"] == 1
+    for a, b in zip(one["steps"], two["steps"], strict=True):
+        for k in a:
+            assert b[k] == pytest.approx(a[k], rel=LOSS_RTOL, abs=1e-7), (k, a, b)
+    assert one["params"].keys() == two["params"].keys()
+    for name, p in one["params"].items():
+        torch.testing.assert_close(two["params"][name], p, atol=PARAM_ATOL, rtol=0, msg=name)
+    assert any(s["loss/grad_norm"] > 0 for s in one["steps"])
+
+
+def _launch_cmd(*overrides, nproc=2):
+    return build(Namespace(nproc=nproc, hostfile=None, num_nodes=None, master_addr=None, master_port=29777, threads=None,
+                           dry_run=False, overrides=list(overrides)), cpu_count=2, environ={})
+
+
+def test_zero3_save_and_resume_equals_an_uninterrupted_run(cache_dir, tmp_path):
+    overrides = ["debug=fast", "deepspeed=zero3", "credit=datc", "trainer.steps=4", "trainer.checkpoint_every=2",
+                 f"cache_dir={cache_dir}", "trainer.keep_checkpoints=3"]
+    full = tmp_path / "full"
+    launch = _launch_cmd(*overrides, f"run_dir={full}")
+    assert launch.argv[1:4] == ["-m", "deepspeed.launcher.runner", "--num_nodes"]
+    proc = subprocess.run(launch.argv, env={**_env(cache_dir), **launch.env}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ckpts = sorted(p.name for p in (full / "checkpoints").iterdir() if p.is_dir())
+    assert ckpts == ["step_0000002", "step_0000004"]
+    assert {p.name for p in (full / "checkpoints" / "step_0000002").glob("rank_*.pt")} == {"rank_00000.pt", "rank_00001.pt"}
+
+    # The same run, "killed" after its step-2 checkpoint: what it had written then, and no more.
+    resumed = tmp_path / "resumed"
+    shutil.copytree(full, resumed, ignore=shutil.ignore_patterns("step_0000004", "summary.json"))
+    rows = [json.loads(x) for x in (resumed / "metrics.jsonl").read_text().splitlines()]
+    (resumed / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= 3))
+    launch = _launch_cmd(*overrides, f"run_dir={resumed}")
+    proc = subprocess.run(launch.argv, env={**_env(cache_dir), **launch.env}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    def comparable(path):
+        return [{k: v for k, v in json.loads(x).items() if not k.startswith("perf/")}
+                for x in (path / "metrics.jsonl").read_text().splitlines()]
+
+    a, b = comparable(full), comparable(resumed)
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b, strict=True):
+        assert rb == pytest.approx(ra, rel=1e-6, abs=1e-9)
+
+
+def test_launch_command_lines():
+    one = _launch_cmd("credit=datc", nproc=1)
+    assert one.argv[1:] == ["-m", "datc.train", "credit=datc", "trainer.threads=2"]
+    assert one.env == {"OMP_NUM_THREADS": "2"}
+
+    two = _launch_cmd("deepspeed=zero3", "credit=datc")
+    assert two.argv[1:] == ["-m", "deepspeed.launcher.runner", "--num_nodes", "1", "--num_gpus", "2",
+                            "--master_port", "29777", "--no_local_rank", "--module", "datc.train",
+                            "deepspeed=zero3", "credit=datc", "trainer.threads=1"]
+    assert two.env == {"OMP_NUM_THREADS": "1"}
+
+    nodes = build(Namespace(nproc=8, hostfile="hosts", num_nodes=2, master_addr="10.0.0.1", master_port=29500,
+                            threads=4, dry_run=False, overrides=["deepspeed=zero2", "trainer.threads=6"]),
+                  cpu_count=64, environ={"OMP_NUM_THREADS": "3"})
+    assert nodes.argv[1:] == ["-m", "deepspeed.launcher.runner", "--hostfile", "hosts", "--num_nodes", "2",
+                              "--num_gpus", "8", "--master_addr", "10.0.0.1", "--master_port", "29500",
+                              "--no_local_rank", "--module", "datc.train", "deepspeed=zero2", "trainer.threads=6"]
+    assert nodes.env == {}  # the user's OMP_NUM_THREADS and trainer.threads are kept
+
+
+def test_launch_refuses_several_processes_without_deepspeed():
+    with pytest.raises(SystemExit, match="deepspeed=zero2"):
+        _launch_cmd("credit=datc")
+    with pytest.raises(SystemExit, match="deepspeed=zero2"):
+        _launch_cmd("deepspeed=none")
+
+
+def test_slurm_launcher_config_composes_one_task_per_gpu():
+    from hydra import compose, initialize_config_dir
+
+    from datc.train import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu",
+                                                      "hydra.launcher.gpus_per_node=4"], return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert (launcher.partition, launcher.gpus_per_node, launcher.tasks_per_node) == ("gpu", 4, 4)
+    assert launcher.max_num_timeout > 0  # a timed-out job is requeued and resumes from its checkpoint
+
+
+def test_a_sweep_runs_through_the_submitit_launcher(cache_dir, tmp_path):
+    # The local executor of the same plugin as hydra/launcher=slurm: each sweep point a submitit job.
+    proc = subprocess.run([sys.executable, "-m", "datc.train", "-m", "hydra/launcher=submitit_local", "seed=0,1",
+                           "debug=fast", "trainer.steps=1", f"cache_dir={cache_dir}", f"hydra.sweep.dir={tmp_path}"],
+                          env=_env(cache_dir), capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for seed in (0, 1):
+        summary = json.loads((tmp_path / f"keywords-tiny_gpt2-grpo-s{seed}" / "summary.json").read_text())
+        assert summary["seed"] == seed and summary["steps"] == 1
+
+
+def _cfg(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    from datc.config import validate
+    from datc.train import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return validate(compose(config_name="train", overrides=list(overrides)))
+
+
+def test_deepspeed_config_is_derived_from_the_trainer():
+    from datc.distributed import deepspeed_config, inference_config
+
+    c = _cfg("deepspeed=zero3", "trainer.batch_size=64", "trainer.mini_batch_size=32", "trainer.micro_batch_size=8",
+             "trainer.max_grad_norm=0.5", "trainer.lr=1e-5")
+    ds = deepspeed_config(c, 2, torch.device("cpu"))
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (32, 8, 2)
+    assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * 2
+    assert ds["gradient_clipping"] == 0.5 and ds["optimizer"]["params"]["lr"] == 1e-5
+    assert ds["optimizer"]["params"]["torch_adam"] is True  # no compiled Adam on CPU
+    assert ds["zero_optimization"]["stage"] == 3
+    assert inference_config(c, 2)["zero_optimization"]["stage"] == 3
+    assert inference_config(_cfg("deepspeed=zero2"), 2) is None  # frozen models are plain replicas
+    # the micro-batch is capped by a rank's share of the mini-batch
+    small = deepspeed_config(_cfg("deepspeed=zero2", "trainer.mini_batch_size=16", "trainer.micro_batch_size=8"), 4,
+                             torch.device("cpu"))
+    assert (small["train_micro_batch_size_per_gpu"], small["gradient_accumulation_steps"]) == (4, 1)
+    offload = deepspeed_config(_cfg("deepspeed=zero3_offload"), 1, torch.device("cpu"))
+    assert offload["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    extra = deepspeed_config(_cfg("deepspeed=zero2", "+deepspeed.config.zero_optimization.reduce_bucket_size=1000"), 1,
+                             torch.device("cpu"))
+    assert extra["zero_optimization"] == {"stage": 2, "overlap_comm": True, "reduce_bucket_size": 1000}
+
+
+@pytest.mark.parametrize(("world", "overrides", "field"), [
+    (3, ["deepspeed=zero2"], "trainer.batch_size"),  # 8 prompts do not split over 3 ranks
+    (2, ["deepspeed=zero2", "trainer.mini_batch_size=8", "trainer.batch_size=64", "trainer.micro_batch_size=8",
+         "trainer.num_generations=4"], None),
+    (2, ["deepspeed=none"], "deepspeed"),
+    (2, ["deepspeed=zero2", "trainer.micro_batch_size=16", "trainer.mini_batch_size=48", "trainer.batch_size=48"],
+     "trainer.micro_batch_size"),
+])
+def test_world_size_checks_name_the_field(world, overrides, field):
+    from datc.config import ConfigError
+    from datc.distributed import check_world
+
+    c = _cfg(*overrides)
+    if field is None:
+        check_world(c, world)
+        return
+    with pytest.raises(ConfigError, match=f"^{field}"):
+        check_world(c, world)
+
+
+def test_offload_needs_the_right_stage():
+    from datc.config import ConfigError
+
+    with pytest.raises(ConfigError, match="^deepspeed.offload_param"):
+        _cfg("deepspeed=zero2", "deepspeed.offload_param=cpu")
+    with pytest.raises(ConfigError, match="^deepspeed.stage"):
+        _cfg("deepspeed.stage=5")
