@@ -250,7 +250,10 @@ class Session:
     engine: Any = None  # the policy's DeepSpeed engine (None = plain PyTorch)
 
     def autocast(self):
-        return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None)
+        # No cast cache under DeepSpeed: ZeRO-3 re-partitions a weight between forward and
+        # backward, so a cached low-precision copy would be stale (an empty tensor) by then.
+        return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None,
+                              cache_enabled=self.engine is None)
 
 
 def build_session(c: TrainConfig, dist: Dist | None = None) -> Session:

@@ -61,11 +61,13 @@ def _worker(cache_dir, out, nproc, overrides, port):
     return torch.load(out)
 
 
-@pytest.mark.parametrize("credit", ["grpo", "datc"])
-@pytest.mark.parametrize("stage", ["zero2", "zero3"])
-def test_two_processes_match_one_on_the_same_global_batch(cache_dir, tmp_path, stage, credit):
-    port = 29500 + hash((stage, credit)) % 400
-    overrides = [*COMMON, f"cache_dir={cache_dir}", f"credit={credit}"]
+@pytest.mark.parametrize(("stage", "credit", "dtype"), [
+    ("zero2", "grpo", "float32"), ("zero2", "datc", "float32"), ("zero3", "grpo", "float32"),
+    ("zero3", "datc", "float32"), ("zero3", "datc", "bfloat16"),  # bf16: torch autocast, fp32 master weights
+])
+def test_two_processes_match_one_on_the_same_global_batch(cache_dir, tmp_path, stage, credit, dtype):
+    port = 29500 + hash((stage, credit, dtype)) % 400
+    overrides = [*COMMON, f"cache_dir={cache_dir}", f"credit={credit}", f"policy.dtype={dtype}"]
     one = _worker(cache_dir, tmp_path / "one.pt", 1, overrides, port)
     two = _worker(cache_dir, tmp_path / "two.pt", 2, [*overrides, f"deepspeed={stage}"], port)
     assert two["world_size"] == 2 and one["world_size"] == 1
