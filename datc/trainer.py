@@ -22,7 +22,16 @@ from datc.advantages import group_advantages
 from datc.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from datc.config import ConfigError, TrainConfig, validate
 from datc.credit import compute_credit, resolve_scheme
-from datc.credit.base import ENTROPY, OLD_LOGPS, POLICY_LOGITS, RM_EMBEDDING, RM_GRAD, CreditBatch
+from datc.credit.base import (
+    ENTROPY,
+    LOGPS_UNDER,
+    OLD_LOGPS,
+    POLICY_LOGITS,
+    PROMPTS,
+    RM_EMBEDDING,
+    RM_GRAD,
+    CreditBatch,
+)
 from datc.credit.diagnostics import credit_metrics
 from datc.logger import RunLogger
 from datc.logprobs import entropy_from_logits, selective_log_softmax
@@ -40,7 +49,7 @@ from datc.numerics import (
 from datc.prepare import Assets, ensure_assets, gold_of
 from datc.rewards.model import build_rm_inputs, score
 from datc.rewards.rules import RULES, RuleContext
-from datc.rollout import Rollout, position_ids, sample_groups
+from datc.rollout import Rollout, position_ids, sample_groups, with_prompts
 from datc.rundir import RunDir
 from datc.tokenizer import load_tokenizer
 from datc.utils import atomic_write_json, quiet_libraries, rng_state, seed_everything, set_rng_state
@@ -117,6 +126,25 @@ def rollout_policy_pass(model, ro: Rollout, temperature: float, micro: int, keep
         if keep_logits:
             all_logits.append(z)
     return torch.cat(logps), torch.cat(ents), torch.cat(all_logits) if keep_logits else None
+
+
+def logps_under_prompts(model, tok, ro: Rollout, temperature: float, micro: int):
+    """The ``LOGPS_UNDER`` input of a credit scheme: a function from B prompt texts to the
+    rollout policy's log-probs (B, T) of the sampled response ids under those prompts, one
+    no-grad :func:`rollout_policy_pass` per call (ids spliced, never re-tokenized; see
+    :func:`datc.rollout.with_prompts`). Under the original prompts it gives the old log-probs."""
+    cfg = getattr(model, "config", None)
+    ctx = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
+
+    def logps_under(prompts: list[str]) -> torch.Tensor:
+        other = with_prompts(ro, tok, prompts)
+        width = other.prompt_ids.shape[1] + other.response_ids.shape[1]
+        if ctx is not None and width > ctx:
+            raise ValueError(f"prompts of up to {other.prompt_ids.shape[1]} tokens plus {other.response_ids.shape[1]} "
+                             f"response positions exceed the policy's context of {ctx}")
+        return rollout_policy_pass(model, other, temperature, micro, False)[0]
+
+    return logps_under
 
 
 # ============================================================================================
@@ -301,10 +329,14 @@ def _train_step(s: Session, it: int) -> dict[str, float]:
     ref_logps = rollout_policy_pass(m.ref, ro, t.temperature, t.micro_batch_size, False)[0] if m.ref is not None else None
     rm_grad, bad_rm_grad = zero_nonfinite_rm_grad(rm_out.grad)
     nf.add("rm_grad", bad_rm_grad)
+    prompts = [ex[c.data.prompt_field] for ex in ro.examples] if PROMPTS in needs else None
+    logps_under = (logps_under_prompts(m.policy, m.tok, ro, t.temperature, t.micro_batch_size)
+                   if LOGPS_UNDER in needs else None)
     credit = compute_credit(s.scheme, CreditBatch(
         response_ids=ro.response_ids, response_mask=mask, advantages=advantages,
         rm_grad=rm_grad, rm_embedding=s.rm_embedding, policy_logits=logits, entropy=entropy,
-        old_logps=credit_old_logps, generator=torch.Generator().manual_seed(c.seed * 1_000_003 + it),
+        old_logps=credit_old_logps, prompts=prompts, logps_under=logps_under,
+        generator=torch.Generator().manual_seed(c.seed * 1_000_003 + it),
     ), s.credit_params)
     credit, bad_weight = uniform_nonfinite_weights(credit, mask, forced=bad_rm_grad)
     nf.add("weight", bad_weight)

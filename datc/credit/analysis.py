@@ -20,7 +20,7 @@ from datc.credit import CreditBatch, CreditOutput, compute_credit, resolve_schem
 from datc.prepare import gold_of
 from datc.rewards.model import build_rm_inputs, score
 from datc.rollout import Rollout, sample_groups
-from datc.trainer import Session, build_session, rollout_policy_pass
+from datc.trainer import Session, build_session, logps_under_prompts, rollout_policy_pass
 
 
 @dataclass
@@ -63,7 +63,9 @@ def credit_inputs(
     everything a scheme may read: the reward model's scores and input-embedding gradients
     (B, T, d), its embedding matrix (V, d), group advantages (B,) with the session's
     ``scale_rewards``, and the rollout policy's log-probs (B, T), entropies (B, T, nats) and
-    logits (B, T, V); plus the gold reward (B,) and contributions (B, T) on a testbed task.
+    logits (B, T, V), the prompt texts (B) and the log-probs under other prompts (a function,
+    one policy pass per call); plus the gold reward (B,) and contributions (B, T) on a testbed
+    task.
 
     Advantages come from the reward model's scores alone (no ``reward.scale``, no rules): the
     credit a scheme assigns is judged against the reward model it differentiates.
@@ -87,6 +89,8 @@ def credit_inputs(
         ro.response_ids, ro.response_mask, adv, rm_grad=rm.grad,
         rm_embedding=m.rm.get_input_embeddings().weight.detach().float(),
         policy_logits=logits, entropy=entropy, old_logps=logps,
+        prompts=[ex[session.c.data.prompt_field] for ex in ro.examples],
+        logps_under=logps_under_prompts(m.policy, m.tok, ro, t.temperature, t.micro_batch_size),
     )
     return CreditInputs(ro, batch, gold, contrib, generator_seed)
 

@@ -25,7 +25,11 @@ RM_EMBEDDING = "rm_embedding"  # (V, d_rm) the reward model's input-embedding ma
 POLICY_LOGITS = "policy_logits"  # (B, T, V) rollout-policy logits z_t (already divided by temperature)
 ENTROPY = "entropy"  # (B, T) entropy of the rollout policy at each response position, nats
 OLD_LOGPS = "old_logps"  # (B, T) log pi_old(y_t)
-NEEDS = frozenset({RM_GRAD, RM_EMBEDDING, POLICY_LOGITS, ENTROPY, OLD_LOGPS})
+PROMPTS = "prompts"  # list of B prompt texts, the one each response was sampled for
+# callable: prompts (B texts) -> (B, T) log pi_old(y_t | x', y_<t), the sampled ids under other
+# prompts (one no-grad rollout-policy pass per call; same temperature as OLD_LOGPS)
+LOGPS_UNDER = "logps_under"
+NEEDS = frozenset({RM_GRAD, RM_EMBEDDING, POLICY_LOGITS, ENTROPY, OLD_LOGPS, PROMPTS, LOGPS_UNDER})
 
 Output = Literal["scores", "weights"]
 Normalization = Literal["per_response", "global", "none"]
@@ -44,6 +48,8 @@ class CreditBatch:
     policy_logits: Tensor | None = None  # (B, T, V), see POLICY_LOGITS
     entropy: Tensor | None = None  # (B, T), see ENTROPY
     old_logps: Tensor | None = None  # (B, T), see OLD_LOGPS
+    prompts: list[str] | None = None  # B texts, see PROMPTS
+    logps_under: Callable[[list[str]], Tensor] | None = None  # see LOGPS_UNDER
     generator: torch.Generator | None = None  # for schemes that draw random numbers
 
 
