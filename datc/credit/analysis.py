@@ -63,8 +63,8 @@ def credit_inputs(
     everything a scheme may read: the reward model's scores and input-embedding gradients
     (B, T, d), its embedding matrix (V, d), group advantages (B,) with the session's
     ``scale_rewards``, and the rollout policy's log-probs (B, T), entropies (B, T, nats) and
-    logits (B, T, V), the prompt texts (B) and the log-probs under other prompts (a function,
-    one policy pass per call); plus the gold reward (B,) and contributions (B, T) on a testbed
+    logits (B, T, V), LM-head inputs (B, T, d_policy), the prompt texts (B) and the log-probs
+    under other prompts (a function, one policy pass per call); plus the gold reward (B,) and contributions (B, T) on a testbed
     task.
 
     Advantages come from the reward model's scores alone (no ``reward.scale``, no rules): the
@@ -77,8 +77,8 @@ def credit_inputs(
                           m.tok.pad_token_id)
     rm = score(m.rm, inp, ro.response_mask, with_grad=True, batch_size=t.micro_batch_size)
     adv = group_advantages(rm.scores, t.num_generations, t.scale_rewards)
-    logps, entropy, logits = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size,
-                                                 keep_logits=True)
+    logps, entropy, logits, hidden = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size,
+                                                         keep_logits=True, keep_hidden=True)
     gold = contrib = None
     if session.assets.task is not None:
         gold, contrib = gold_of(session.assets.task, m.tok, ro.examples, ro.response_ids,
@@ -91,6 +91,7 @@ def credit_inputs(
         policy_logits=logits, entropy=entropy, old_logps=logps,
         prompts=[ex[session.c.data.prompt_field] for ex in ro.examples],
         logps_under=logps_under_prompts(m.policy, m.tok, ro, t.temperature, t.micro_batch_size),
+        policy_hidden=hidden,
     )
     return CreditInputs(ro, batch, gold, contrib, generator_seed)
 

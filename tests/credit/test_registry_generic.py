@@ -53,6 +53,7 @@ def random_batch(seed: int = 0) -> CreditBatch:
         "old_logps": logp.gather(-1, ids[..., None]).squeeze(-1),
         "prompts": [f"write about topic {i // 2} :" for i in range(B)],
         "logps_under": logps_under,
+        "policy_hidden": torch.randn(B, T, D, generator=gen),
         "generator": torch.Generator().manual_seed(seed),
     }
     missing = [f.name for f in dataclasses.fields(CreditBatch) if f.name not in fillers]
