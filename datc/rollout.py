@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,22 @@ def position_ids(attention_mask: Tensor) -> Tensor:
 def encode_prompts(tokenizer, examples: list[dict[str, Any]], field: str, device) -> tuple[Tensor, Tensor]:
     enc = tokenizer([ex[field] for ex in examples], padding=True, return_tensors="pt")
     return enc["input_ids"].to(device), enc["attention_mask"].to(device).bool()
+
+
+def with_prompts(ro: Rollout, tokenizer, prompts: list[str], encoder=None) -> Rollout:
+    """The same sampled responses after other prompt texts (one per response, length B): the
+    prompts are tokenized and left-padded as :func:`sample_groups` does (through ``encoder``,
+    a :class:`datc.chat.PromptEncoder`, each text as one user message when it applies a chat
+    template), and the response ids are spliced in as sampled, never re-tokenized. Generate's
+    logits are not carried over."""
+    if len(prompts) != ro.response_ids.shape[0]:
+        raise ValueError(f"{len(prompts)} prompts for {ro.response_ids.shape[0]} responses")
+    rows = [{"prompt": p} for p in prompts]
+    if encoder is not None:
+        ids, mask = dataclasses.replace(encoder, field="prompt", prompt_format="text").encode(rows, ro.response_ids.device)
+    else:
+        ids, mask = encode_prompts(tokenizer, rows, "prompt", ro.response_ids.device)
+    return dataclasses.replace(ro, prompt_ids=ids, prompt_mask=mask, logits=None)
 
 
 def response_mask_from_ids(response_ids: Tensor, eos_id: int) -> tuple[Tensor, Tensor]:

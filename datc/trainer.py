@@ -29,7 +29,17 @@ from datc.checkpoint import (
 )
 from datc.config import ConfigError, TrainConfig, validate
 from datc.credit import compute_credit, resolve_scheme
-from datc.credit.base import ENTROPY, OLD_LOGPS, POLICY_LOGITS, RM_EMBEDDING, RM_GRAD, CreditBatch
+from datc.credit.base import (
+    ENTROPY,
+    LOGPS_UNDER,
+    OLD_LOGPS,
+    POLICY_HIDDEN,
+    POLICY_LOGITS,
+    PROMPTS,
+    RM_EMBEDDING,
+    RM_GRAD,
+    CreditBatch,
+)
 from datc.credit.diagnostics import credit_metrics
 from datc.distributed import Dist, deepspeed_config, gathered, inference_config
 from datc.distributed import init as init_distributed
@@ -49,7 +59,7 @@ from datc.numerics import (
 from datc.prepare import Assets, ensure_assets, gold_of
 from datc.rewards.model import build_rm_inputs, score
 from datc.rewards.rules import RULES, RuleContext
-from datc.rollout import Rollout, position_ids, sample_groups
+from datc.rollout import Rollout, position_ids, sample_groups, with_prompts
 from datc.rundir import RunDir
 from datc.tokenizer import load_tokenizer
 from datc.utils import atomic_write_json, quiet_libraries, rng_state, seed_everything, set_rng_state
@@ -134,17 +144,47 @@ def policy_logits(model, ro: Rollout, rows: slice | torch.Tensor, temperature: f
 
 
 @torch.no_grad()
-def rollout_policy_pass(model, ro: Rollout, temperature: float, micro: int, keep_logits: bool):
+def rollout_policy_pass(model, ro: Rollout, temperature: float, micro: int, keep_logits: bool,
+                        keep_hidden: bool = False):
     """One no-grad pass of a frozen or pre-update policy: log-probs, entropies and (when a
-    credit scheme declares them) the logits. Returns (logps (B,T), entropy (B,T), logits|None)."""
-    logps, ents, all_logits = [], [], []
+    credit scheme declares them) the logits. Returns (logps (B,T), entropy (B,T), logits|None);
+    with ``keep_hidden`` a fourth element, the LM-head inputs (B,T,d) float32 at the same
+    positions (the last hidden state, after the final norm: logits = lm_head(hidden) / temperature)."""
+    logps, ents, all_logits, hidden = [], [], [], []
+    P = ro.prompt_ids.shape[1]
     for i in range(0, ro.response_ids.shape[0], micro):
-        z = policy_logits(model, ro, slice(i, i + micro), temperature)
+        if keep_hidden:  # policy_logits' forward, also returning the last hidden state
+            ids, am = ro.input_ids[i : i + micro], ro.attention_mask[i : i + micro]
+            fwd = model(input_ids=ids, attention_mask=am.long(), position_ids=position_ids(am), output_hidden_states=True)
+            z = fwd.logits[:, P - 1 : -1].float() / temperature
+            hidden.append(fwd.hidden_states[-1][:, P - 1 : -1].float())
+        else:
+            z = policy_logits(model, ro, slice(i, i + micro), temperature)
         logps.append(selective_log_softmax(z, ro.response_ids[i : i + micro]))
         ents.append(entropy_from_logits(z))
         if keep_logits:
             all_logits.append(z)
-    return torch.cat(logps), torch.cat(ents), torch.cat(all_logits) if keep_logits else None
+    out = torch.cat(logps), torch.cat(ents), torch.cat(all_logits) if keep_logits else None
+    return (*out, torch.cat(hidden)) if keep_hidden else out
+
+
+def logps_under_prompts(model, tok, ro: Rollout, temperature: float, micro: int, encoder=None):
+    """The ``LOGPS_UNDER`` input of a credit scheme: a function from B prompt texts to the
+    rollout policy's log-probs (B, T) of the sampled response ids under those prompts, one
+    no-grad :func:`rollout_policy_pass` per call (ids spliced, never re-tokenized; see
+    :func:`datc.rollout.with_prompts`). Under the original prompts it gives the old log-probs."""
+    cfg = getattr(model, "config", None)
+    ctx = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
+
+    def logps_under(prompts: list[str]) -> torch.Tensor:
+        other = with_prompts(ro, tok, prompts, encoder)
+        width = other.prompt_ids.shape[1] + other.response_ids.shape[1]
+        if ctx is not None and width > ctx:
+            raise ValueError(f"prompts of up to {other.prompt_ids.shape[1]} tokens plus {other.response_ids.shape[1]} "
+                             f"response positions exceed the policy's context of {ctx}")
+        return rollout_policy_pass(model, other, temperature, micro, False)[0]
+
+    return logps_under
 
 
 # ============================================================================================
@@ -314,8 +354,8 @@ def _train_step(s: Session, it: int) -> dict[str, float]:
 
     # ---- rollout: G samples per prompt ----------------------------------------------------
     on_policy = t.epochs == 1 and t.mini_batch_size == t.batch_size
-    wants_dist = bool(needs & {POLICY_LOGITS, ENTROPY, OLD_LOGPS})
-    reuse = on_policy and wants_dist and (
+    wants_dist = bool(needs & {POLICY_LOGITS, ENTROPY, OLD_LOGPS, POLICY_HIDDEN})
+    reuse = on_policy and wants_dist and POLICY_HIDDEN not in needs and (  # generate keeps no hidden states
         t.reuse_rollout_logits == "always"
         or (t.reuse_rollout_logits == "auto" and t.batch_size * t.max_new_tokens * m.vocab_size <= REUSE_LOGITS_MAX_ELEMENTS))
     ro = sample_groups(m.policy, m.tok, examples, t.num_generations, t.max_new_tokens, t.temperature, t.top_p,
@@ -328,7 +368,7 @@ def _learn(s: Session, it: int, ro: Rollout, reuse: bool, t0: float) -> dict[str
     (whole groups). ``reuse``: ``ro.logits`` holds generate's logits for the credit."""
     c, t, m, needs = s.c, s.c.trainer, s.m, s.scheme.needs
     on_policy = t.epochs == 1 and t.mini_batch_size == t.batch_size
-    wants_dist = bool(needs & {POLICY_LOGITS, ENTROPY, OLD_LOGPS})
+    wants_dist = bool(needs & {POLICY_LOGITS, ENTROPY, OLD_LOGPS, POLICY_HIDDEN})
     mask = ro.response_mask
     if t.mask_truncated:  # TRL's mask_truncated_completions: no loss on unfinished responses
         mask = mask & ~ro.truncated[:, None]
@@ -356,22 +396,27 @@ def _learn(s: Session, it: int, ro: Rollout, reuse: bool, t0: float) -> dict[str
     t2 = time.perf_counter()
 
     # ---- credit: token weights w, Â = A · w ----------------------------------------------
-    old_logps = entropy = logits = credit_old_logps = None
+    old_logps = entropy = logits = credit_old_logps = hidden = None
     if reuse:  # the rollout distribution as generate computed it: no second forward pass
         logits = ro.logits / t.temperature
         entropy = entropy_from_logits(logits)
         credit_old_logps = selective_log_softmax(logits, ro.response_ids) if OLD_LOGPS in needs else None
     elif not on_policy or wants_dist:
-        old_logps, entropy, logits = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size,
-                                                         POLICY_LOGITS in needs)
+        old_logps, entropy, logits, *rest = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size,
+                                                                POLICY_LOGITS in needs, POLICY_HIDDEN in needs)
+        hidden = rest[0] if rest else None
         credit_old_logps = old_logps
     ref_logps = rollout_policy_pass(m.ref, ro, t.temperature, t.micro_batch_size, False)[0] if m.ref is not None else None
     rm_grad, bad_rm_grad = zero_nonfinite_rm_grad(rm_out.grad)
     nf.add("rm_grad", bad_rm_grad)
+    prompts = [ex[c.data.prompt_field] for ex in ro.examples] if PROMPTS in needs else None
+    logps_under = (logps_under_prompts(m.policy, m.tok, ro, t.temperature, t.micro_batch_size)
+                   if LOGPS_UNDER in needs else None)
     credit = compute_credit(s.scheme, CreditBatch(
         response_ids=ro.response_ids, response_mask=mask, advantages=advantages,
         rm_grad=rm_grad, rm_embedding=s.rm_embedding, policy_logits=logits, entropy=entropy,
-        old_logps=credit_old_logps, generator=torch.Generator().manual_seed(c.seed * 1_000_003 + it),
+        old_logps=credit_old_logps, prompts=prompts, logps_under=logps_under, policy_hidden=hidden,
+        generator=torch.Generator().manual_seed(c.seed * 1_000_003 + it),
     ), s.credit_params)
     credit, bad_weight = uniform_nonfinite_weights(credit, mask, forced=bad_rm_grad)
     nf.add("weight", bad_weight)

@@ -8,7 +8,10 @@ mean weight of tokens whose gold contribution agrees with the advantage's sign
 (``sign(A)·c > 0``: the tokens that earned the response its advantage), is zero, or disagrees.
 
     python scripts/credit_accuracy.py [--batches 8] [--out results/credit_accuracy]
-                                      [hydra overrides ...]
+                                      [--schemes a,b,...] [hydra overrides ...]
+
+A scheme that returns weights rather than scores is judged by ``sign(A)·w``, as the training
+diagnostics do.
 """
 
 from __future__ import annotations
@@ -32,8 +35,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batches", type=int, default=8)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "credit_accuracy",
                     help="output directory (default: results/credit_accuracy)")
+    ap.add_argument("--schemes", default=",".join(SCHEMES),
+                    help="comma-separated registered schemes (default: %(default)s)")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args(args)
+    schemes = [n for n in a.schemes.split(",") if n]
     torch.set_num_threads(1)
     from datc.credit.analysis import credit_inputs, scheme_outputs, session_for
     from datc.credit.diagnostics import credit_accuracy
@@ -45,8 +51,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("credit accuracy needs a testbed task (data.task): it compares the "
                          "schemes' scores with the task's gold contributions")
     c, t = s.c, s.c.trainer
-    acc: dict[str, list[float]] = {n: [] for n in SCHEMES}
-    wsum = {n: {"agree": 0.0, "neutral": 0.0, "disagree": 0.0} for n in SCHEMES}
+    acc: dict[str, list[float]] = {n: [] for n in schemes}
+    wsum = {n: {"agree": 0.0, "neutral": 0.0, "disagree": 0.0} for n in schemes}
     count = {"agree": 0, "neutral": 0, "disagree": 0}
     for b in range(a.batches):
         examples = [s.assets.train[i] for i in s.sampler.indices(b)]
@@ -58,8 +64,9 @@ def main(argv: list[str] | None = None) -> None:
                   "disagree": mask & (aligned < 0)}
         for k, g in groups.items():
             count[k] += int(g.sum())
-        for name, out in scheme_outputs(inputs, SCHEMES).items():
-            acc[name].append(credit_accuracy(out.scores * torch.sign(adv)[:, None], contrib, mask))
+        for name, out in scheme_outputs(inputs, schemes).items():
+            judged = out.scores if out.scores is not None else out.weights
+            acc[name].append(credit_accuracy(judged * torch.sign(adv)[:, None], contrib, mask))
             for k, g in groups.items():
                 wsum[name][k] += float(out.weights[g].sum())
     result = {
@@ -71,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
         "schemes": {
             n: {"credit_accuracy": _mean(acc[n]),
                 "mean_weight": {k: (wsum[n][k] / count[k] if count[k] else None) for k in count}}
-            for n in SCHEMES
+            for n in schemes
         },
     }
     atomic_write_json(a.out / f"{result['setting']}.json", result)

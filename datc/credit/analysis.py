@@ -20,7 +20,7 @@ from datc.credit import CreditBatch, CreditOutput, compute_credit, resolve_schem
 from datc.prepare import gold_of
 from datc.rewards.model import build_rm_inputs, score
 from datc.rollout import Rollout, sample_groups
-from datc.trainer import Session, build_session, rollout_policy_pass
+from datc.trainer import Session, build_session, logps_under_prompts, rollout_policy_pass
 
 
 @dataclass
@@ -63,7 +63,9 @@ def credit_inputs(
     everything a scheme may read: the reward model's scores and input-embedding gradients
     (B, T, d), its embedding matrix (V, d), group advantages (B,) with the session's
     ``scale_rewards``, and the rollout policy's log-probs (B, T), entropies (B, T, nats) and
-    logits (B, T, V); plus the gold reward (B,) and contributions (B, T) on a testbed task.
+    logits (B, T, V), LM-head inputs (B, T, d_policy), the prompt texts (B) and the log-probs
+    under other prompts (a function, one policy pass per call); plus the gold reward (B,) and contributions (B, T) on a testbed
+    task.
 
     Advantages come from the reward model's scores alone (no ``reward.scale``, no rules): the
     credit a scheme assigns is judged against the reward model it differentiates.
@@ -75,8 +77,8 @@ def credit_inputs(
                           m.tok.pad_token_id)
     rm = score(m.rm, inp, ro.response_mask, with_grad=True, batch_size=t.micro_batch_size)
     adv = group_advantages(rm.scores, t.num_generations, t.scale_rewards)
-    logps, entropy, logits = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size,
-                                                 keep_logits=True)
+    logps, entropy, logits, hidden = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size,
+                                                         keep_logits=True, keep_hidden=True)
     gold = contrib = None
     if session.assets.task is not None:
         gold, contrib = gold_of(session.assets.task, m.tok, ro.examples, ro.response_ids,
@@ -87,6 +89,9 @@ def credit_inputs(
         ro.response_ids, ro.response_mask, adv, rm_grad=rm.grad,
         rm_embedding=m.rm.get_input_embeddings().weight.detach().float(),
         policy_logits=logits, entropy=entropy, old_logps=logps,
+        prompts=[ex[session.c.data.prompt_field] for ex in ro.examples],
+        logps_under=logps_under_prompts(m.policy, m.tok, ro, t.temperature, t.micro_batch_size),
+        policy_hidden=hidden,
     )
     return CreditInputs(ro, batch, gold, contrib, generator_seed)
 

@@ -25,7 +25,15 @@ RM_EMBEDDING = "rm_embedding"  # (V, d_rm) the reward model's input-embedding ma
 POLICY_LOGITS = "policy_logits"  # (B, T, V) rollout-policy logits z_t (already divided by temperature)
 ENTROPY = "entropy"  # (B, T) entropy of the rollout policy at each response position, nats
 OLD_LOGPS = "old_logps"  # (B, T) log pi_old(y_t)
-NEEDS = frozenset({RM_GRAD, RM_EMBEDDING, POLICY_LOGITS, ENTROPY, OLD_LOGPS})
+PROMPTS = "prompts"  # list of B prompt texts, the one each response was sampled for
+# callable: prompts (B texts) -> (B, T) log pi_old(y_t | x', y_<t), the sampled ids under other
+# prompts (one no-grad rollout-policy pass per call; same temperature as OLD_LOGPS)
+LOGPS_UNDER = "logps_under"
+# (B, T, d_policy) the rollout policy's LM-head input h_t at the position that predicts y_t
+# (last hidden state, after the final norm; logits z_t = lm_head(h_t) / temperature)
+POLICY_HIDDEN = "policy_hidden"
+NEEDS = frozenset({RM_GRAD, RM_EMBEDDING, POLICY_LOGITS, ENTROPY, OLD_LOGPS, PROMPTS, LOGPS_UNDER,
+                   POLICY_HIDDEN})
 
 Output = Literal["scores", "weights"]
 Normalization = Literal["per_response", "global", "none"]
@@ -44,6 +52,9 @@ class CreditBatch:
     policy_logits: Tensor | None = None  # (B, T, V), see POLICY_LOGITS
     entropy: Tensor | None = None  # (B, T), see ENTROPY
     old_logps: Tensor | None = None  # (B, T), see OLD_LOGPS
+    prompts: list[str] | None = None  # B texts, see PROMPTS
+    logps_under: Callable[[list[str]], Tensor] | None = None  # see LOGPS_UNDER
+    policy_hidden: Tensor | None = None  # (B, T, d_policy), see POLICY_HIDDEN
     generator: torch.Generator | None = None  # for schemes that draw random numbers
 
 

@@ -35,6 +35,13 @@ def random_batch(seed: int = 0) -> CreditBatch:
     logits = (torch.randn(B, T, V, generator=gen) * 2).requires_grad_()
     ids = torch.randint(V, (B, T), generator=gen)
     logp = torch.log_softmax(logits.detach(), -1)
+
+    def logps_under(prompts: list[str]) -> torch.Tensor:
+        # Another prompt shifts the logits by noise that depends on the prompt texts.
+        assert len(prompts) == B and all(isinstance(p, str) for p in prompts)
+        shift = torch.randn(B, T, V, generator=torch.Generator().manual_seed(sum(map(len, prompts))))
+        return torch.log_softmax(logits.detach() + shift, -1).gather(-1, ids[..., None]).squeeze(-1)
+
     fillers = {
         "response_ids": ids,
         "response_mask": torch.arange(T) < torch.tensor([7, 1, 4, 7, 2, 5])[:, None],
@@ -44,6 +51,9 @@ def random_batch(seed: int = 0) -> CreditBatch:
         "policy_logits": logits,
         "entropy": -(logp.exp() * logp).sum(-1),
         "old_logps": logp.gather(-1, ids[..., None]).squeeze(-1),
+        "prompts": [f"write about topic {i // 2} :" for i in range(B)],
+        "logps_under": logps_under,
+        "policy_hidden": torch.randn(B, T, D, generator=gen),
         "generator": torch.Generator().manual_seed(seed),
     }
     missing = [f.name for f in dataclasses.fields(CreditBatch) if f.name not in fillers]
