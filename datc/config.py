@@ -30,6 +30,8 @@ class PolicyConfig:
     name: str = "tiny_gpt2"
     path: str | None = None
     tokenizer: str | None = None
+    chat_template: bool = False
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     arch: dict[str, Any] = field(default_factory=dict)
     dtype: str = "auto"
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
@@ -57,6 +59,7 @@ class RewardTrainConfig:
 class RewardConfig:
     name: str = "testbed"
     path: str | None = None
+    chat_template: bool = False
     arch: dict[str, Any] = field(default_factory=dict)
     train: RewardTrainConfig = field(default_factory=RewardTrainConfig)
     scale: float = 1.0
@@ -69,12 +72,14 @@ class DataConfig:
     task: str | None = "keywords"
     path: str | None = None
     prompt_field: str = "prompt"
+    prompt_format: str = "text"
     train_split: str = "train"
     eval_split: str = "eval"
     train_size: int = 4096
     eval_size: int = 256
     norm_len: int = 16
     max_prompt_tokens: int = 32
+    long_prompts: str = "error"
 
 
 @dataclass
@@ -164,6 +169,8 @@ CHOICES = {
     ),
     "logger.name": ("none", "wandb"),
     "logger.mode": ("auto", "online", "offline", "disabled"),
+    "data.prompt_format": ("text", "hh"),
+    "data.long_prompts": ("error", "drop"),
     "deepspeed.stage": (None, 0, 1, 2, 3),
     "deepspeed.offload_optimizer": ("none", "cpu"),
     "deepspeed.offload_param": ("none", "cpu"),

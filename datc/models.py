@@ -68,27 +68,35 @@ def load_pretrained(kind: str, path: str, field: str, dtype: torch.dtype | None 
     the field to set to a local copy."""
     cls = AutoModelForCausalLM if kind == "causal_lm" else AutoModelForSequenceClassification
     kwargs: dict[str, Any] = {"dtype": dtype} if dtype is not None else {}
-    if not os.path.isdir(path):
-        # Try the local cache first so that an offline machine never waits on the network.
-        try:
-            return cls.from_pretrained(path, local_files_only=True, **kwargs)
-        except OSError:
-            pass
-    try:
-        model = cls.from_pretrained(path, **kwargs)
-    except OSError as e:
-        if os.path.isdir(path):
-            raise ModelLoadError(f"{field}={path!r}: the directory does not hold a loadable model ({e})") from None
-        raise ModelLoadError(
-            f"{field}={path!r} is neither a local directory nor a cached hub model, and the hub could "
-            f"not be reached. Download it on a machine with network access "
-            f"(`hf download {path} --local-dir DIR`) and set {field}=DIR."
-        ) from None
+    model = from_hub(cls.from_pretrained, path, field, "model", **kwargs)
     if kind == "reward" and model.config.num_labels != 1:
         raise ModelLoadError(
             f"{field}={path!r} has {model.config.num_labels} outputs; a reward model must have exactly one"
         )
     return model
+
+
+def from_hub(load, path: str, field: str, what: str = "model", **kwargs: Any):
+    """``load(path, **kwargs)`` (any ``from_pretrained``) for a hub id or a local directory.
+    Offline, a hub id that is not cached fails at once with a message naming the checkpoint and
+    the field to set to a local copy."""
+    path = str(path)
+    if not os.path.isdir(path):
+        # Try the local cache first so that an offline machine never waits on the network.
+        try:
+            return load(path, local_files_only=True, **kwargs)
+        except OSError:
+            pass
+    try:
+        return load(path, **kwargs)
+    except OSError as e:
+        if os.path.isdir(path):
+            raise ModelLoadError(f"{field}={path!r}: the directory does not hold a loadable {what} ({e})") from None
+        raise ModelLoadError(
+            f"{field}={path!r} is neither a local directory nor a cached hub {what}, and the hub could "
+            f"not be reached. Download it on a machine with network access "
+            f"(`hf download {path} --local-dir DIR`) and set {field}=DIR to the local copy."
+        ) from None
 
 
 def freeze(model: PreTrainedModel) -> PreTrainedModel:

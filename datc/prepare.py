@@ -180,32 +180,52 @@ def train_reward_model(rm, policy, tok, task: Task, train_rows, eval_rows, rcfg,
     }
 
 
-def check_lengths(c: TrainConfig, tok, train_ds, eval_ds) -> None:
-    """Prompts longer than ``data.max_prompt_tokens``, or budgets beyond the policy's context,
-    are configuration errors found before any model trains, not index errors inside a model."""
-    field = c.data.prompt_field
+def check_lengths(c: TrainConfig, tok, train_ds, eval_ds):
+    """Prompts longer than ``data.max_prompt_tokens`` (measured as the policy sees them, chat
+    template included) are dropped (``data.long_prompts=drop``) or a configuration error, and
+    budgets beyond the policy's context are errors: found before any model trains, not index
+    errors inside a model. Returns the (possibly filtered) train and eval datasets."""
+    from datc.chat import prompt_encoder
+
+    if c.data.prompt_field not in train_ds.column_names:
+        raise ConfigError(f"data.prompt_field: {c.data.prompt_field!r} is not a column; columns: {train_ds.column_names}")
+    encoder = prompt_encoder(c, tok)
+    out = []
     for split, ds in (("train", train_ds), ("eval", eval_ds)):
         if len(ds) == 0:
             raise ConfigError(f"data: the {split} split is empty")
-        lengths = [len(ids) for ids in tok([row[field] for row in ds])["input_ids"]]
-        too_long = sum(n > c.data.max_prompt_tokens for n in lengths)
-        if too_long:
+        try:
+            lengths = encoder.lengths(ds)
+        except ValueError as e:  # e.g. a row that is not a Human/Assistant dialogue under prompt_format=hh
+            raise ConfigError(f"data.prompt_format: {c.data.prompt_format!r} cannot read the {split} prompts ({e})") from None
+        too_long = [i for i, n in enumerate(lengths) if n > c.data.max_prompt_tokens]
+        if too_long and c.data.long_prompts == "drop":
+            keep = sorted(set(range(len(ds))) - set(too_long))
+            if not keep:
+                raise ConfigError(f"data.max_prompt_tokens: every {split} prompt is longer than {c.data.max_prompt_tokens} tokens")
+            log.info("dropped %d of %d %s prompts longer than %d tokens", len(too_long), len(ds), split, c.data.max_prompt_tokens)
+            ds = ds.select(keep)
+        elif too_long:
             raise ConfigError(
-                f"data.max_prompt_tokens: {too_long} {split} prompts are longer than {c.data.max_prompt_tokens} tokens "
-                f"(longest {max(lengths)}); raise data.max_prompt_tokens or filter the dataset"
+                f"data.max_prompt_tokens: {len(too_long)} {split} prompts are longer than {c.data.max_prompt_tokens} tokens "
+                f"(longest {max(lengths)}); raise data.max_prompt_tokens, or drop them with data.long_prompts=drop"
             )
+        out.append(ds)
     if c.policy.path is None:
         arch = c.policy.arch
     else:
         from transformers import AutoConfig
 
-        arch = AutoConfig.from_pretrained(c.policy.path).to_dict()
+        from datc.models import from_hub
+
+        arch = from_hub(AutoConfig.from_pretrained, c.policy.path, "policy.path", "model config").to_dict()
     ctx = arch.get("n_positions") or arch.get("max_position_embeddings")
     if ctx is not None and c.data.max_prompt_tokens + c.trainer.max_new_tokens > ctx:
         raise ConfigError(
             f"trainer.max_new_tokens: data.max_prompt_tokens={c.data.max_prompt_tokens} plus "
             f"trainer.max_new_tokens={c.trainer.max_new_tokens} exceed the policy's context of {ctx} tokens"
         )
+    return out[0], out[1]
 
 
 def ensure_assets(cfg: TrainConfig) -> Assets:
@@ -221,9 +241,9 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
         if not (Path(tok_path) / "tokenizer.json").exists():
             with atomic_dir(tok_path) as tmp:
                 build_testbed_tokenizer(tmp)
-    tok = load_tokenizer(tok_path)
+    tok = load_tokenizer(tok_path, "policy.tokenizer" if cfg.policy.tokenizer is not None else "policy.path")
     train_ds, eval_ds = load_prompts(cfg.data, cfg.cache_dir)
-    check_lengths(cfg, tok, train_ds, eval_ds)
+    train_ds, eval_ds = check_lengths(cfg, tok, train_ds, eval_ds)
     task = TASKS.get(cfg.data.task)(cfg.data.norm_len) if cfg.data.task is not None else None
 
     policy_path = cfg.policy.path

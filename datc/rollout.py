@@ -87,14 +87,20 @@ def sample_groups(
     prompt_field: str = "prompt",
     keep_logits: bool = False,
     synced_gpus: bool = False,
+    encoder=None,
 ) -> Rollout:
     """Sample ``num_generations`` responses per prompt with HF ``generate`` (pure sampling:
     ``top_k`` off, so the sampling distribution is ``softmax(z / temperature)`` up to top-p).
     ``keep_logits`` also returns the raw logits generate computed for each sampled position
     (the rollout policy's distribution, without a second forward pass). ``synced_gpus`` keeps
-    generating until every rank is done (ZeRO-3: each forward gathers parameters from all ranks)."""
+    generating until every rank is done (ZeRO-3: each forward gathers parameters from all ranks).
+    ``encoder`` (a :class:`datc.chat.PromptEncoder`) renders the prompts; without one the
+    ``prompt_field`` text is tokenized as is."""
     device = next(policy.parameters()).device
-    ids, mask = encode_prompts(tokenizer, examples, prompt_field, device)
+    if encoder is not None:  # datc.chat.PromptEncoder: prompt formats and chat templates
+        ids, mask = encoder.encode(examples, device)
+    else:
+        ids, mask = encode_prompts(tokenizer, examples, prompt_field, device)
     ids = ids.repeat_interleave(num_generations, 0)
     mask = mask.repeat_interleave(num_generations, 0)
     gen_cfg = GenerationConfig(

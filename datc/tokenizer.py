@@ -28,9 +28,12 @@ def build_testbed_tokenizer(out_dir: str | Path) -> Path:
     return out_dir
 
 
-def load_tokenizer(path: str | Path):
-    """Load any Hugging Face tokenizer; prompts are left-padded for batched generation."""
-    tok = AutoTokenizer.from_pretrained(str(path))
+def load_tokenizer(path: str | Path, field: str = "policy.tokenizer"):
+    """Load any Hugging Face tokenizer (hub id or directory; offline, an uncached hub id fails
+    at once naming ``field``); prompts are left-padded for batched generation."""
+    from datc.models import from_hub
+
+    tok = from_hub(AutoTokenizer.from_pretrained, str(path), field, "tokenizer")
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"

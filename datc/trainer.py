@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from datc.advantages import group_advantages
+from datc.chat import RewardInputs, prompt_encoder
 from datc.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -57,7 +58,7 @@ from datc.numerics import (
     zero_nonfinite_rm_grad,
 )
 from datc.prepare import Assets, ensure_assets, gold_of
-from datc.rewards.model import build_rm_inputs, score
+from datc.rewards.model import score
 from datc.rewards.rules import RULES, RuleContext
 from datc.rollout import Rollout, position_ids, sample_groups, with_prompts
 from datc.rundir import RunDir
@@ -100,6 +101,11 @@ class Models:
     tok: Any
     vocab_size: int = 0  # rows of the policy's LM head (read before any ZeRO-3 partitioning)
     synced_gpus: bool = False  # generate keeps every rank in step (ZeRO-3 with several ranks)
+    encoder: Any = None  # datc.chat.PromptEncoder: the policy's prompts (format, chat template)
+    rm_inputs: Any = None  # datc.chat.RewardInputs: the reward model's inputs (its own chat template)
+
+    def score_inputs(self, ro: Rollout):
+        return self.rm_inputs(ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask, ro.examples)
 
 
 def _frozen(model, c: TrainConfig, dist: Dist):
@@ -122,7 +128,7 @@ def load_models(c: TrainConfig, assets: Assets, device: torch.device, dist: Dist
     policy = load_pretrained("causal_lm", assets.policy_path, "policy.path").to(device)  # fp32 master weights
     ref = freeze(load_pretrained("causal_lm", assets.policy_path, "policy.path", dtype).to(device)) if c.trainer.beta > 0 else None
     rm = freeze(load_pretrained("reward", assets.reward_path, "reward.path", dtype).to(device))
-    rm_tok = load_tokenizer(assets.reward_path) if c.reward.path is not None else tok
+    rm_tok = load_tokenizer(assets.reward_path, "reward.path") if c.reward.path is not None else tok
     if rm_tok.get_vocab() != tok.get_vocab():
         raise ConfigError(
             f"reward.path: the reward model's tokenizer ({assets.reward_path}) and the policy's "
@@ -132,7 +138,9 @@ def load_models(c: TrainConfig, assets: Assets, device: torch.device, dist: Dist
     vocab = policy.get_output_embeddings().weight.shape[0]
     ref = _frozen(ref, c, dist) if ref is not None else None
     rm = _frozen(rm, c, dist)
-    return Models(policy, ref, rm, tok, vocab, synced_gpus=dist.enabled and c.deepspeed.stage == 3 and dist.world_size > 1)
+    encoder = prompt_encoder(c, tok)
+    return Models(policy, ref, rm, tok, vocab, synced_gpus=dist.enabled and c.deepspeed.stage == 3 and dist.world_size > 1,
+                  encoder=encoder, rm_inputs=RewardInputs(rm_tok, encoder, c.reward.chat_template))
 
 
 def policy_logits(model, ro: Rollout, rows: slice | torch.Tensor, temperature: float) -> torch.Tensor:
@@ -204,8 +212,8 @@ def evaluate(c: TrainConfig, m: Models, rows: list[dict], task, device: torch.de
         for i in range(0, len(rows), t.eval_batch_size):
             chunk = rows[i : i + t.eval_batch_size]
             ro = sample_groups(m.policy, m.tok, chunk, 1, t.max_new_tokens, t.temperature, t.top_p, c.data.prompt_field,
-                               synced_gpus=m.synced_gpus)
-            inp = build_rm_inputs(ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask, m.tok.pad_token_id)
+                               synced_gpus=m.synced_gpus, encoder=m.encoder)
+            inp = m.score_inputs(ro)
             s = score(m.rm, inp, ro.response_mask, batch_size=t.eval_batch_size).scores
             logps, ent, _ = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size, False)
             mask = ro.response_mask.float()
@@ -359,7 +367,7 @@ def _train_step(s: Session, it: int) -> dict[str, float]:
         t.reuse_rollout_logits == "always"
         or (t.reuse_rollout_logits == "auto" and t.batch_size * t.max_new_tokens * m.vocab_size <= REUSE_LOGITS_MAX_ELEMENTS))
     ro = sample_groups(m.policy, m.tok, examples, t.num_generations, t.max_new_tokens, t.temperature, t.top_p,
-                       c.data.prompt_field, keep_logits=reuse, synced_gpus=m.synced_gpus)
+                       c.data.prompt_field, keep_logits=reuse, synced_gpus=m.synced_gpus, encoder=m.encoder)
     return _learn(s, it, ro, reuse, t0)
 
 
@@ -375,7 +383,7 @@ def _learn(s: Session, it: int, ro: Rollout, reuse: bool, t0: float) -> dict[str
     t1 = time.perf_counter()
 
     # ---- reward: frozen RM (+ its input-embedding gradient when declared) + rules ----------
-    inp = build_rm_inputs(ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask, m.tok.pad_token_id)
+    inp = m.score_inputs(ro)
     rm_out = score(m.rm, inp, ro.response_mask, with_grad=RM_GRAD in needs, batch_size=t.micro_batch_size)
     gold, gold_contrib = (gold_of(s.assets.task, m.tok, ro.examples, ro.response_ids, ro.response_mask)
                           if s.assets.task is not None else (None, None))
@@ -409,8 +417,8 @@ def _learn(s: Session, it: int, ro: Rollout, reuse: bool, t0: float) -> dict[str
     ref_logps = rollout_policy_pass(m.ref, ro, t.temperature, t.micro_batch_size, False)[0] if m.ref is not None else None
     rm_grad, bad_rm_grad = zero_nonfinite_rm_grad(rm_out.grad)
     nf.add("rm_grad", bad_rm_grad)
-    prompts = [ex[c.data.prompt_field] for ex in ro.examples] if PROMPTS in needs else None
-    logps_under = (logps_under_prompts(m.policy, m.tok, ro, t.temperature, t.micro_batch_size)
+    prompts = [m.encoder.text(ex) for ex in ro.examples] if PROMPTS in needs else None
+    logps_under = (logps_under_prompts(m.policy, m.tok, ro, t.temperature, t.micro_batch_size, m.encoder)
                    if LOGPS_UNDER in needs else None)
     credit = compute_credit(s.scheme, CreditBatch(
         response_ids=ro.response_ids, response_mask=mask, advantages=advantages,
@@ -421,6 +429,9 @@ def _learn(s: Session, it: int, ro: Rollout, reuse: bool, t0: float) -> dict[str
     credit, bad_weight = uniform_nonfinite_weights(credit, mask, forced=bad_rm_grad)
     nf.add("weight", bad_weight)
     token_adv = advantages[:, None] * credit.weights  # (B, T)
+    # The credit inputs are spent: free the (B, T, V) logits, hidden states and RM gradients
+    # before the update's own activations (at a real vocabulary they are the step's largest tensors).
+    logits = hidden = rm_grad = ro.logits = rm_out.grad = None  # noqa: F841
     t3 = time.perf_counter()
 
     # ---- loss and update ------------------------------------------------------------------

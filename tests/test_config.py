@@ -15,7 +15,9 @@ from datc.train import CONFIG_DIR
 
 GROUPS = ["policy", "reward", "credit", "data", "trainer", "logger", "deepspeed", "experiment", "debug"]
 # Options that need a path the user must supply (no model is bundled for them).
-NEEDS_PATH = {("policy", "pretrained"): "policy.path=/some/dir", ("reward", "pretrained"): "reward.path=/some/dir"}
+NEEDS_PATH = {("policy", "pretrained"): "policy.path=/some/dir", ("reward", "pretrained"): "reward.path=/some/dir",
+              # a real prompt dataset has no gold reward to train a testbed reward model on
+              ("data", "ultrafeedback"): "reward=skywork_v2_qwen3_1_7b", ("data", "hh_rlhf"): "reward=skywork_v2_qwen3_1_7b"}
 
 
 def _compose(overrides: list[str]):
@@ -24,7 +26,8 @@ def _compose(overrides: list[str]):
 
 
 def _options(group: str) -> list[str]:
-    return sorted(p.stem for p in (Path(CONFIG_DIR) / group).glob("*.yaml"))
+    root = Path(CONFIG_DIR) / group
+    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))  # experiment/paper/* too
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in _options(g)])

@@ -18,7 +18,7 @@ from torch import Tensor
 from datc.advantages import group_advantages
 from datc.credit import CreditBatch, CreditOutput, compute_credit, resolve_scheme
 from datc.prepare import gold_of
-from datc.rewards.model import build_rm_inputs, score
+from datc.rewards.model import score
 from datc.rollout import Rollout, sample_groups
 from datc.trainer import Session, build_session, logps_under_prompts, rollout_policy_pass
 
@@ -72,9 +72,8 @@ def credit_inputs(
     """
     t, m = session.c.trainer, session.m
     ro = sample_groups(m.policy, m.tok, examples, t.num_generations, t.max_new_tokens,
-                       t.temperature, t.top_p, session.c.data.prompt_field)
-    inp = build_rm_inputs(ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask,
-                          m.tok.pad_token_id)
+                       t.temperature, t.top_p, session.c.data.prompt_field, encoder=m.encoder)
+    inp = m.score_inputs(ro)
     rm = score(m.rm, inp, ro.response_mask, with_grad=True, batch_size=t.micro_batch_size)
     adv = group_advantages(rm.scores, t.num_generations, t.scale_rewards)
     logps, entropy, logits, hidden = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size,
@@ -89,8 +88,8 @@ def credit_inputs(
         ro.response_ids, ro.response_mask, adv, rm_grad=rm.grad,
         rm_embedding=m.rm.get_input_embeddings().weight.detach().float(),
         policy_logits=logits, entropy=entropy, old_logps=logps,
-        prompts=[ex[session.c.data.prompt_field] for ex in ro.examples],
-        logps_under=logps_under_prompts(m.policy, m.tok, ro, t.temperature, t.micro_batch_size),
+        prompts=[m.encoder.text(ex) for ex in ro.examples],
+        logps_under=logps_under_prompts(m.policy, m.tok, ro, t.temperature, t.micro_batch_size, m.encoder),
         policy_hidden=hidden,
     )
     return CreditInputs(ro, batch, gold, contrib, generator_seed)

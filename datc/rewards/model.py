@@ -19,6 +19,7 @@ class RMInputs:
     input_ids: Tensor  # (B, L) long
     attention_mask: Tensor  # (B, L) bool
     response_pos: Tensor  # (B, T) long: position in the RM input of response token t (valid where response_mask)
+    mapped: Tensor | None = None  # (B, T) bool: tokens with a position (chat templates may leave the EOS without one)
 
 
 def build_rm_inputs(prefix_ids: Tensor, prefix_mask: Tensor, response_ids: Tensor, response_mask: Tensor, pad_id: int) -> RMInputs:
@@ -74,6 +75,7 @@ def score(rm, inputs: RMInputs, response_mask: Tensor, with_grad: bool = False, 
                 pos = inputs.response_pos[i : i + batch_size]
                 g = g.gather(1, pos[:, :, None].expand(-1, -1, g.shape[-1]))
                 g = g if g.dtype == torch.float64 else g.float()
-                grads.append(g * response_mask[i : i + batch_size, :, None])
+                keep = response_mask[i : i + batch_size] if inputs.mapped is None else inputs.mapped[i : i + batch_size]
+                grads.append(g * keep[:, :, None])
         scores.append(s.detach().float())
     return RMScore(torch.cat(scores), torch.cat(grads) if with_grad else None)
