@@ -1,0 +1,138 @@
+"""scripts/memory_plan.py: its arithmetic against hand numbers, its activation formulas against
+the tensors torch saves for tiny models, and the plan of every paper preset."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+from scripts import memory_plan as mp
+
+# A tiny Llama: V=100, h=16, I=32, L=2, 4 query heads and 2 KV heads of width 4 (q=16, kv=8).
+TINY = dict(model_type="llama", num_hidden_layers=2, hidden_size=16, intermediate_size=32, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=4, vocab_size=100, tie_word_embeddings=True)
+
+
+def test_param_count_by_hand():
+    # per layer: q 16·16 + k,v 2·16·8 + o 16·16 + MLP 3·16·32 + 2 norms 2·16 = 256+256+256+1536+32 = 2336
+    # model: embedding 100·16 = 1600, 2 layers 4672, final norm 16 -> 6288 (LM head tied)
+    assert mp.param_count(TINY, "causal_lm") == 6288
+    assert mp.param_count(dict(TINY, tie_word_embeddings=False), "causal_lm") == 6288 + 1600  # own LM head
+    assert mp.param_count(TINY, "reward") == 6288 + 16  # score head h -> 1, no bias
+    # Qwen3 adds q/k norms (2·head_dim = 8 per layer)
+    assert mp.param_count(dict(TINY, model_type="qwen3"), "causal_lm") == 6288 + 2 * 8
+    for kind in ("causal_lm", "reward"):
+        for mt in ("llama", "qwen3"):
+            arch = dict(TINY, model_type=mt)
+            assert mp.param_count_formula(mp.arch_of(arch), kind) == mp.param_count(arch, kind)
+
+
+def test_zero_arithmetic_by_hand():
+    # Φ = 1e9 on 4 GPUs: ZeRO-2 weights 4e9 (replicated), grads 4e9/4, optimizer (copy + 2 moments) 12e9/4
+    assert mp.zero_memory(10**9, 2, 4) == {"weights": 4e9, "grads": 1e9, "optimizer": 3e9}
+    # ZeRO-3: everything /4, and no separate fp32 copy: 4e9/4 + 4e9/4 + 8e9/4
+    assert mp.zero_memory(10**9, 3, 4) == {"weights": 1e9, "grads": 1e9, "optimizer": 2e9}
+    assert mp.frozen_memory(10**9, 2, 4) == 2e9 and mp.frozen_memory(10**9, 3, 4) == 0.5e9
+    assert mp.zero_buffers(2, True) == 2 * 5e8 * 4 and mp.zero_buffers(2, False) == 5e8 * 4 == mp.zero_buffers(3, True)
+
+
+def test_kv_cache_by_hand():
+    a = mp.arch_of(TINY)  # 2 layers, kv = 2·4 = 8
+    # 3 responses x 10 tokens: 2 layers · 3 · 10 · 8 · (4 + 2) bytes = 2880
+    assert mp.kv_cache_bytes(a, 3, 10) == 2880
+    assert mp.kv_cache_bytes(a, 3, 10, key_bytes=2) == 2 * 3 * 10 * 8 * 4
+
+
+def test_kv_cache_dtypes_under_autocast():
+    """The KV cache's keys are fp32 and values bf16 with fp32 weights under bf16 autocast."""
+    torch.manual_seed(0)
+    m = AutoModelForCausalLM.from_config(AutoConfig.for_model(**TINY))
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        cache = m(input_ids=torch.randint(0, 100, (2, 5)), use_cache=True).past_key_values
+    layer = cache.layers[0]
+    assert layer.keys.dtype == torch.float32 and layer.values.dtype == torch.bfloat16
+
+
+def _saved_bytes(model, ids, input_grad: bool) -> int:
+    """Bytes of the tensors autograd saves for backward (parameters excluded, storages once)."""
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False), \
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        if input_grad:
+            model(inputs_embeds=model.get_input_embeddings()(ids).detach().requires_grad_(True))
+        else:
+            model(input_ids=ids, use_cache=False)
+    return sum(n for p, n in seen.items() if p not in params)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_activation_formula_matches_saved_tensors(model_type):
+    """Per layer and token (differences over layers and lengths cancel everything else), the
+    formula is within 10% of what torch keeps: the policy under autocast with weight gradients,
+    the bf16 reward model differentiated to its inputs only."""
+    torch.manual_seed(0)
+    base = dict(model_type=model_type, hidden_size=64, intermediate_size=192, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=32, vocab_size=8, pad_token_id=0, attn_implementation="sdpa")
+    measured = {}
+    for layers in (1, 2):
+        conf = AutoConfig.for_model(**base, num_hidden_layers=layers, num_labels=1)
+        pol = AutoModelForCausalLM.from_config(conf)
+        rm = AutoModelForSequenceClassification.from_config(conf).to(torch.bfloat16).requires_grad_(False)
+        for seq in (40, 80):
+            ids = torch.randint(1, 8, (2, seq))
+            measured[layers, seq] = (_saved_bytes(pol, ids, False), _saved_bytes(rm, ids, True))
+    a = mp.arch_of(dict(base, num_hidden_layers=1))
+    for i, weight_grads in ((0, True), (1, False)):
+        per = (measured[2, 80][i] - measured[2, 40][i] - measured[1, 80][i] + measured[1, 40][i]) / 80
+        formula = mp.activation_bytes(a, 1, 1, weight_grads) - mp.activation_bytes(
+            mp.arch_of(dict(base, num_hidden_layers=0)), 1, 1, weight_grads)
+        assert abs(formula - per) <= 0.10 * per, (weight_grads, formula, per)
+
+
+def test_logits_by_hand():
+    # m=2, P=3, T=4, V=10: bf16 2·2·7·10 = 280, fp32 3·4·2·4·10 = 960
+    assert mp.update_logits_bytes(2, 3, 4, 10) == 1240
+    assert mp.entropy_pass_bytes(2, 4, 10) == 4 * 4 * 2 * 4 * 10
+    assert mp.datc_chunk_bytes(256, 10) == 4 * 4 * 256 * 10
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    out = tmp_path_factory.mktemp("memory")
+    plans = mp.main(["--out", str(out)])
+    return out, plans
+
+
+def test_every_preset_plans_and_files_are_written(written):
+    out, plans = written
+    assert [p["preset"] for p in plans] == list(mp.PRESETS)
+    md = (out / "presets.md").read_text()
+    data = json.loads((out / "presets.json").read_text())
+    assert data["command"] == "python scripts/memory_plan.py --out " + str(out)
+    assert len(data["plans"]) == 4 and "| preset | ZeRO |" in md
+    for p in plans:
+        pol = mp.arch_of(mp.compose(p["preset"]).policy.arch)
+        assert p["params"]["policy"] == mp.param_count_formula(pol, "causal_lm")
+        for stage in ("zero2", "zero3"):
+            per = p["stages"][stage]["per_gpus"]
+            totals = [per[n]["total"] for n in mp.GPU_COUNTS]
+            assert all(x > y for x, y in zip(totals, totals[1:], strict=False))  # more GPUs, less memory per GPU
+            assert p["stages"][stage]["gpus_needed"] in (*mp.FIT_COUNTS, None)
+        # ZeRO-3 never needs more memory than ZeRO-2 at the same N
+        assert all(p["stages"]["zero3"]["per_gpus"][n]["total"] <= p["stages"]["zero2"]["per_gpus"][n]["total"]
+                   for n in mp.GPU_COUNTS)
+
+
+def test_world_sizes_that_do_not_split_the_batch_are_refused():
+    c = mp.compose("qwen3_ultrafeedback")
+    assert mp.world_ok(c, 8, 2) is None
+    assert "do not split" in mp.world_ok(c, 3, 2)  # 64 prompts over 3 processes
