@@ -274,15 +274,13 @@ def plan(c, counts: dict[str, int], stage: int, n_gpus: int) -> dict[str, Any]:
         "reward": act_rm + rm_grad + (held_logits if reuse else 0.0) + gather_f,
         "logprob_passes": held_logits + rm_grad + pass_bytes + max(gather_p, gather_f),
         "credit": held_logits + rm_grad + credit_chunk,
-        "update": held_logits + rm_grad + act_policy + logits_update + weight_copy + buffers + gather_p,
+        # the trainer frees the credit's inputs (logits, RM gradients) before the update
+        "update": act_policy + logits_update + weight_copy + buffers + gather_p,
     }
     peak_phase = max(phases, key=phases.get)
     total = sum(static.values()) + phases[peak_phase]
-    # The trainer keeps the credit's logits referenced during the update; freed before it, the peak would be:
-    freed = dict(phases, update=phases["update"] - held_logits)
     return {
         "static": static, "phases": phases, "peak_phase": peak_phase, "total": total,
-        "total_if_logits_freed_before_update": sum(static.values()) + max(freed.values()),
         "items": {**static, "kv_cache": kv, "activations_policy": act_policy, "activations_rm": act_rm,
                   "logits_update": logits_update, "autocast_weight_copy": weight_copy, "zero_buffers": buffers,
                   "zero3_gathered": max(gather_p, gather_f), "held_logits": held_logits, "rm_grad": rm_grad,
