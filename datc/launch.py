@@ -45,6 +45,24 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _stage(overrides: list[str]) -> int | None:
+    """The DeepSpeed stage the overrides compose to (an experiment may choose it); the config is
+    validated here, so a bad one stops before any process starts."""
+    from hydra import compose, initialize_config_dir
+
+    from datc.config import ConfigError, validate
+    from datc.train import CONFIG_DIR
+
+    try:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            cfg = compose(config_name="train", overrides=[o for o in overrides if not o.startswith(("hydra.", "hydra/"))])
+        return validate(cfg).deepspeed.stage
+    except ConfigError as e:
+        raise SystemExit(f"datc-launch: {e}") from None
+    except Exception as e:  # Hydra's own override errors: name what it said
+        raise SystemExit(f"datc-launch: {str(e).splitlines()[0]}") from None
+
+
 def build(args: argparse.Namespace, cpu_count: int | None = None, environ: dict[str, str] | None = None) -> Launch:
     """The command and environment for ``args`` (pure: no process is started)."""
     environ = dict(os.environ) if environ is None else environ
@@ -52,8 +70,7 @@ def build(args: argparse.Namespace, cpu_count: int | None = None, environ: dict[
     if args.nproc < 1:
         raise SystemExit("datc-launch: --nproc must be >= 1")
     multi = args.nproc > 1 or args.hostfile is not None
-    ds_choice = next((o.split("=", 1)[1] for o in overrides if o.startswith(("deepspeed=", "+deepspeed="))), None)
-    if multi and ds_choice in (None, "none"):
+    if multi and _stage(overrides) is None:
         raise SystemExit("datc-launch: several processes need a DeepSpeed stage: add deepspeed=zero2, zero3 or zero3_offload")
     threads = args.threads or max(1, (cpu_count or os.cpu_count() or 1) // args.nproc)
     env: dict[str, str] = {}
@@ -80,7 +97,13 @@ def build(args: argparse.Namespace, cpu_count: int | None = None, environ: dict[
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    launch = build(args)
+    try:
+        launch = build(args)
+    except SystemExit as e:  # a refused command line: its one-line reason, exit status 2
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+            return 2
+        raise
     shown = " ".join([*(f"{k}={v}" for k, v in launch.env.items()), *map(shlex.quote, launch.argv)])
     if args.dry_run:
         print(shown)
