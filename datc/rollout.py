@@ -64,11 +64,13 @@ def sample_groups(
     top_p: float = 1.0,
     prompt_field: str = "prompt",
     keep_logits: bool = False,
+    min_new_tokens: int = 0,
 ) -> Rollout:
     """Sample ``num_generations`` responses per prompt with HF ``generate`` (pure sampling:
     ``top_k`` off, so the sampling distribution is ``softmax(z / temperature)`` up to top-p).
     ``keep_logits`` also returns the raw logits generate computed for each sampled position
-    (the rollout policy's distribution, without a second forward pass)."""
+    (the rollout policy's distribution, without a second forward pass). ``min_new_tokens``
+    forbids EOS before that many tokens (the benchmark uses it to fix the response length)."""
     device = next(policy.parameters()).device
     ids, mask = encode_prompts(tokenizer, examples, prompt_field, device)
     ids = ids.repeat_interleave(num_generations, 0)
@@ -79,6 +81,7 @@ def sample_groups(
         top_p=top_p,
         top_k=0,
         max_new_tokens=max_new_tokens,
+        min_new_tokens=min_new_tokens,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.bos_token_id,
