@@ -53,6 +53,24 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "bench"
 PHASES = ("rollout", "reward", "prep", "update")  # prep: reference pass, advantages, credit
 CONTESTANTS = ("trl", "grpo", "datc")
+NOTES = [
+    "- Same passes on both sides, per step: one sampling run with the KV cache, one reference-model "
+    "forward (beta > 0), one reward-model forward, one policy forward and backward, one AdamW step; "
+    "on-policy, neither recomputes old log-probs.",
+    "- Set on TRL to match this project: `gradient_checkpointing=False` (TRL's GRPOConfig default is "
+    "True: a second forward in the backward) and `use_bias_correction_kl=False` (TRL 1.16's default "
+    "multiplies the k3 KL by the ratio: the same value on-policy, another gradient). The same-loss "
+    "check compares gradient norms, so it would catch either.",
+    "- TRL's reward function is a callable around the same reward model that scores the sampled ids "
+    "(`RMReward` in scripts/bench.py): TRL's built-in path for a model object decodes and re-tokenizes "
+    "text, which with the word-level testbed tokenizer drops BOS and EOS and glues the prompt's last word "
+    "to the completion's first (one unknown token).",
+    "- Work this project does that TRL does not: the testbed's gold reward and, for credit=datc, the "
+    "credit diagnostics, every step. Work TRL does that this project does not: decoding completions "
+    "to text for the reward functions and its logs, and the Trainer's per-step bookkeeping.",
+    "- Peak RSS: each trainer alone in a fresh process, `--memory-steps` steps; growth = peak minus "
+    "the resident set after loading models and building the trainer.",
+]
 
 
 # ---- small pure helpers (tested in tests/test_bench.py) ----------------------------------------
@@ -542,6 +560,19 @@ def render(res: dict[str, Any]) -> str:
                   *[f"| {x['num_generations']} | {x['batch_size']} | {x['grpo']['step_s'] * 1000:.1f} | "
                     f"{x['trl']['step_s'] * 1000:.1f} | {x['trl']['step_s'] / x['grpo']['step_s']:.2f} |" for x in sc["group"]],
                   ""]
+    g, d, t = med["grpo"], med["datc"], med["trl"]
+    extra = {p: (d[f"{p}_s"] - g[f"{p}_s"]) * 1000 for p in (*PHASES, "other")}
+    lines += [
+        "## Targets", "",
+        f"- credit=grpo at least 1.5x TRL's samples/s: **{'met' if r['median'] >= 1.5 else 'not met'}** "
+        f"({r['median']:.2f}x). Per phase, TRL minus datc (ms): "
+        + ", ".join(f"{p} {(t[f'{p}_s'] - g[f'{p}_s']) * 1000:+.1f}" for p in (*PHASES, "other")) + ".",
+        f"- credit=datc at most 1.10x the step time of credit=grpo: **{'met' if rc['median'] <= 1.10 else 'not met'}** "
+        f"({rc['median']:.2f}x). What credit=datc adds (ms): reward {extra['reward']:+.1f} (the reward model's backward "
+        f"to its inputs), ref + adv + credit {extra['prep']:+.1f} (the credit scores), other {extra['other']:+.1f} "
+        f"(after the update: credit diagnostics and metrics), rollout {extra['rollout']:+.1f}, update {extra['update']:+.1f}.",
+        f"- Profile of this project's credit=grpo step: `{res.get('profile_file', 'trl_profile.txt')}`.", "",
+    ]
     if res.get("notes"):
         lines += ["## Notes", "", *res["notes"], ""]
     return "\n".join(lines)
@@ -597,7 +628,7 @@ def main() -> None:
                  f"{t.loss_agg} (TRL dapo), AdamW lr {t.lr}, one optimizer step per rollout; policy {s.c.policy.name}, "
                  f"data {s.c.data.name}"),
         "work_batch": t.batch_size,
-        "same_loss": sl, "throughput": th,
+        "same_loss": sl, "throughput": th, "notes": NOTES,
     }
     if not a.no_memory:
         res["memory"] = peak_memory(a.overrides, a.memory_steps, a.threads)
