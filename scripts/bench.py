@@ -521,7 +521,8 @@ def render(res: dict[str, Any]) -> str:
         f"Command: `{res['command']}`  ",
         f"Commit {res['commit']}, {res['date']}; torch {res['machine']['torch']}, transformers "
         f"{res['machine']['transformers']}, trl {res['machine']['trl']}; {res['threads']} torch thread(s), "
-        f"{res['machine']['cpus']} CPU cores (shared with other jobs while measured).", "",
+        f"{res['machine']['cpus']} CPU cores (shared with other jobs; load average "
+        f"{res['load_average_1_5_15min']['start'][0]:.1f} at the start, {res['load_average_1_5_15min']['end'][0]:.1f} at the end).", "",
         f"Work per step: {res['work']}.", "",
         f"## Throughput: medians over {th['repeats']} interleaved repeats of {th['steps']} steps "
         f"(after {th['warmup']} warm-up steps, each block from the warm policy)", "",
@@ -609,6 +610,7 @@ def main() -> None:
     import trl
 
     t_start = time.time()
+    load_start = os.getloadavg()
     sl = same_loss_check(a.overrides, a.tol)
     print("same loss:", json.dumps(sl), file=sys.stderr)
     if not sl["ok"]:
@@ -643,6 +645,7 @@ def main() -> None:
                           f"(`{res['command']}`)\n\n## cProfile, cumulative\n\n{prof['cprofile_cumulative']}\n\n"
                           f"## torch ops, self CPU time\n\n{prof['torch_ops']}\n")
     res["wall_s"] = round(time.time() - t_start, 1)
+    res["load_average_1_5_15min"] = {"start": load_start, "end": os.getloadavg()}
     atomic_write_json(out / "trl.json", res)
     md = render(res)
     atomic_write_text(out / "trl.md", md)
