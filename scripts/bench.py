@@ -620,7 +620,7 @@ def main() -> None:
     s = datc_session(a.overrides)
     t = s.c.trainer
     res: dict[str, Any] = {
-        "command": "python scripts/bench.py " + " ".join(sys.argv[1:]),
+        "command": " ".join(["python scripts/bench.py", *sys.argv[1:]]),
         "commit": _git("rev-parse", "--short", "HEAD") + ("+dirty" if _git("status", "--porcelain", "--untracked-files=no") else ""),
         "date": datetime.date.today().isoformat(), "threads": a.threads,
         "machine": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
