@@ -25,11 +25,20 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
 
 venv: $(VENV)/.installed  ## create the virtual environment and install the project
 
+$(VENV)/.installed-bench: pyproject.toml $(CONSTRAINTS) | $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet $(PIP_C) -e '.[dev,bench]'
+	$(BIN)/python -c "import torch, trl; print('torch', torch.__version__, 'trl', trl.__version__)"
+	touch $@
+
 demo: venv  ## the default experiment: GRPO on the dense task with a tiny GPT-2 (prepare step included)
 	$(BIN)/datc-train experiment=demo
 
 test: venv  ## the test suite, slow end-to-end tests included
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+BENCH_ARGS ?=
+bench: $(VENV)/.installed-bench  ## this project's GRPO against TRL's GRPOTrainer -> results/bench/trl.md
+	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
 
 lint: venv
 	$(BIN)/ruff check datc tests scripts

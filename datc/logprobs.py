@@ -6,10 +6,23 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+# Rows per chunk are chosen so that one chunk's float32 temporaries stay near 2^22 values
+# (16 MB): the testbed's whole batch is one chunk (no Python loop), a real vocabulary with long
+# responses goes one row at a time (no full-batch log-probabilities over the vocabulary).
+CHUNK_ELEMENTS = 2**22
 
-def selective_log_softmax(logits: Tensor, index: Tensor, chunk: int = 16) -> Tensor:
+
+def rows_per_chunk(logits: Tensor, chunk: int | None) -> int:
+    """``chunk`` if given, else as many rows as fit in ``CHUNK_ELEMENTS`` values (at least 1)."""
+    if chunk is not None:
+        return chunk
+    return max(1, CHUNK_ELEMENTS // max(1, logits[0].numel()))
+
+
+def selective_log_softmax(logits: Tensor, index: Tensor, chunk: int | None = None) -> Tensor:
     """``log_softmax(logits)[..., index]`` computed per chunk of rows: ``z_y - logsumexp(z)``
     (as TRL's ``selective_log_softmax``). logits (B, T, V), index (B, T) -> (B, T) float32."""
+    chunk = rows_per_chunk(logits, chunk)
     parts = []
     for i in range(0, logits.shape[0], chunk):
         z = logits[i : i + chunk].float()
@@ -18,8 +31,9 @@ def selective_log_softmax(logits: Tensor, index: Tensor, chunk: int = 16) -> Ten
 
 
 @torch.no_grad()
-def entropy_from_logits(logits: Tensor, chunk: int = 16) -> Tensor:
+def entropy_from_logits(logits: Tensor, chunk: int | None = None) -> Tensor:
     """Entropy of ``softmax(logits)`` in nats, per position. (B, T, V) -> (B, T) float32."""
+    chunk = rows_per_chunk(logits, chunk)
     out = torch.empty(logits.shape[:2], dtype=torch.float32, device=logits.device)
     for i in range(0, logits.shape[0], chunk):
         logp = torch.log_softmax(logits[i : i + chunk].float(), -1)

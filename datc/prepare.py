@@ -29,7 +29,7 @@ from datc.utils import atomic_dir, atomic_write_json, config_hash, quiet_librari
 
 log = logging.getLogger("datc.prepare")
 
-PREPARE_VERSION = 1  # bump when the prepare procedure changes, so caches are rebuilt
+PREPARE_VERSION = 2  # bump when the prepare procedure changes, so caches are rebuilt (2: own sampling loop)
 PREP_SEED = 0  # the warm start and the reward model are shared by every run seed
 
 

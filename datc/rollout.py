@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import GenerationConfig
+from transformers import DynamicCache
 
 
 @dataclass
@@ -75,6 +76,92 @@ def response_mask_from_ids(response_ids: Tensor, eos_id: int) -> tuple[Tensor, T
     return idx[None, :] <= first[:, None], ~has_eos
 
 
+def _cache_kwarg(policy) -> str:
+    """The forward's name for the KV cache: ``cache`` (transformers 5) or ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(policy.forward).parameters else "past_key_values"
+
+
+def top_p_filter(scores: Tensor, top_p: float) -> Tensor:
+    """Nucleus filter, as transformers' ``TopPLogitsWarper`` (``min_tokens_to_keep=1``): the
+    smallest-probability tokens whose cumulative mass is at most ``1 - top_p`` get ``-inf``."""
+    sorted_logits, sorted_indices = torch.sort(scores, descending=False)
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    remove = cumulative <= (1 - top_p)
+    remove[..., -1:] = False
+    return scores.masked_fill(remove.scatter(1, sorted_indices, remove), -float("inf"))
+
+
+def sample_categorical(probs: Tensor) -> Tensor:
+    """One draw per row of ``probs`` (B, V) by inverting its cumulative sum with one uniform
+    number per row: the same distribution as ``torch.multinomial(probs, 1)``, at a small
+    fraction of its cost on the CPU (multinomial was a sixth of the rollout). Tokens of
+    probability 0 (top-p, banned EOS) are never drawn. -> (B,) long"""
+    cdf = probs.cumsum(-1)
+    u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    idx = torch.searchsorted(cdf, u, right=True).squeeze(1)
+    # u * total can round up to the total: fall back to the last token of positive probability
+    last = probs.shape[1] - 1 - (probs.flip(-1) > 0).to(torch.int8).argmax(-1)
+    return torch.minimum(idx, last)
+
+
+def _any_unfinished(unfinished: Tensor, synced_gpus: bool) -> bool:
+    """Whether any row (on any rank, with ``synced_gpus``) is still sampling."""
+    if not synced_gpus:
+        return bool(unfinished.any())
+    flag = unfinished.any().to(torch.float32).reshape(1)
+    torch.distributed.all_reduce(flag)
+    return bool(flag.item() > 0)
+
+
+@torch.no_grad()
+def sample_tokens(policy, ids: Tensor, mask: Tensor, max_new_tokens: int, temperature: float, top_p: float,
+                  eos_id: int, pad_id: int, min_new_tokens: int = 0, keep_logits: bool = False,
+                  synced_gpus: bool = False) -> tuple[Tensor, Tensor | None]:
+    """Sampling with the KV cache, the steps of transformers' ``generate`` for
+    ``do_sample=True, top_k=0`` (float32 logits of the last position; EOS forbidden before
+    ``min_new_tokens``; ``/ temperature``; top-p; ``softmax``; one draw; finished rows get the
+    pad id; stop when every row has sampled EOS or the budget is spent) without generate's
+    per-token bookkeeping, which dominates the rollout of small models. The draw is
+    ``sample_categorical`` (same distribution as generate's ``multinomial``, other random
+    numbers), so the logits are generate's bit for bit but the sampled ids are not.
+
+    ids/mask (B, P) left-padded. Returns the sampled ids (B, n <= max_new_tokens) and, with
+    ``keep_logits``, the raw float32 logits at each sampled position (B, n, V). With
+    ``synced_gpus`` a rank whose rows are all done keeps forwarding (pads) until every rank is,
+    as generate's ``synced_gpus`` does, so ZeRO-3's collective parameter gathers stay matched."""
+    B = ids.shape[0]
+    am = mask.long()
+    pos = position_ids(mask)
+    cache = {_cache_kwarg(policy): DynamicCache()}  # filled in place by each forward
+    out = policy(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=True, logits_to_keep=1, **cache)
+    next_pos = pos[:, -1:] + 1
+    unfinished = torch.ones(B, dtype=torch.bool, device=ids.device)
+    tokens, raw = [], []
+    ones = am.new_ones(B, 1)
+    for t in range(max_new_tokens):
+        z = out.logits[:, -1].to(dtype=torch.float32, copy=True)
+        if keep_logits:
+            raw.append(z)
+        s = z
+        if t < min_new_tokens:
+            s = s.clone()
+            s[:, eos_id] = -float("inf")
+        if temperature != 1.0:
+            s = s / temperature
+        if top_p < 1.0:
+            s = top_p_filter(s, top_p)
+        nxt = sample_categorical(torch.softmax(s, dim=-1))
+        nxt = torch.where(unfinished, nxt, torch.full_like(nxt, pad_id))
+        tokens.append(nxt)
+        unfinished &= nxt != eos_id
+        if t == max_new_tokens - 1 or not _any_unfinished(unfinished, synced_gpus):
+            break
+        am = torch.cat([am, ones], 1)
+        out = policy(input_ids=nxt[:, None], attention_mask=am, position_ids=next_pos, use_cache=True, **cache)
+        next_pos = next_pos + 1
+    return torch.stack(tokens, 1), (torch.stack(raw, 1) if keep_logits else None)
+
+
 @torch.no_grad()
 def sample_groups(
     policy,
@@ -88,14 +175,16 @@ def sample_groups(
     keep_logits: bool = False,
     synced_gpus: bool = False,
     encoder=None,
+    min_new_tokens: int = 0,
 ) -> Rollout:
-    """Sample ``num_generations`` responses per prompt with HF ``generate`` (pure sampling:
-    ``top_k`` off, so the sampling distribution is ``softmax(z / temperature)`` up to top-p).
-    ``keep_logits`` also returns the raw logits generate computed for each sampled position
-    (the rollout policy's distribution, without a second forward pass). ``synced_gpus`` keeps
-    generating until every rank is done (ZeRO-3: each forward gathers parameters from all ranks).
+    """Sample ``num_generations`` responses per prompt (pure sampling: ``top_k`` off, so the
+    sampling distribution is ``softmax(z / temperature)`` up to top-p; see ``sample_tokens``).
+    ``keep_logits`` also returns the raw logits computed for each sampled position (the rollout
+    policy's distribution, without a second forward pass). ``synced_gpus`` keeps every rank
+    forwarding until all are done (ZeRO-3: each forward gathers parameters from all ranks).
     ``encoder`` (a :class:`datc.chat.PromptEncoder`) renders the prompts; without one the
-    ``prompt_field`` text is tokenized as is."""
+    ``prompt_field`` text is tokenized as is. ``min_new_tokens`` forbids EOS before that many
+    tokens (the benchmark uses it to fix the response length)."""
     device = next(policy.parameters()).device
     if encoder is not None:  # datc.chat.PromptEncoder: prompt formats and chat templates
         ids, mask = encoder.encode(examples, device)
@@ -103,27 +192,15 @@ def sample_groups(
         ids, mask = encode_prompts(tokenizer, examples, prompt_field, device)
     ids = ids.repeat_interleave(num_generations, 0)
     mask = mask.repeat_interleave(num_generations, 0)
-    gen_cfg = GenerationConfig(
-        do_sample=True,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=0,
-        max_new_tokens=max_new_tokens,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-    )
     was_training = policy.training
     policy.eval()
-    out = policy.generate(input_ids=ids, attention_mask=mask.long(), generation_config=gen_cfg,
-                          output_logits=keep_logits, return_dict_in_generate=True, synced_gpus=synced_gpus)
-    policy.train(was_training)
-    resp = out.sequences[:, ids.shape[1] :]
-    logits = None
-    if keep_logits:
-        logits = torch.stack(out.logits, 1).float()  # (B, T_generated, V)
-        if logits.shape[1] < max_new_tokens:
-            logits = torch.cat([logits, logits.new_zeros(logits.shape[0], max_new_tokens - logits.shape[1], logits.shape[2])], 1)
+    try:
+        resp, logits = sample_tokens(policy, ids, mask, max_new_tokens, temperature, top_p, tokenizer.eos_token_id,
+                                     tokenizer.pad_token_id, min_new_tokens, keep_logits, synced_gpus)
+    finally:
+        policy.train(was_training)
+    if keep_logits and logits.shape[1] < max_new_tokens:
+        logits = torch.cat([logits, logits.new_zeros(logits.shape[0], max_new_tokens - logits.shape[1], logits.shape[2])], 1)
     if resp.shape[1] < max_new_tokens:  # every response ended early: pad to the full budget
         pad = resp.new_full((resp.shape[0], max_new_tokens - resp.shape[1]), tokenizer.pad_token_id)
         resp = torch.cat([resp, pad], 1)

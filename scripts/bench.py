@@ -1,0 +1,656 @@
+"""This project's GRPO trainer against TRL's ``GRPOTrainer`` on the same work, written to
+results/bench/trl.{json,md} (``make bench``; needs the ``bench`` extra, which installs trl).
+
+Same work on both sides: the testbed's tiny policy (warm-started) and its frozen reward model,
+the same prompts, group size, response budget, sampling (temperature, top-p, no top-k),
+AdamW settings and schedule, clip range, KL coefficient (``beta``, so both run the reference
+model) and loss aggregation (``token-mean`` = TRL ``loss_type="dapo"``), one optimizer step per
+rollout batch (on-policy: neither recomputes old log-probs), plain PyTorch on the CPU.
+
+1. Same loss: one rollout batch from the shared warm policy goes through both trainers' own
+   code (TRL's padding, reference pass, reward call, advantages and ``compute_loss``; this
+   project's ``train_step``); the loss, the gradient norm, the rewards and the advantages must
+   agree within ``--tol`` or the run stops.
+2. Throughput: TRL, ``credit=grpo`` and ``credit=datc`` in blocks of ``--steps`` measured steps
+   (after ``--warmup``), each block from the warm policy, the order rotated over ``--repeats``
+   so that noise falls on all of them alike. Samples/s, response tokens/s, step time and its
+   breakdown (rollout / reward / reference + advantages + credit / update).
+3. Peak memory: each side alone in a fresh process (peak resident set, VmHWM).
+4. Scaling: step time against the response length (responses forced to the full budget on both
+   sides with ``min_new_tokens``) and against the group size (8 prompts per step).
+5. Profile: where this project's step spends its time (cProfile, torch ops).
+
+    python scripts/bench.py [--steps 10] [--warmup 2] [--repeats 5] [--threads 1] [hydra overrides ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import cProfile
+import datetime
+import functools
+import io
+import json
+import math
+import os
+import platform
+import pstats
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "results" / "bench"
+PHASES = ("rollout", "reward", "prep", "update")  # prep: reference pass, advantages, credit
+CONTESTANTS = ("trl", "grpo", "datc")
+NOTES = [
+    "- Same passes on both sides, per step: one sampling run with the KV cache, one reference-model "
+    "forward (beta > 0), one reward-model forward, one policy forward and backward, one AdamW step; "
+    "on-policy, neither recomputes old log-probs.",
+    "- Set on TRL to match this project: `gradient_checkpointing=False` (TRL's GRPOConfig default is "
+    "True: a second forward in the backward) and `use_bias_correction_kl=False` (TRL 1.16's default "
+    "multiplies the k3 KL by the ratio: the same value on-policy, another gradient). The same-loss "
+    "check compares gradient norms, so it would catch either.",
+    "- TRL's reward function is a callable around the same reward model that scores the sampled ids "
+    "(`RMReward` in scripts/bench.py): TRL's built-in path for a model object decodes and re-tokenizes "
+    "text, which with the word-level testbed tokenizer drops BOS and EOS and glues the prompt's last word "
+    "to the completion's first (one unknown token).",
+    "- Work this project does that TRL does not: the testbed's gold reward and, for credit=datc, the "
+    "credit diagnostics, every step. Work TRL does that this project does not: decoding completions "
+    "to text for the reward functions and its logs, and the Trainer's per-step bookkeeping.",
+    "- Peak RSS: each trainer alone in a fresh process, `--memory-steps` steps; growth = peak minus "
+    "the resident set after loading models and building the trainer.",
+]
+
+
+# ---- small pure helpers (tested in tests/test_bench.py) ----------------------------------------
+
+
+def spread(xs: list[float]) -> dict[str, float]:
+    """Median, min, max and quartiles of a list of figures (quartiles need 2+ values)."""
+    xs = sorted(xs)
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
+    return {"median": statistics.median(xs), "min": xs[0], "max": xs[-1], "q1": q[0], "q3": q[2], "n": len(xs)}
+
+
+def block_summary(rows: list[dict[str, float]], batch_size: int) -> dict[str, float]:
+    """One block of measured steps -> throughput (totals over the block) and median phase times.
+    Each row: ``step_s``, ``tokens`` and one ``<phase>_s`` per phase."""
+    total = sum(r["step_s"] for r in rows)
+    out = {"samples_per_s": batch_size * len(rows) / total, "tokens_per_s": sum(r["tokens"] for r in rows) / total,
+           "step_s": statistics.median(r["step_s"] for r in rows),
+           "response_len": sum(r["tokens"] for r in rows) / (batch_size * len(rows))}
+    for p in PHASES:
+        out[f"{p}_s"] = statistics.median(r[f"{p}_s"] for r in rows)
+    out["other_s"] = out["step_s"] - sum(out[f"{p}_s"] for p in PHASES)
+    return out
+
+
+def rotated_order(names: tuple[str, ...], repeat: int) -> list[str]:
+    """Order of the contestants in repeat ``repeat``: rotated by one each repeat and reversed
+    every other repeat, so each runs first, middle and last alike."""
+    k = repeat % len(names)
+    order = list(names[k:] + names[:k])
+    return order[::-1] if (repeat // len(names)) % 2 else order
+
+
+def pad_completions(completion_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """TRL's completion id lists (each up to and including its EOS) -> right-padded ids (B, T)
+    and their valid-token mask (B, T) bool, as this project's rollout lays them out."""
+    T = max(1, max(len(c) for c in completion_ids))
+    ids = torch.full((len(completion_ids), T), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(completion_ids), T, dtype=torch.bool)
+    for i, c in enumerate(completion_ids):
+        ids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+        mask[i, : len(c)] = True
+    return ids, mask
+
+
+def close(a: float, b: float, rtol: float, atol: float = 1e-7) -> bool:
+    """``|a - b| <= rtol * max(|a|, |b|) + atol``."""
+    return abs(a - b) <= rtol * max(abs(a), abs(b)) + atol
+
+
+def perturb_(model, scale: float, seed: int) -> None:
+    """Add the same seeded Gaussian noise to every parameter (by name, so two copies of one
+    architecture get identical weights), moving the policy off its reference so the KL term
+    and its gradient are not zero in the same-loss check."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in sorted(model.named_parameters()):
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+
+
+# ---- this project's side ----------------------------------------------------------------------
+
+
+def datc_session(overrides: list[str]):
+    from datc.credit.analysis import session_for
+
+    return session_for(overrides)
+
+
+@contextlib.contextmanager
+def forced_length(T: int | None):
+    """Within the block, this project's rollout forbids EOS before ``T`` tokens."""
+    import datc.trainer as tr
+
+    if T is None:
+        yield
+        return
+    orig = tr.sample_groups
+    tr.sample_groups = functools.partial(orig, min_new_tokens=T)
+    try:
+        yield
+    finally:
+        tr.sample_groups = orig
+
+
+def run_datc_block(overrides: list[str], steps: int, warmup: int, seed: int, max_new_tokens: int | None = None,
+                   force_length: bool = False) -> list[dict[str, float]]:
+    from datc.trainer import train_step
+
+    s = datc_session(overrides)
+    if max_new_tokens is not None:  # a longer budget without re-preparing the cache (keyed by it)
+        s.c.trainer.max_new_tokens = max_new_tokens
+    torch.manual_seed(seed)
+    rows = []
+    with forced_length(max_new_tokens if force_length else None):
+        for it in range(warmup + steps):
+            t0 = time.perf_counter()
+            m = train_step(s, it)
+            dt = time.perf_counter() - t0
+            if it >= warmup:
+                rows.append({"step_s": dt, "tokens": m["perf/tokens_per_s"] * m["perf/step_s"],
+                             "rollout_s": m["perf/rollout_s"], "reward_s": m["perf/reward_s"],
+                             "prep_s": m["perf/credit_s"], "update_s": m["perf/update_s"]})
+    return rows
+
+
+# ---- TRL's side -------------------------------------------------------------------------------
+
+
+class RMReward:
+    """TRL reward function around the frozen testbed reward model. It scores the sampled token
+    ids as they are (prompt ids with BOS, completion ids up to and including EOS), through this
+    project's ``build_rm_inputs`` and ``score``, so both trainers get the same rewards.
+
+    TRL's built-in path for a model object would decode the completions, concatenate prompt and
+    completion text and re-tokenize without special tokens: with the word-level testbed
+    tokenizer that drops BOS and EOS and glues the prompt's last word to the completion's first,
+    so the reward model would see other inputs than the ones it was trained on."""
+
+    __name__ = "testbed_rm"
+
+    def __init__(self, rm, tok, micro_batch_size: int) -> None:
+        self.rm, self.tok, self.micro = rm, tok, micro_batch_size
+
+    def __call__(self, prompts, completions, completion_ids, **kwargs) -> list[float]:
+        from datc.rewards.model import build_rm_inputs, score
+        from datc.rollout import encode_prompts
+
+        p_ids, p_mask = encode_prompts(self.tok, [{"prompt": p} for p in prompts], "prompt", torch.device("cpu"))
+        r_ids, r_mask = pad_completions(completion_ids, self.tok.pad_token_id)
+        inp = build_rm_inputs(p_ids, p_mask, r_ids, r_mask, self.tok.pad_token_id)
+        return score(self.rm, inp, r_mask, batch_size=self.micro).scores.tolist()
+
+
+def _timed_trainer_class():
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
+
+    class TimedGRPOTrainer(GRPOTrainer):
+        """GRPOTrainer with wall-clock timers around its phases (no change to what it computes)."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            self.acc: dict[str, float] = defaultdict(float)
+            super().__init__(*args, **kwargs)
+
+        def _generate_single_turn(self, *args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return super()._generate_single_turn(*args, **kwargs)
+            finally:
+                self.acc["rollout_s"] += time.perf_counter() - t0
+
+        def _calculate_rewards(self, *args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return super()._calculate_rewards(*args, **kwargs)
+            finally:
+                self.acc["reward_s"] += time.perf_counter() - t0
+
+        def _generate_and_score_completions(self, *args, **kwargs):
+            t0 = time.perf_counter()
+            out = super()._generate_and_score_completions(*args, **kwargs)
+            self.acc["generate_and_score_s"] += time.perf_counter() - t0
+            self.acc["tokens"] += float(out["completion_mask"].sum())
+            return out
+
+    class StepClock(TrainerCallback):
+        """Step time = between consecutive ``on_step_end`` (the whole loop, data included)."""
+
+        def __init__(self, trainer) -> None:
+            self.trainer, self.rows, self.last = trainer, [], None
+
+        def on_step_begin(self, args, state, control, **kw):
+            if self.last is None:
+                self.last = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            now = time.perf_counter()
+            a = dict(self.trainer.acc)
+            self.trainer.acc.clear()
+            step = now - self.last
+            self.last = now
+            pre = a.get("generate_and_score_s", 0.0)
+            self.rows.append({"step_s": step, "tokens": a.get("tokens", 0.0), "rollout_s": a.get("rollout_s", 0.0),
+                              "reward_s": a.get("reward_s", 0.0),
+                              "prep_s": pre - a.get("rollout_s", 0.0) - a.get("reward_s", 0.0),
+                              "update_s": step - pre, "threads": torch.get_num_threads()})
+
+    return TimedGRPOTrainer, StepClock
+
+
+def build_trl(session, steps: int, seed: int, max_new_tokens: int | None = None, force_length: bool = False,
+              out_dir: str | None = None):
+    """A TRL ``GRPOTrainer`` configured like ``session``'s trainer, on the same assets."""
+    from trl import GRPOConfig
+
+    from datc.models import freeze, load_pretrained
+    from datc.tokenizer import load_tokenizer
+
+    t, a = session.c.trainer, session.assets
+    if t.loss_agg != "token-mean" or t.epochs != 1 or t.mini_batch_size != t.batch_size:
+        raise SystemExit("scripts/bench.py compares the on-policy token-mean setting (TRL loss_type='dapo')")
+    T = max_new_tokens or t.max_new_tokens
+    TimedGRPOTrainer, StepClock = _timed_trainer_class()
+    args = GRPOConfig(
+        output_dir=out_dir or tempfile.mkdtemp(prefix="bench-trl-"),
+        per_device_train_batch_size=t.batch_size, gradient_accumulation_steps=1, steps_per_generation=1,
+        num_generations=t.num_generations, num_iterations=1, max_completion_length=T,
+        temperature=t.temperature, top_p=t.top_p, top_k=0, beta=t.beta, epsilon=t.epsilon_low,
+        epsilon_high=t.epsilon_high, loss_type="dapo", scale_rewards=t.scale_rewards,
+        mask_truncated_completions=t.mask_truncated, learning_rate=t.lr, adam_beta1=t.adam_betas[0],
+        adam_beta2=t.adam_betas[1], weight_decay=t.weight_decay, optim="adamw_torch",
+        lr_scheduler_type=t.lr_scheduler, warmup_steps=t.warmup_steps, max_grad_norm=t.max_grad_norm,
+        max_steps=steps, logging_steps=max(steps, 1), save_strategy="no", report_to="none", use_cpu=True,
+        bf16=False, fp16=False, seed=seed, data_seed=seed, disable_tqdm=True, dataloader_num_workers=0,
+        use_vllm=False, log_completions=False,
+        # The plain k3 KL, as this project's loss. TRL 1.16's default (True) multiplies the KL by
+        # the ratio: the same value on-policy, but a different gradient (the ratio is differentiated).
+        use_bias_correction_kl=False,
+        # TRL's GRPOConfig turns gradient checkpointing on by default (a second forward pass in the
+        # backward); this project does not checkpoint, so neither does TRL here.
+        gradient_checkpointing=False,
+        generation_kwargs={"min_new_tokens": T} if force_length else None,
+    )
+    policy = load_pretrained("causal_lm", a.policy_path, "policy.path")
+    rm = freeze(load_pretrained("reward", a.reward_path, "reward.path"))
+    tok = load_tokenizer(a.tokenizer_path)
+    trainer = TimedGRPOTrainer(model=policy, reward_funcs=[RMReward(rm, tok, t.micro_batch_size)], args=args,
+                               train_dataset=a.train, processing_class=tok)
+    clock = StepClock(trainer)
+    trainer.add_callback(clock)
+    return trainer, clock
+
+
+def run_trl_block(session, steps: int, warmup: int, seed: int, **kw) -> list[dict[str, float]]:
+    from transformers.utils import logging as hf_logging
+
+    threads = torch.get_num_threads()
+    trainer, clock = build_trl(session, warmup + steps, seed, **kw)
+    hf_logging.set_verbosity_error()
+    with contextlib.redirect_stdout(io.StringIO()):  # the Trainer prints its final log line
+        trainer.train()
+    torch.set_num_threads(threads)
+    if any(r["threads"] != threads for r in clock.rows):
+        raise RuntimeError(f"TRL's run changed torch's thread count from {threads}")
+    return clock.rows[warmup:]
+
+
+# ---- 1. the same loss on the same batch -------------------------------------------------------
+
+
+def same_loss_check(overrides: list[str], tol: float) -> dict[str, Any]:
+    """First step, on-policy, same weights: one rollout batch sampled once from the policy
+    goes through TRL's pipeline (with generation replaced by that batch) and through this
+    project's ``train_step`` (with sampling replaced by it). Both policies get the same small
+    perturbation first, so the reference (the warm policy) differs and the KL term counts.
+    Returns both sides' figures."""
+    import datc.trainer as tr
+    from datc.rollout import sample_groups
+
+    s = datc_session(overrides + ["credit=grpo"])
+    t = s.c.trainer
+    trainer, _ = build_trl(s, 1, s.c.seed)
+    perturb_(s.m.policy, 0.02, 7)
+    perturb_(trainer.model, 0.02, 7)
+    examples = [s.assets.train[i] for i in s.sampler.indices(0)]
+    torch.manual_seed(1234)
+    ro = sample_groups(s.m.policy, s.m.tok, examples, t.num_generations, t.max_new_tokens, t.temperature, t.top_p,
+                       s.c.data.prompt_field)
+    lists = [ro.response_ids[i, : int(ro.response_mask[i].sum())].tolist() for i in range(len(ro.examples))]
+
+    # TRL: its own padding, reference pass, reward call, advantages and loss, on this batch.
+    trainer._generate_single_turn = lambda *a, **k: (copy.deepcopy(lists), None)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    inputs = trainer._generate_and_score_completions([dict(ex) for ex in ro.examples])
+    loss = trainer.compute_loss(trainer.model, inputs)
+    loss.backward()
+    grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+    trl = {"loss": float(loss.detach()), "grad_norm": float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))),
+           "reward_mean": trainer._metrics["train"]["reward"][-1], "advantage_abs": float(inputs["advantages"].abs().mean()),
+           "kl": trainer._metrics["train"]["kl"][-1], "tokens": float(inputs["completion_mask"].sum())}
+
+    # This project: train_step on the same batch (sampling replaced; the loss is read before the step).
+    orig = tr.sample_groups
+    tr.sample_groups = lambda *a, **k: ro
+    try:
+        m = tr.train_step(s, 0)
+    finally:
+        tr.sample_groups = orig
+    ours = {"loss": m["loss/total"], "grad_norm": m["loss/grad_norm"], "reward_mean": m["reward/total"],
+            "advantage_abs": m["reward/advantage_abs"], "kl": m["loss/kl"], "tokens": float(ro.response_mask.sum())}
+    agree = {k: close(trl[k], ours[k], tol) for k in trl}
+    return {"tolerance": tol, "trl": trl, "datc": ours, "agree": agree, "ok": all(agree.values())}
+
+
+# ---- 3. peak memory, each side alone in a fresh process ---------------------------------------
+
+
+def _hwm_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def memory_child(who: str, overrides: list[str], steps: int) -> dict[str, float]:
+    """Run ``steps`` steps of one side; peak resident memory of the whole process (models,
+    libraries and all) and its growth over the set-up (the training steps' working memory)."""
+    if who == "trl":
+        s = datc_session(overrides)
+        trainer, _ = build_trl(s, steps, s.c.seed)
+        del s
+        base = _hwm_mb()
+        with contextlib.redirect_stdout(io.StringIO()):
+            trainer.train()
+    else:
+        from datc.trainer import train_step
+
+        s = datc_session([*overrides, f"credit={who}"])
+        base = _hwm_mb()
+        for it in range(steps):
+            train_step(s, it)
+    peak = _hwm_mb()
+    return {"peak_rss_mb": peak, "setup_rss_mb": base, "step_growth_mb": peak - base}
+
+
+def peak_memory(overrides: list[str], steps: int, threads: int) -> dict[str, dict[str, float]]:
+    out = {}
+    for who in CONTESTANTS:
+        cmd = [sys.executable, str(Path(__file__)), "--memory-child", who, "--steps", str(steps),
+               "--threads", str(threads), *overrides]
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        if res.returncode != 0:
+            raise RuntimeError(f"memory run of {who} failed:\n{res.stderr[-3000:]}")
+        out[who] = json.loads(res.stdout.strip().splitlines()[-1])
+    return out
+
+
+# ---- 4. scaling -------------------------------------------------------------------------------
+
+
+def scaling(overrides: list[str], lengths: list[int], groups: list[int], steps: int, warmup: int, seed: int) -> dict:
+    """Median step time (s) of this project (credit=grpo) and TRL, one block each per point,
+    interleaved. Lengths: responses forced to the budget. Groups: 8 prompts per step."""
+    base = datc_session(overrides)
+    out: dict[str, list[dict]] = {"length": [], "group": []}
+    for i, T in enumerate(lengths):
+        row = {"max_new_tokens": T}
+        for who in (("grpo", "trl") if i % 2 == 0 else ("trl", "grpo")):
+            if who == "trl":
+                rows = run_trl_block(base, steps, warmup, seed, max_new_tokens=T, force_length=True)
+            else:
+                rows = run_datc_block([*overrides, "credit=grpo"], steps, warmup, seed, max_new_tokens=T, force_length=True)
+            row[who] = block_summary(rows, base.c.trainer.batch_size)
+        out["length"].append(row)
+    for i, G in enumerate(groups):
+        ov = [*overrides, f"trainer.num_generations={G}", f"trainer.batch_size={8 * G}",
+              f"trainer.mini_batch_size={8 * G}", f"trainer.micro_batch_size={8 * G}"]
+        s = datc_session(ov)
+        row = {"num_generations": G, "batch_size": 8 * G}
+        for who in (("grpo", "trl") if i % 2 == 0 else ("trl", "grpo")):
+            rows = (run_trl_block(s, steps, warmup, seed) if who == "trl"
+                    else run_datc_block([*ov, "credit=grpo"], steps, warmup, seed))
+            row[who] = block_summary(rows, 8 * G)
+        out["group"].append(row)
+    return out
+
+
+# ---- 5. profile of this project's step --------------------------------------------------------
+
+
+def profile_datc(overrides: list[str], steps: int, credit: str = "grpo") -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity, profile
+
+    from datc.trainer import train_step
+
+    s = datc_session([*overrides, f"credit={credit}"])
+    for it in range(2):
+        train_step(s, it)
+    pr = cProfile.Profile()
+    pr.enable()
+    for it in range(2, 2 + steps):
+        train_step(s, it)
+    pr.disable()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("cumulative").print_stats(30)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for it in range(2 + steps, 2 + 2 * steps):
+            train_step(s, it)
+    ops = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
+    return {"steps": steps, "credit": credit, "cprofile_cumulative": _strip_paths(buf.getvalue()), "torch_ops": ops}
+
+
+def _strip_paths(text: str) -> str:
+    """Profile lines name files relative to their package, not where they are installed."""
+    text = text.replace(str(ROOT) + "/", "")
+    text = re.sub(r"\S*/site-packages/", "", text)
+    return re.sub(r"\S*/lib/python3\.\d+/", "", text)
+
+
+# ---- main -------------------------------------------------------------------------------------
+
+
+def measure(overrides: list[str], steps: int, warmup: int, repeats: int, seed: int) -> dict[str, Any]:
+    s = datc_session(overrides)
+    B = s.c.trainer.batch_size
+    blocks: dict[str, list[dict]] = {k: [] for k in CONTESTANTS}
+    for r in range(repeats):
+        for who in rotated_order(CONTESTANTS, r):
+            if who == "trl":
+                rows = run_trl_block(s, steps, warmup, seed + r)
+            else:
+                rows = run_datc_block([*overrides, f"credit={who}"], steps, warmup, seed + r)
+            blocks[who].append(block_summary(rows, B))
+            print(f"repeat {r} {who}: {blocks[who][-1]['samples_per_s']:.1f} samples/s, "
+                  f"step {blocks[who][-1]['step_s'] * 1000:.1f} ms", file=sys.stderr)
+    keys = list(blocks["trl"][0])
+    summary = {who: {k: statistics.median(b[k] for b in bs) for k in keys} for who, bs in blocks.items()}
+    ratio_trl = [g["samples_per_s"] / t["samples_per_s"] for g, t in zip(blocks["grpo"], blocks["trl"], strict=True)]
+    ratio_trl_datc = [d["samples_per_s"] / t["samples_per_s"] for d, t in zip(blocks["datc"], blocks["trl"], strict=True)]
+    ratio_credit = [d["step_s"] / g["step_s"] for d, g in zip(blocks["datc"], blocks["grpo"], strict=True)]
+    return {"batch_size": B, "blocks": blocks, "median_over_repeats": summary,
+            "grpo_over_trl_samples_per_s": spread(ratio_trl), "datc_over_trl_samples_per_s": spread(ratio_trl_datc),
+            "datc_over_grpo_step_s": spread(ratio_credit)}
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def render(res: dict[str, Any]) -> str:
+    th = res["throughput"]
+    med = th["median_over_repeats"]
+    r, rc, rd = th["grpo_over_trl_samples_per_s"], th["datc_over_grpo_step_s"], th["datc_over_trl_samples_per_s"]
+    mem = res.get("memory", {})
+    sl = res["same_loss"]
+    names = {"trl": f"TRL GRPOTrainer {res['machine']['trl']}", "grpo": "datc credit=grpo", "datc": "datc credit=datc"}
+
+    def sp(x):
+        return f"{x['median']:.2f} (min {x['min']:.2f}, max {x['max']:.2f}; quartiles {x['q1']:.2f} to {x['q3']:.2f})"
+
+    lines = [
+        "# This project's GRPO against TRL's GRPOTrainer", "",
+        f"Command: `{res['command']}`  ",
+        f"Commit {res['commit']}, {res['date']}; torch {res['machine']['torch']}, transformers "
+        f"{res['machine']['transformers']}, trl {res['machine']['trl']}; {res['threads']} torch thread(s), "
+        f"{res['machine']['cpus']} CPU cores (shared with other jobs; load average "
+        f"{res['load_average_1_5_15min']['start'][0]:.1f} at the start, {res['load_average_1_5_15min']['end'][0]:.1f} at the end).", "",
+        f"Work per step: {res['work']}.", "",
+        f"## Throughput: medians over {th['repeats']} interleaved repeats of {th['steps']} steps "
+        f"(after {th['warmup']} warm-up steps, each block from the warm policy)", "",
+        "| trainer | samples/s | response tokens/s | step (ms) | rollout | reward | ref + adv + credit | update | other | "
+        "response len | peak RSS (MB) | RSS growth in steps (MB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for who in CONTESTANTS:
+        m = med[who]
+        mm = mem.get(who, {})
+        lines.append(
+            f"| {names[who]} | {m['samples_per_s']:.1f} | {m['tokens_per_s']:.0f} | {m['step_s'] * 1000:.1f} | "
+            + " | ".join(f"{m[f'{p}_s'] * 1000:.1f}" for p in (*PHASES, "other"))
+            + f" | {m['response_len']:.2f} | {mm.get('peak_rss_mb', math.nan):.0f} | {mm.get('step_growth_mb', math.nan):.0f} |")
+    lines += [
+        "", "Phase columns are medians in ms; TRL's are timed around its own methods (`_generate_single_turn`, "
+        "`_calculate_rewards`, the rest of `_generate_and_score_completions`, and the remainder of the step).", "",
+        f"**datc (credit=grpo) / TRL samples per second: {sp(r)}**  ",
+        f"datc (credit=datc) / TRL samples per second: {sp(rd)}  ",
+        f"**credit=datc / credit=grpo step time: {sp(rc)}**", "",
+        f"## Same loss on the same batch (first step, on-policy, tolerance {sl['tolerance']:g} relative)", "",
+        "| quantity | TRL | datc | agree |", "|---|---|---|---|",
+        *[f"| {k} | {sl['trl'][k]:.7g} | {sl['datc'][k]:.7g} | {'yes' if sl['agree'][k] else 'NO'} |" for k in sl["trl"]],
+        "",
+    ]
+    sc = res.get("scaling")
+    if sc:
+        lines += ["## Scaling: median step time (ms)", "",
+                  "Response length (responses forced to the budget with `min_new_tokens` on both sides; "
+                  f"{res['work_batch']} responses per step):", "",
+                  "| max_new_tokens | datc credit=grpo | TRL | TRL / datc |", "|---|---|---|---|",
+                  *[f"| {x['max_new_tokens']} | {x['grpo']['step_s'] * 1000:.1f} | {x['trl']['step_s'] * 1000:.1f} | "
+                    f"{x['trl']['step_s'] / x['grpo']['step_s']:.2f} |" for x in sc["length"]],
+                  "", "Group size (8 prompts per step, natural lengths):", "",
+                  "| num_generations | responses | datc credit=grpo | TRL | TRL / datc |", "|---|---|---|---|---|",
+                  *[f"| {x['num_generations']} | {x['batch_size']} | {x['grpo']['step_s'] * 1000:.1f} | "
+                    f"{x['trl']['step_s'] * 1000:.1f} | {x['trl']['step_s'] / x['grpo']['step_s']:.2f} |" for x in sc["group"]],
+                  ""]
+    g, d, t = med["grpo"], med["datc"], med["trl"]
+    extra = {p: (d[f"{p}_s"] - g[f"{p}_s"]) * 1000 for p in (*PHASES, "other")}
+    lines += [
+        "## Targets", "",
+        f"- credit=grpo at least 1.5x TRL's samples/s: **{'met' if r['median'] >= 1.5 else 'not met'}** "
+        f"({r['median']:.2f}x). Per phase, TRL minus datc (ms): "
+        + ", ".join(f"{p} {(t[f'{p}_s'] - g[f'{p}_s']) * 1000:+.1f}" for p in (*PHASES, "other")) + ".",
+        f"- credit=datc at most 1.10x the step time of credit=grpo: **{'met' if rc['median'] <= 1.10 else 'not met'}** "
+        f"({rc['median']:.2f}x). What credit=datc adds (ms): reward {extra['reward']:+.1f} (the reward model's backward "
+        f"to its inputs), ref + adv + credit {extra['prep']:+.1f} (the credit scores), other {extra['other']:+.1f} "
+        f"(after the update: credit diagnostics and metrics), rollout {extra['rollout']:+.1f}, update {extra['update']:+.1f}.",
+        f"- Profile of this project's credit=grpo step: `{res.get('profile_file', 'trl_profile.txt')}`.", "",
+    ]
+    if res.get("notes"):
+        lines += ["## Notes", "", *res["notes"], ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=10, help="measured steps per block")
+    ap.add_argument("--warmup", type=int, default=2, help="unmeasured steps at the start of each block")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved blocks per trainer")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (the testbed machine is shared)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tol", type=float, default=1e-4, help="relative tolerance of the same-loss check")
+    ap.add_argument("--lengths", type=int, nargs="*", default=[8, 16, 32])
+    ap.add_argument("--groups", type=int, nargs="*", default=[4, 8, 16])
+    ap.add_argument("--scaling-steps", type=int, default=4)
+    ap.add_argument("--memory-steps", type=int, default=4)
+    ap.add_argument("--no-scaling", action="store_true")
+    ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--out", default=str(OUT), help="directory for trl.json, trl.md and trl_profile.txt")
+    ap.add_argument("--memory-child", choices=CONTESTANTS, help=argparse.SUPPRESS)
+    ap.add_argument("overrides", nargs="*", help="hydra overrides, e.g. policy=tiny_llama")
+    a = ap.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
+    torch.set_num_threads(a.threads)
+    from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
+
+    quiet_libraries()
+    if a.memory_child:
+        print(json.dumps(memory_child(a.memory_child, a.overrides, a.memory_steps)))
+        return
+    import transformers
+    import trl
+
+    t_start = time.time()
+    load_start = os.getloadavg()
+    sl = same_loss_check(a.overrides, a.tol)
+    print("same loss:", json.dumps(sl), file=sys.stderr)
+    if not sl["ok"]:
+        raise SystemExit(f"scripts/bench.py: the two trainers do not compute the same loss on the same batch: {sl}")
+    th = measure(a.overrides, a.steps, a.warmup, a.repeats, a.seed)
+    th.update(steps=a.steps, warmup=a.warmup, repeats=a.repeats)
+    s = datc_session(a.overrides)
+    t = s.c.trainer
+    res: dict[str, Any] = {
+        "command": " ".join(["python scripts/bench.py", *sys.argv[1:]]),
+        "commit": _git("rev-parse", "--short", "HEAD") + ("+dirty" if _git("status", "--porcelain", "--untracked-files=no") else ""),
+        "date": datetime.date.today().isoformat(), "threads": a.threads,
+        "machine": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+                    "trl": trl.__version__, "cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine()},
+        "work": (f"{t.batch_size // t.num_generations} prompts x {t.num_generations} responses, up to {t.max_new_tokens} "
+                 f"tokens, temperature {t.temperature}, top-p {t.top_p}, beta {t.beta}, clip {t.epsilon_low}/{t.epsilon_high}, "
+                 f"{t.loss_agg} (TRL dapo), AdamW lr {t.lr}, one optimizer step per rollout; policy {s.c.policy.name}, "
+                 f"data {s.c.data.name}"),
+        "work_batch": t.batch_size,
+        "same_loss": sl, "throughput": th, "notes": NOTES,
+    }
+    if not a.no_memory:
+        res["memory"] = peak_memory(a.overrides, a.memory_steps, a.threads)
+    if not a.no_scaling:
+        res["scaling"] = scaling(a.overrides, a.lengths, a.groups, a.scaling_steps, a.warmup, a.seed)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not a.no_profile:
+        prof = profile_datc(a.overrides, 5)
+        res["profile_file"] = "trl_profile.txt"
+        atomic_write_text(out / "trl_profile.txt", f"# Profile of datc credit={prof['credit']}, {prof['steps']} steps "
+                          f"(`{res['command']}`)\n\n## cProfile, cumulative\n\n{prof['cprofile_cumulative']}\n\n"
+                          f"## torch ops, self CPU time\n\n{prof['torch_ops']}\n")
+    res["wall_s"] = round(time.time() - t_start, 1)
+    res["load_average_1_5_15min"] = {"start": load_start, "end": os.getloadavg()}
+    atomic_write_json(out / "trl.json", res)
+    md = render(res)
+    atomic_write_text(out / "trl.md", md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
