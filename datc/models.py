@@ -68,7 +68,10 @@ def load_pretrained(kind: str, path: str, field: str, dtype: torch.dtype | None 
     the field to set to a local copy."""
     cls = AutoModelForCausalLM if kind == "causal_lm" else AutoModelForSequenceClassification
     kwargs: dict[str, Any] = {"dtype": dtype} if dtype is not None else {}
-    model = from_hub(cls.from_pretrained, path, field, "model", **kwargs)
+    config = from_hub(AutoConfig.from_pretrained, path, field, "model")
+    if getattr(config, "activation_function", None) == "gelu_new":  # GPT-2's tanh-approximate GELU:
+        config.activation_function = "gelu_pytorch_tanh"  # the same formula as one fused kernel (5-15% of a testbed step)
+    model = from_hub(cls.from_pretrained, path, field, "model", config=config, **kwargs)
     if kind == "reward" and model.config.num_labels != 1:
         raise ModelLoadError(
             f"{field}={path!r} has {model.config.num_labels} outputs; a reward model must have exactly one"

@@ -146,16 +146,18 @@ def load_models(c: TrainConfig, assets: Assets, device: torch.device, dist: Dist
 def policy_logits(model, ro: Rollout, rows: slice | torch.Tensor, temperature: float) -> torch.Tensor:
     """Logits over the response positions, divided by the sampling temperature. (b, T, V)"""
     ids, am = ro.input_ids[rows], ro.attention_mask[rows]
-    P = ro.prompt_ids.shape[1]
-    logits = model(input_ids=ids, attention_mask=am.long(), position_ids=position_ids(am)).logits
-    return logits[:, P - 1 : -1].float() / temperature
+    T = ro.response_ids.shape[1]
+    # the LM head only at the T positions that predict a response token (not at the prompt's)
+    logits = model(input_ids=ids, attention_mask=am.long(), position_ids=position_ids(am), logits_to_keep=T + 1).logits
+    return logits[:, :-1].float() / temperature
 
 
 @torch.no_grad()
 def rollout_policy_pass(model, ro: Rollout, temperature: float, micro: int, keep_logits: bool,
-                        keep_hidden: bool = False):
-    """One no-grad pass of a frozen or pre-update policy: log-probs, entropies and (when a
-    credit scheme declares them) the logits. Returns (logps (B,T), entropy (B,T), logits|None);
+                        keep_hidden: bool = False, with_entropy: bool = True):
+    """One no-grad pass of a frozen or pre-update policy: log-probs, entropies (None without
+    ``with_entropy``) and (when a credit scheme declares them) the logits. Returns (logps (B,T),
+    entropy (B,T)|None, logits|None);
     with ``keep_hidden`` a fourth element, the LM-head inputs (B,T,d) float32 at the same
     positions (the last hidden state, after the final norm: logits = lm_head(hidden) / temperature)."""
     logps, ents, all_logits, hidden = [], [], [], []
@@ -169,10 +171,11 @@ def rollout_policy_pass(model, ro: Rollout, temperature: float, micro: int, keep
         else:
             z = policy_logits(model, ro, slice(i, i + micro), temperature)
         logps.append(selective_log_softmax(z, ro.response_ids[i : i + micro]))
-        ents.append(entropy_from_logits(z))
+        if with_entropy:
+            ents.append(entropy_from_logits(z))
         if keep_logits:
             all_logits.append(z)
-    out = torch.cat(logps), torch.cat(ents), torch.cat(all_logits) if keep_logits else None
+    out = torch.cat(logps), torch.cat(ents) if with_entropy else None, torch.cat(all_logits) if keep_logits else None
     return (*out, torch.cat(hidden)) if keep_hidden else out
 
 
@@ -190,7 +193,7 @@ def logps_under_prompts(model, tok, ro: Rollout, temperature: float, micro: int,
         if ctx is not None and width > ctx:
             raise ValueError(f"prompts of up to {other.prompt_ids.shape[1]} tokens plus {other.response_ids.shape[1]} "
                              f"response positions exceed the policy's context of {ctx}")
-        return rollout_policy_pass(model, other, temperature, micro, False)[0]
+        return rollout_policy_pass(model, other, temperature, micro, False, with_entropy=False)[0]
 
     return logps_under
 
@@ -218,7 +221,7 @@ def evaluate(c: TrainConfig, m: Models, rows: list[dict], task, device: torch.de
             logps, ent, _ = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size, False)
             mask = ro.response_mask.float()
             if m.ref is not None:
-                ref_logps, _, _ = rollout_policy_pass(m.ref, ro, t.temperature, t.micro_batch_size, False)
+                ref_logps, _, _ = rollout_policy_pass(m.ref, ro, t.temperature, t.micro_batch_size, False, with_entropy=False)
                 d = ref_logps - logps
                 kls.append(((d.exp() - d - 1) * mask).sum(-1) / mask.sum(-1).clamp(min=1))
             scores.append(s)
@@ -337,7 +340,8 @@ def build_session(c: TrainConfig, dist: Dist | None = None) -> Session:
         m.policy = engine.module
         m.policy.eval()
     else:
-        opt = torch.optim.AdamW(m.policy.parameters(), lr=t.lr, betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
+        opt = torch.optim.AdamW(m.policy.parameters(), lr=t.lr, betas=tuple(t.adam_betas), weight_decay=t.weight_decay,
+                                fused=True)  # one fused kernel (CPU and CUDA) instead of per-tensor loops
         sched = make_scheduler(opt)
     sampler = PromptSampler(len(assets.train), t.batch_size // t.num_generations, c.seed)
     rm_embedding = gathered(m.rm.get_input_embeddings().weight).float() if RM_EMBEDDING in scheme.needs else None
@@ -414,7 +418,8 @@ def _learn(s: Session, it: int, ro: Rollout, reuse: bool, t0: float) -> dict[str
                                                                 POLICY_LOGITS in needs, POLICY_HIDDEN in needs)
         hidden = rest[0] if rest else None
         credit_old_logps = old_logps
-    ref_logps = rollout_policy_pass(m.ref, ro, t.temperature, t.micro_batch_size, False)[0] if m.ref is not None else None
+    ref_logps = (rollout_policy_pass(m.ref, ro, t.temperature, t.micro_batch_size, False, with_entropy=False)[0]
+                 if m.ref is not None else None)
     rm_grad, bad_rm_grad = zero_nonfinite_rm_grad(rm_out.grad)
     nf.add("rm_grad", bad_rm_grad)
     prompts = [m.encoder.text(ex) for ex in ro.examples] if PROMPTS in needs else None

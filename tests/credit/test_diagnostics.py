@@ -34,3 +34,28 @@ def test_weight_statistics_hand_values():
     assert math.isclose(m["credit/ess"], 0.6, rel_tol=1e-6)
     assert math.isclose(m["credit/frac_above_1"], 1 / 3, rel_tol=1e-6)
     assert m["credit/score_p50"] == 2.0 and m["credit/weight_max"] == 2.0
+
+
+def test_credit_accuracy_equals_scipy_spearman_with_ties_masks_and_constant_rows():
+    import math
+
+    import numpy as np
+    import torch
+    from scipy.stats import spearmanr
+
+    g = torch.Generator().manual_seed(0)
+    B, T = 40, 12
+    s = torch.randint(0, 4, (B, T), generator=g).float()  # many ties
+    gold = torch.randint(-1, 2, (B, T), generator=g).float()
+    mask = torch.rand(B, T, generator=g) > 0.3
+    s[0] = 1.0  # a constant row: skipped
+    mask[1, 1:] = False  # one valid token: skipped
+    s[2, 0] = float("nan")  # non-finite: skipped
+    want = []
+    for i in range(B):
+        a, b = s[i][mask[i]].numpy(), gold[i][mask[i]].numpy()
+        if len(a) < 2 or np.ptp(a) == 0 or np.ptp(b) == 0 or not np.isfinite(a).all():
+            continue
+        want.append(spearmanr(a, b).statistic)
+    got = credit_accuracy(s, gold, mask)
+    assert math.isclose(got, float(np.mean(want)), rel_tol=1e-12, abs_tol=1e-12)
