@@ -379,7 +379,7 @@ def render(plans: list[dict[str, Any]], command: str, gpu_gib: float, reserve_gi
               "  tokens: per layer per token 8h + 2(2q + 2kv + 3I) bytes (+4(q+kv) for Qwen3's q/k norms);",
               "  frozen weights need no gradient, so matmul inputs are not kept; plus dR/dh, 4·rows·T·h;",
               "- log-prob passes (old policy, reference): no-grad micro-batches; with DATC the fp32 rollout logits",
-              "  of all rows, 4·rows·T·V, are kept for the credit and stay alive through the update;",
+              "  of all rows, 4·rows·T·V, are kept for the credit (the trainer frees them before the update);",
               "- credit: DATC's closed forms per 256-token chunk, 4 fp32 (chunk, V) tensors;",
               "- update: activations of one micro-batch without recomputation (SDPA attention, no seq² term),",
               "  per layer per token 2(2h + 3q + 2kv + 4I) + 16h bytes (+8(q+kv) for Qwen3), times m·(P+T)·L;",
