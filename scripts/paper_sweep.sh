@@ -18,11 +18,16 @@ NPROC=${NPROC:-4}
 PRESETS=${PRESETS:-"qwen3_ultrafeedback qwen3_hh_rlhf llama32_ultrafeedback llama32_hh_rlhf"}
 SCHEMES=${SCHEMES:-"grpo datc gcpo delta"}
 SEEDS=${SEEDS:-"0 1 2"}
+# gcpo's negative guidance prompt for instruction-following models (the public code's wording;
+# the scheme's default is for the testbed's word-level vocabulary)
+GCPO_TEMPLATE=${GCPO_TEMPLATE:-"{prompt} Note: Intentionally generate an incorrect answer."}
 for preset in $PRESETS; do
   for credit in $SCHEMES; do
+    extra=()
+    [[ $credit == gcpo ]] && extra=("credit.template='$GCPO_TEMPLATE'")
     for seed in $SEEDS; do
       "$BIN/datc-launch" ${DRY_RUN:+--dry-run} --nproc "$NPROC" experiment=paper/$preset credit=$credit seed=$seed \
-        results_dir=results/paper "$@"
+        results_dir=results/paper "${extra[@]}" "$@"
     done
   done
 done
