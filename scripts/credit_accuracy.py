@@ -25,7 +25,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMES = ["datc", "datc_shuffled", "datc_unsigned", "datc_identity", "datc_magnitude",
-           "rm_saliency"]
+           "rm_saliency", "prob_reweight", "entropy_top", "gcpo", "delta"]
 
 
 def main(argv: list[str] | None = None) -> None:

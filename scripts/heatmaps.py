@@ -33,7 +33,7 @@ from matplotlib.figure import Figure
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMES = ["grpo", "datc", "datc_unsigned", "datc_identity", "datc_magnitude", "datc_shuffled",
-           "rm_saliency"]
+           "rm_saliency", "prob_reweight", "entropy_top", "gcpo", "delta"]
 GOLD_ROW = "gold contribution"
 # Blue below the centre, white at it, red above. An odd N puts a LUT entry exactly at 0.5, so
 # the centre value (w = 1, gold 0) is drawn pure white.
