@@ -408,35 +408,50 @@ def _learn(s: Session, it: int, ro: Rollout, reuse: bool, t0: float) -> dict[str
     t2 = time.perf_counter()
 
     # ---- credit: token weights w, Â = A · w ----------------------------------------------
-    old_logps = entropy = logits = credit_old_logps = hidden = None
-    if reuse:  # the rollout distribution as generate computed it: no second forward pass
-        logits = ro.logits / t.temperature
-        entropy = entropy_from_logits(logits)
-        credit_old_logps = selective_log_softmax(logits, ro.response_ids) if OLD_LOGPS in needs else None
-    elif not on_policy or wants_dist:
-        old_logps, entropy, logits, *rest = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size,
-                                                                POLICY_LOGITS in needs, POLICY_HIDDEN in needs)
-        hidden = rest[0] if rest else None
-        credit_old_logps = old_logps
-    ref_logps = (rollout_policy_pass(m.ref, ro, t.temperature, t.micro_batch_size, False, with_entropy=False)[0]
-                 if m.ref is not None else None)
     rm_grad, bad_rm_grad = zero_nonfinite_rm_grad(rm_out.grad)
     nf.add("rm_grad", bad_rm_grad)
-    prompts = [m.encoder.text(ex) for ex in ro.examples] if PROMPTS in needs else None
-    logps_under = (logps_under_prompts(m.policy, m.tok, ro, t.temperature, t.micro_batch_size, m.encoder)
-                   if LOGPS_UNDER in needs else None)
-    credit = compute_credit(s.scheme, CreditBatch(
-        response_ids=ro.response_ids, response_mask=mask, advantages=advantages,
-        rm_grad=rm_grad, rm_embedding=s.rm_embedding, policy_logits=logits, entropy=entropy,
-        old_logps=credit_old_logps, prompts=prompts, logps_under=logps_under, policy_hidden=hidden,
-        generator=torch.Generator().manual_seed(c.seed * 1_000_003 + it),
-    ), s.credit_params)
+    ref_logps = (rollout_policy_pass(m.ref, ro, t.temperature, t.micro_batch_size, False, with_entropy=False)[0]
+                 if m.ref is not None else None)
+    B = ro.response_ids.shape[0]
+    # A row-local scheme that reads the policy's logits gets them one micro-batch of rows at a
+    # time, so the (B, T, V) logits are never all held (at a real vocabulary, the largest tensor).
+    rows = t.micro_batch_size if s.scheme.row_local and POLICY_LOGITS in needs and not reuse else B
+    generator = torch.Generator().manual_seed(c.seed * 1_000_003 + it)
+    parts, old_parts, ent_parts = [], [], []
+    for i in range(0, B, rows):
+        sl = slice(i, i + rows)
+        sub = ro if rows >= B else ro.select(sl)
+        old_logps = entropy = logits = credit_old_logps = hidden = None
+        if reuse:  # the rollout distribution as generate computed it: no second forward pass
+            logits = sub.logits / t.temperature
+            entropy = entropy_from_logits(logits)
+            credit_old_logps = selective_log_softmax(logits, sub.response_ids) if OLD_LOGPS in needs else None
+        elif not on_policy or wants_dist:
+            old_logps, entropy, logits, *rest = rollout_policy_pass(m.policy, sub, t.temperature, t.micro_batch_size,
+                                                                    POLICY_LOGITS in needs, POLICY_HIDDEN in needs)
+            hidden = rest[0] if rest else None
+            credit_old_logps = old_logps
+        prompts = [m.encoder.text(ex) for ex in sub.examples] if PROMPTS in needs else None
+        logps_under = (logps_under_prompts(m.policy, m.tok, sub, t.temperature, t.micro_batch_size, m.encoder)
+                       if LOGPS_UNDER in needs else None)
+        parts.append(compute_credit(s.scheme, CreditBatch(
+            response_ids=sub.response_ids, response_mask=mask[sl], advantages=advantages[sl],
+            rm_grad=rm_grad[sl] if rm_grad is not None else None, rm_embedding=s.rm_embedding,
+            policy_logits=logits, entropy=entropy, old_logps=credit_old_logps, prompts=prompts,
+            logps_under=logps_under, policy_hidden=hidden, generator=generator,
+        ), s.credit_params))
+        old_parts.append(old_logps)
+        ent_parts.append(entropy)
+        logits = hidden = None  # this chunk's credit inputs are spent
+    credit = _cat_credit(parts)
+    old_logps = torch.cat(old_parts) if old_parts[0] is not None else None
+    entropy = torch.cat(ent_parts) if ent_parts[0] is not None else None
     credit, bad_weight = uniform_nonfinite_weights(credit, mask, forced=bad_rm_grad)
     nf.add("weight", bad_weight)
     token_adv = advantages[:, None] * credit.weights  # (B, T)
-    # The credit inputs are spent: free the (B, T, V) logits, hidden states and RM gradients
-    # before the update's own activations (at a real vocabulary they are the step's largest tensors).
-    logits = hidden = rm_grad = ro.logits = rm_out.grad = None  # noqa: F841
+    # The credit inputs are spent: free generate's (B, T, V) logits and the RM gradients before
+    # the update's own activations (at a real vocabulary they are the step's largest tensors).
+    rm_grad = ro.logits = rm_out.grad = None  # noqa: F841
     t3 = time.perf_counter()
 
     # ---- loss and update ------------------------------------------------------------------
@@ -468,6 +483,15 @@ def _learn(s: Session, it: int, ro: Rollout, reuse: bool, t0: float) -> dict[str
         metrics["reward/gold"] = float(gold.mean())
         metrics["reward/rm_gold_corr"] = within_group_corr(rm_out.scores, gold, t.num_generations)
     return _across_ranks(s.dist, metrics)
+
+
+def _cat_credit(parts: list) -> Any:
+    """The credit of consecutive row chunks as one :class:`datc.credit.CreditOutput`."""
+    if len(parts) == 1:
+        return parts[0]
+    scores = None if parts[0].scores is None else torch.cat([p.scores for p in parts])
+    return dataclasses.replace(parts[0], weights=torch.cat([p.weights for p in parts]), scores=scores,
+                               fallback=torch.cat([p.fallback for p in parts]))
 
 
 def _across_ranks(dist: Dist, metrics: dict[str, float]) -> dict[str, float]:

@@ -237,7 +237,8 @@ def plan(c, counts: dict[str, int], stage: int, n_gpus: int) -> dict[str, Any]:
     t = c.trainer
     pa, ra = arch_of(c.policy.arch), arch_of(c.reward.arch)
     phi_p, phi_r = counts["policy"], counts["reward"]
-    needs = resolve_scheme(c.credit)[0].needs
+    scheme = resolve_scheme(c.credit)[0]
+    needs = scheme.needs
     rows = t.batch_size // n_gpus  # responses per rank (whole groups)
     micro = micro_batch_per_rank(c, n_gpus)  # update micro-batch
     pass_micro = t.micro_batch_size  # no-grad passes and the reward model use it uncapped
@@ -246,7 +247,10 @@ def plan(c, counts: dict[str, int], stage: int, n_gpus: int) -> dict[str, Any]:
     wants_dist = bool(needs & {POLICY_LOGITS, ENTROPY, OLD_LOGPS})
     reuse = on_policy and wants_dist and (t.reuse_rollout_logits == "always" or (
         t.reuse_rollout_logits == "auto" and t.batch_size * T * V <= REUSE_LOGITS_MAX_ELEMENTS))
-    held_logits = 4 * rows * T * V if (reuse or POLICY_LOGITS in needs) else 0  # (rows, T, V) fp32
+    # (rows, T, V) fp32: generate's logits when reused; else a row-local scheme (the DATC family)
+    # gets them one micro-batch of rows at a time, any other scheme for all rows at once
+    logit_rows = rows if reuse or not scheme.row_local else min(pass_micro, rows)
+    held_logits = 4 * logit_rows * T * V if (reuse or POLICY_LOGITS in needs) else 0
 
     z = zero_memory(phi_p, stage, n_gpus)
     static = {
@@ -378,8 +382,9 @@ def render(plans: list[dict[str, Any]], command: str, gpu_gib: float, reserve_gi
               "- reward: the reward model differentiated to its input embeddings on micro_batch_size rows of P+T",
               "  tokens: per layer per token 8h + 2(2q + 2kv + 3I) bytes (+4(q+kv) for Qwen3's q/k norms);",
               "  frozen weights need no gradient, so matmul inputs are not kept; plus dR/dh, 4·rows·T·h;",
-              "- log-prob passes (old policy, reference): no-grad micro-batches; with DATC the fp32 rollout logits",
-              "  of all rows, 4·rows·T·V, are kept for the credit (the trainer frees them before the update);",
+              "- log-prob passes (old policy, reference) and credit: no-grad micro-batches; DATC's schemes are",
+              "  row-local, so the fp32 rollout logits are held one micro-batch at a time, 4·micro_batch_size·T·V",
+              "  (a scheme that is not row-local would hold all rows', 4·rows·T·V);",
               "- credit: DATC's closed forms per 256-token chunk, 4 fp32 (chunk, V) tensors;",
               "- update: activations of one micro-batch without recomputation (SDPA attention, no seq² term),",
               "  per layer per token 2(2h + 3q + 2kv + 4I) + 16h bytes (+8(q+kv) for Qwen3), times m·(P+T)·L;",

@@ -45,6 +45,7 @@ def credit_scheme(
     output: Output = "weights",
     normalization: Normalization = "per_response",
     params: type = NoParams,
+    row_local: bool = False,
 ) -> Callable[[Callable], CreditScheme]:
     """Wrap a function as a :class:`CreditScheme` without registering it (for ``_target_``)."""
     needs = frozenset(needs)
@@ -55,7 +56,7 @@ def credit_scheme(
         raise ValueError(f"scheme {name!r}: output must be 'scores' or 'weights', got {output!r}")
 
     def deco(fn: Callable) -> CreditScheme:
-        return CreditScheme(name, fn, needs, output, normalization, params, (fn.__doc__ or "").strip())
+        return CreditScheme(name, fn, needs, output, normalization, params, (fn.__doc__ or "").strip(), row_local)
 
     return deco
 

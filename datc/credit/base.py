@@ -82,6 +82,11 @@ class CreditScheme:
     normalization: Normalization  # for output="weights": how the scheme normalizes
     params: type = NoParams  # dataclass of the scheme's config fields (with defaults)
     doc: str = ""
+    # True when a response's output depends only on that response's rows of the batch (per-token
+    # closed forms, per-response normalization): the trainer may then run the scheme one
+    # micro-batch of rows at a time and never hold all (B, T, V) policy logits. Never for schemes
+    # that compare responses (global normalization, batch statistics).
+    row_local: bool = False
 
     def make_params(self, fields: dict[str, Any]) -> Any:
         """Build the params dataclass from config fields; unknown fields are a clear error."""

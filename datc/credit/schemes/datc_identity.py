@@ -28,6 +28,7 @@ class DATCIdentityParams(DATCParams):
     "datc_identity",
     needs={RM_GRAD, RM_EMBEDDING, POLICY_LOGITS},
     output="scores",
+    row_local=True,  # per-token scores, per-response weights: computed a micro-batch of rows at a time
     params=DATCIdentityParams,
 )
 def datc_identity(batch: CreditBatch, params: DATCIdentityParams) -> Tensor:

@@ -37,6 +37,7 @@ class MagnitudeParams(WeightParams):
     "datc_magnitude",
     needs={RM_GRAD, RM_EMBEDDING, POLICY_LOGITS},
     output="scores",
+    row_local=True,  # per-token scores, per-response weights: computed a micro-batch of rows at a time
     params=MagnitudeParams,
 )
 def datc_magnitude(batch: CreditBatch, params: MagnitudeParams) -> Tensor:

@@ -38,6 +38,7 @@ def permute_valid(x: Tensor, mask: Tensor, generator: torch.Generator | None) ->
     "datc_shuffled",
     needs={RM_GRAD, RM_EMBEDDING, POLICY_LOGITS},
     output="scores",
+    row_local=True,  # per-token scores, per-response weights: computed a micro-batch of rows at a time
     params=DATCParams,
 )
 def datc_shuffled(batch: CreditBatch, params: DATCParams) -> Tensor:

@@ -28,6 +28,7 @@ class DATCUnsignedParams(DATCParams):
     "datc_unsigned",
     needs={RM_GRAD, RM_EMBEDDING, POLICY_LOGITS},
     output="scores",
+    row_local=True,  # per-token scores, per-response weights: computed a micro-batch of rows at a time
     params=DATCUnsignedParams,
 )
 def datc_unsigned(batch: CreditBatch, params: DATCUnsignedParams) -> Tensor:
