@@ -89,6 +89,7 @@ class TrainerConfig:
     num_generations: int = 8
     mini_batch_size: int = 64
     micro_batch_size: int = 64
+    generation_batch_size: int | None = None
     epochs: int = 1
     max_new_tokens: int = 16
     temperature: float = 1.0
@@ -254,6 +255,11 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
     if t.mini_batch_size % t.micro_batch_size:
         raise ConfigError(
             f"trainer.micro_batch_size: {t.micro_batch_size} must divide trainer.mini_batch_size={t.mini_batch_size}"
+        )
+    if t.generation_batch_size is not None and (t.generation_batch_size <= 0 or t.generation_batch_size % t.num_generations):
+        raise ConfigError(
+            f"trainer.generation_batch_size: {t.generation_batch_size} must be a positive multiple of "
+            f"trainer.num_generations={t.num_generations} (whole groups per generate call), or null"
         )
     if not 0 <= t.max_nonfinite_frac <= 1:
         raise ConfigError(f"trainer.max_nonfinite_frac: must be in [0, 1], got {t.max_nonfinite_frac}")

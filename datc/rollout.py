@@ -39,6 +39,23 @@ class Rollout:
         return torch.cat([self.prompt_mask, self.response_mask], 1)
 
 
+def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    """Rollouts sampled in several calls as one batch: prompts left-padded to the widest part
+    (padding is masked and skipped by :func:`position_ids`, so every row computes the same)."""
+    if len(parts) == 1:
+        return parts[0]
+    P = max(p.prompt_ids.shape[1] for p in parts)
+
+    def widen(x: Tensor, fill) -> Tensor:
+        return torch.cat([x.new_full((x.shape[0], P - x.shape[1]), fill), x], 1)
+
+    logits = None if parts[0].logits is None else torch.cat([p.logits for p in parts])
+    return Rollout(torch.cat([widen(p.prompt_ids, pad_id) for p in parts]),
+                   torch.cat([widen(p.prompt_mask, False) for p in parts]),
+                   torch.cat([p.response_ids for p in parts]), torch.cat([p.response_mask for p in parts]),
+                   torch.cat([p.truncated for p in parts]), [ex for p in parts for ex in p.examples], logits)
+
+
 def position_ids(attention_mask: Tensor) -> Tensor:
     """Positions that skip padding (left or interior), as HF ``generate`` computes them."""
     pos = attention_mask.long().cumsum(-1) - 1

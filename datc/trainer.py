@@ -60,7 +60,7 @@ from datc.numerics import (
 from datc.prepare import Assets, ensure_assets, gold_of
 from datc.rewards.model import score
 from datc.rewards.rules import RULES, RuleContext
-from datc.rollout import Rollout, position_ids, sample_groups, with_prompts
+from datc.rollout import Rollout, cat_rollouts, position_ids, sample_groups, with_prompts
 from datc.rundir import RunDir
 from datc.tokenizer import load_tokenizer
 from datc.utils import atomic_write_json, quiet_libraries, rng_state, seed_everything, set_rng_state
@@ -370,8 +370,11 @@ def _train_step(s: Session, it: int) -> dict[str, float]:
     reuse = on_policy and wants_dist and POLICY_HIDDEN not in needs and (  # generate keeps no hidden states
         t.reuse_rollout_logits == "always"
         or (t.reuse_rollout_logits == "auto" and t.batch_size * t.max_new_tokens * m.vocab_size <= REUSE_LOGITS_MAX_ELEMENTS))
-    ro = sample_groups(m.policy, m.tok, examples, t.num_generations, t.max_new_tokens, t.temperature, t.top_p,
-                       c.data.prompt_field, keep_logits=reuse, synced_gpus=m.synced_gpus, encoder=m.encoder)
+    per_call = (t.generation_batch_size or len(examples) * t.num_generations) // t.num_generations  # prompts
+    ro = cat_rollouts([sample_groups(m.policy, m.tok, examples[i : i + per_call], t.num_generations, t.max_new_tokens,
+                                     t.temperature, t.top_p, c.data.prompt_field, keep_logits=reuse,
+                                     synced_gpus=m.synced_gpus, encoder=m.encoder)
+                       for i in range(0, len(examples), per_call)], m.tok.pad_token_id)
     return _learn(s, it, ro, reuse, t0)
 
 

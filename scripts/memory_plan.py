@@ -262,9 +262,10 @@ def plan(c, counts: dict[str, int], stage: int, n_gpus: int) -> dict[str, Any]:
     gather_p = gathered_working_set(pa, phi_p, 4) if stage == 3 else 0.0
     gather_f = gathered_working_set(ra, phi_r, 2) if stage == 3 else 0.0
     rm_grad = 4 * rows * T * ra.hidden if RM_GRAD in needs else 0.0  # (rows, T, d) fp32
-    kv = kv_cache_bytes(pa, rows, P + T)
+    gen_rows = min(t.generation_batch_size or rows, rows)  # responses per sampling call
+    kv = kv_cache_bytes(pa, gen_rows, P + T)
     kv_eval = kv_cache_bytes(pa, t.eval_batch_size, P + T)  # every rank evaluates whole batches
-    prefill = rows * P * (4 * pa.hidden + 4 * pa.intermediate)
+    prefill = gen_rows * P * (4 * pa.hidden + 4 * pa.intermediate)
     act_policy = activation_bytes(pa, micro, P + T, weight_grads=True)
     act_rm = activation_bytes(ra, min(pass_micro, rows), P + T, weight_grads=False) if RM_GRAD in needs else 0.0
     logits_update = max(update_logits_bytes(micro, P, T, V), entropy_pass_bytes(micro, T, V))
@@ -376,8 +377,9 @@ def render(plans: list[dict[str, Any]], command: str, gpu_gib: float, reserve_gi
               "- reference policy (trainer.beta > 0) and reward model in bf16: 2Φ each, /N under ZeRO-3;",
               "- DATC: the reward model's input embedding gathered in fp32, 4·V·h.", "",
               "Phases (each adds to the static part; the peak is the largest):",
-              "- generate: KV cache L·rows·(P+T)·kv·(4+2) bytes (keys come out of RoPE in fp32 under autocast,",
-              "  values bf16) + prefill transients rows·P·(4h+4I) (+ kept generate logits 2·4·rows·T·V when reused);",
+              "- generate, in calls of g = min(trainer.generation_batch_size, rows) responses: KV cache",
+              "  L·g·(P+T)·kv·(4+2) bytes (keys come out of RoPE in fp32 under autocast, values bf16) + prefill",
+              "  transients g·P·(4h+4I) (+ kept generate logits 2·4·rows·T·V when reused);",
               "- eval: every process generates eval_batch_size prompts at once: the same KV cache for those rows;",
               "- reward: the reward model differentiated to its input embeddings on micro_batch_size rows of P+T",
               "  tokens: per layer per token 8h + 2(2q + 2kv + 3I) bytes (+4(q+kv) for Qwen3's q/k norms);",
