@@ -65,6 +65,12 @@ class Dist:
         torch.distributed.broadcast_object_list(box, src=0)
         return box[0]
 
+    def close(self) -> None:
+        """Leave the process group (all ranks, at the end of a run): without it, gloo's threads
+        can abort the interpreter at exit."""
+        if self.enabled and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
     def shard(self, n: int) -> slice:
         """This rank's contiguous share of ``n`` items (``n`` divisible by the world size)."""
         per = n // self.world_size

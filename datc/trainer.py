@@ -527,9 +527,15 @@ def train(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict[str
     Under DeepSpeed every process calls this; rank 0 owns the run directory, the metrics, W&B
     and the summary, every rank writes its own shards and RNG state into the checkpoints."""
     c = validate(cfg)  # typed and range-checked before any model loads
-    resolved = _resolved(cfg)
-    t = c.trainer
     dist = init_distributed(c)  # world-size checks, then the process group (DeepSpeed only)
+    try:
+        return _train(c, _resolved(cfg), dist, run_dir)
+    finally:
+        dist.close()
+
+
+def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | Path | None) -> dict[str, Any]:
+    t = c.trainer
     run, done = _open_run(dist, run_dir or c.run_dir, resolved, t.resume)
     if done is not None:  # this run already finished: nothing to redo
         return done

@@ -44,6 +44,8 @@ def main(out: str, overrides: list[str]) -> None:
     params = {n: gathered(p).float().clone() for n, p in s.m.policy.named_parameters()}
     if dist.is_main:
         torch.save({"steps": steps, "params": params, "world_size": dist.world_size}, out)
+    dist.barrier()
+    dist.close()
 
 
 if __name__ == "__main__":
