@@ -152,6 +152,7 @@ class TrainConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     seed: int = 0
+    prepare_seed: int = 0
     run_name: str = "run"
     run_dir: str = "runs/run"
     cache_dir: str = ".cache/datc"

@@ -65,10 +65,11 @@ def _pad_responses(tok, responses: list[list[int]], T: int) -> tuple[torch.Tenso
     return ids, mask
 
 
-def warm_start(policy, tok, task: Task, train_rows: list[dict], steps: int, lr: float, batch_size: int, max_new_tokens: int) -> list[float]:
+def warm_start(policy, tok, task: Task, train_rows: list[dict], steps: int, lr: float, batch_size: int, max_new_tokens: int,
+               seed: int = PREP_SEED) -> list[float]:
     """Supervised fine-tuning on the task's demonstrations (loss on response tokens only), so
     the policy writes in-distribution text of mixed quality before RL."""
-    rng = random.Random(PREP_SEED)
+    rng = random.Random(seed)
     opt = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
     policy.train()
     losses = []
@@ -91,12 +92,13 @@ def warm_start(policy, tok, task: Task, train_rows: list[dict], steps: int, lr: 
 
 
 def _rm_pool(policy, tok, task: Task, rows: list[dict], samples_per_prompt: int, max_new_tokens: int,
-             edits_per_sample: int = 0, perturbations: bool = False) -> list[tuple[dict, list[list[int]], torch.Tensor]]:
+             edits_per_sample: int = 0, perturbations: bool = False,
+             seed: int = PREP_SEED) -> list[tuple[dict, list[list[int]], torch.Tensor]]:
     """Responses grouped by prompt, to train or test the reward model on: the warm policy's own
     samples (what RL starts from), local edits of them, and optionally the task's extreme
     perturbations (what RL may push towards).
     Returns ``[(example, [response ids], gold (n,)), ...]``, one entry per prompt."""
-    rng = random.Random(PREP_SEED + 1)
+    rng = random.Random(seed + 1)
     groups = []
     for i in range(0, len(rows), 64):
         chunk = rows[i : i + 64]
@@ -130,15 +132,16 @@ def _rm_batch_scores(rm, tok, examples, responses, max_new_tokens):
 RM_GROUP = 8  # responses per prompt in a reward-model batch, and per prompt in its held-out test
 
 
-def train_reward_model(rm, policy, tok, task: Task, train_rows, eval_rows, rcfg, max_new_tokens: int) -> dict[str, Any]:
+def train_reward_model(rm, policy, tok, task: Task, train_rows, eval_rows, rcfg, max_new_tokens: int,
+                       seed: int = PREP_SEED) -> dict[str, Any]:
     """Fit the gold reward on groups of responses to the same prompt. The loss is the MSE plus
     the MSE of the within-group deviations (prediction and gold each centred on their group's
     mean): GRPO only ever compares responses to one prompt, so that ranking is what the reward
     model must get right. Reports the fit on fresh warm-policy samples of held-out prompts."""
-    torch.manual_seed(PREP_SEED)
+    torch.manual_seed(seed)
     pool = _rm_pool(policy, tok, task, train_rows[: rcfg.n_prompts], rcfg.samples_per_prompt, max_new_tokens,
-                    rcfg.edits_per_sample, rcfg.perturbations)
-    rng = torch.Generator().manual_seed(PREP_SEED)
+                    rcfg.edits_per_sample, rcfg.perturbations, seed)
+    rng = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(rm.parameters(), lr=rcfg.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / max(rcfg.steps, 1))
     rm.train()
@@ -250,13 +253,16 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
     data_key = {"task": cfg.data.task, "train": cfg.data.train_size, "norm_len": cfg.data.norm_len}
     pol_key = {"v": PREPARE_VERSION, "arch": dict(cfg.policy.arch), "ws": asdict(cfg.policy.warm_start),
                "data": data_key, "tok": config_hash(sorted(tok.get_vocab().items())), "T": cfg.trainer.max_new_tokens}
+    seed = cfg.prepare_seed
+    if seed != PREP_SEED:  # another draw of the warm start and reward model (the default keeps its old keys)
+        pol_key["prepare_seed"] = seed
     if policy_path is None:
         policy_path = str(cache / "policy" / f"{cfg.policy.name}-{cfg.data.name}-{config_hash(pol_key)}")
         if not (Path(policy_path) / "config.json").exists():
             t0 = time.time()
-            policy = build_causal_lm(cfg.policy.arch, tok, PREP_SEED)
+            policy = build_causal_lm(cfg.policy.arch, tok, seed)
             losses = warm_start(policy, tok, task, list(train_ds), cfg.policy.warm_start.steps, cfg.policy.warm_start.lr,
-                                cfg.policy.warm_start.batch_size, cfg.trainer.max_new_tokens)
+                                cfg.policy.warm_start.batch_size, cfg.trainer.max_new_tokens, seed)
             with atomic_dir(policy_path) as tmp:
                 policy.save_pretrained(tmp)
                 tok.save_pretrained(tmp)
@@ -271,13 +277,16 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
         # path (or moved) is still hit.
         policy_id = config_hash(pol_key) if cfg.policy.path is None else cfg.policy.path
         rm_key = {"v": PREPARE_VERSION, "arch": dict(cfg.reward.arch), "train": asdict(cfg.reward.train), "policy": policy_id}
+        if seed != PREP_SEED:
+            rm_key["prepare_seed"] = seed
         reward_path = str(cache / "reward" / f"{cfg.reward.name}-{cfg.policy.name}-{cfg.data.name}-{config_hash(rm_key)}")
         report_file = Path(reward_path) / "rm_report.json"
         if not report_file.exists():
             t0 = time.time()
             policy = load_pretrained("causal_lm", policy_path, "policy.path")
-            rm = build_reward_model(cfg.reward.arch, tok, PREP_SEED)
-            rm_report = train_reward_model(rm, policy, tok, task, list(train_ds), list(eval_ds), cfg.reward.train, cfg.trainer.max_new_tokens)
+            rm = build_reward_model(cfg.reward.arch, tok, seed)
+            rm_report = train_reward_model(rm, policy, tok, task, list(train_ds), list(eval_ds), cfg.reward.train,
+                                           cfg.trainer.max_new_tokens, seed)
             rm_report["seconds"] = round(time.time() - t0, 1)
             with atomic_dir(reward_path) as tmp:
                 rm.save_pretrained(tmp)

@@ -173,3 +173,16 @@ def test_a_directory_with_foreign_files_is_refused_and_left_alone(cache_dir, tmp
     with pytest.raises(ConfigError, match="files that are not a datc run \\(notes.txt\\)"):
         train(cfg_for(cache_dir, tmp_path / "r"))
     assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["notes.txt"]
+
+
+def test_prepare_seed_draws_another_warm_start_and_reward_model(cache_dir):
+    from datc.config import validate
+    from datc.prepare import ensure_assets
+
+    a = ensure_assets(validate(cfg_for(cache_dir, "unused")))
+    b = ensure_assets(validate(cfg_for(cache_dir, "unused", "prepare_seed=1")))
+    again = ensure_assets(validate(cfg_for(cache_dir, "unused")))
+    assert (again.policy_path, again.reward_path) == (a.policy_path, a.reward_path)  # the default draw is cached
+    assert a.policy_path != b.policy_path and a.reward_path != b.reward_path
+    pa, pb = (load_pretrained("causal_lm", x.policy_path, "policy.path") for x in (a, b))
+    assert any(not torch.equal(x, y) for x, y in zip(pa.parameters(), pb.parameters(), strict=True))
