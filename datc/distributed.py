@@ -71,6 +71,18 @@ class Dist:
         if self.enabled and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
+    def tensor_sum(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` summed over ranks (a new tensor)."""
+        y = x.detach().clone()
+        if self.enabled and self.world_size > 1:
+            torch.distributed.all_reduce(y)
+        return y
+
+    def tensor_cat(self, x: torch.Tensor) -> torch.Tensor:
+        """1-D ``x`` of every rank, concatenated in rank order (sizes may differ)."""
+        parts = self.gather(x.detach().cpu())
+        return torch.cat(parts).to(x.device)
+
     def shard(self, n: int) -> slice:
         """This rank's contiguous share of ``n`` items (``n`` divisible by the world size)."""
         per = n // self.world_size

@@ -442,6 +442,8 @@ def _learn(s: Session, it: int, ro: Rollout, reuse: bool, t0: float) -> dict[str
             rm_grad=rm_grad[sl] if rm_grad is not None else None, rm_embedding=s.rm_embedding,
             policy_logits=logits, entropy=entropy, old_logps=credit_old_logps, prompts=prompts,
             logps_under=logps_under, policy_hidden=hidden, generator=generator,
+            all_sum=s.dist.tensor_sum if s.dist.world_size > 1 else None,  # "global" = the global batch
+            all_cat=s.dist.tensor_cat if s.dist.world_size > 1 else None,
         ), s.credit_params))
         old_parts.append(old_logps)
         ent_parts.append(entropy)

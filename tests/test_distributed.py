@@ -64,6 +64,7 @@ def _worker(cache_dir, out, nproc, overrides, port):
 @pytest.mark.parametrize(("stage", "credit", "dtype"), [
     ("zero2", "grpo", "float32"), ("zero2", "datc", "float32"), ("zero3", "grpo", "float32"),
     ("zero3", "datc", "float32"), ("zero3", "datc", "bfloat16"),  # bf16: torch autocast, fp32 master weights
+    ("zero2", "entropy_top", "float32"), ("zero2", "delta", "float32"),  # "global" = the global batch
 ])
 def test_two_processes_match_one_on_the_same_global_batch(cache_dir, tmp_path, stage, credit, dtype):
     port = 29500 + hash((stage, credit, dtype)) % 400

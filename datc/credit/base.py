@@ -56,6 +56,20 @@ class CreditBatch:
     logps_under: Callable[[list[str]], Tensor] | None = None  # see LOGPS_UNDER
     policy_hidden: Tensor | None = None  # (B, T, d_policy), see POLICY_HIDDEN
     generator: torch.Generator | None = None  # for schemes that draw random numbers
+    # Data-parallel runs (several processes, each with its share of the batch): the sum of a
+    # tensor over the processes, and the concatenation of 1-D tensors over them. None with one
+    # process. Schemes with a "global" normalization reduce through rank_sum / rank_cat, so their
+    # batch is the global one; every process must then make the same calls.
+    all_sum: Callable[[Tensor], Tensor] | None = None
+    all_cat: Callable[[Tensor], Tensor] | None = None
+
+    def rank_sum(self, x: Tensor) -> Tensor:
+        """``x`` summed over the data-parallel processes (``x`` itself with one process)."""
+        return x if self.all_sum is None else self.all_sum(x)
+
+    def rank_cat(self, x: Tensor) -> Tensor:
+        """1-D ``x`` of every process, concatenated in rank order (``x`` with one process)."""
+        return x if self.all_cat is None else self.all_cat(x)
 
 
 @dataclass

@@ -55,6 +55,8 @@ def random_batch(seed: int = 0) -> CreditBatch:
         "logps_under": logps_under,
         "policy_hidden": torch.randn(B, T, D, generator=gen),
         "generator": torch.Generator().manual_seed(seed),
+        "all_sum": None,  # one process (2-process reductions: tests/test_distributed.py)
+        "all_cat": None,
     }
     missing = [f.name for f in dataclasses.fields(CreditBatch) if f.name not in fillers]
     assert not missing, f"add a random filler for CreditBatch field(s) {missing} in {__file__}"

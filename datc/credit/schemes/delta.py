@@ -60,9 +60,14 @@ class DeltaParams:
             raise ValueError(f"tau must be > 0, got {self.tau}")
 
 
-def _centroid(v: Tensor, mass: Tensor) -> Tensor:
-    """Weighted mean of the rows of ``v`` (N, d) with weights ``mass`` (N,); 0 if the mass is 0."""
-    return (mass.to(v.dtype) @ v) / mass.sum().clamp_min(MASS_FLOOR).to(v.dtype)
+def _one(x: Tensor) -> Tensor:
+    return x
+
+
+def _centroid(v: Tensor, mass: Tensor, rank_sum=_one) -> Tensor:
+    """Weighted mean of the rows of ``v`` (N, d) with weights ``mass`` (N,), over every
+    process's tokens (``rank_sum``); 0 if the mass is 0."""
+    return rank_sum(mass.to(v.dtype) @ v) / rank_sum(mass.sum()).clamp_min(MASS_FLOOR).to(v.dtype)
 
 
 def _margins(v: Tensor, side: Tensor, mu_pos: Tensor, mu_neg: Tensor) -> Tensor:
@@ -71,30 +76,32 @@ def _margins(v: Tensor, side: Tensor, mu_pos: Tensor, mu_neg: Tensor) -> Tensor:
     return 2.0 * side * score.double()
 
 
-def _spread(m: Tensor, on: Tensor) -> Tensor:
-    """The std of ``m`` over the entries where ``on`` (population), floored at sqrt(VAR_FLOOR)."""
-    n = on.sum().clamp_min(1)
-    mean = (m * on).sum() / n
-    var = (m.square() * on).sum() / n - mean.square()
+def _spread(m: Tensor, on: Tensor, rank_sum=_one) -> Tensor:
+    """The std of ``m`` over the entries where ``on`` (population, every process's tokens),
+    floored at sqrt(VAR_FLOOR)."""
+    n = rank_sum(on.sum().to(m.dtype)).clamp_min(1)
+    mean = rank_sum((m * on).sum()) / n
+    var = rank_sum((m.square() * on).sum()) / n - mean.square()
     return var.clamp_min(VAR_FLOOR).sqrt()
 
 
-def delta_weights(v: Tensor, adv: Tensor, params: DeltaParams) -> Tensor:
+def delta_weights(v: Tensor, adv: Tensor, params: DeltaParams, rank_sum=_one) -> Tensor:
     """DelTA's weights (N,) float64 for N valid tokens with proxies ``v`` (N, d) and their
-    response's advantages ``adv`` (N,), before the global rescale."""
+    response's advantages ``adv`` (N,), before the global rescale. ``rank_sum`` sums the
+    centroids' and spreads' statistics over data-parallel processes (identity with one)."""
     side = torch.sign(adv).double()
     pos, neg = side > 0, side < 0
     a = adv.double().abs()
 
     def gammas(m: Tensor) -> Tensor:  # (N,) the std of the token's own side
-        return torch.where(pos, _spread(m, pos), _spread(m, neg))
+        return torch.where(pos, _spread(m, pos, rank_sum), _spread(m, neg, rank_sum))
 
-    mu_pos, mu_neg = _centroid(v, a * pos), _centroid(v, a * neg)
+    mu_pos, mu_neg = _centroid(v, a * pos, rank_sum), _centroid(v, a * neg, rank_sum)
     gamma = gammas(_margins(v, side, mu_pos, mu_neg))
     for _ in range(params.K):
         m = _margins(v, side, mu_pos, mu_neg)
         soft = torch.sigmoid(m / gamma) * a
-        mu_pos, mu_neg = _centroid(v, soft * pos), _centroid(v, soft * neg)
+        mu_pos, mu_neg = _centroid(v, soft * pos, rank_sum), _centroid(v, soft * neg, rank_sum)
         gamma = gammas(m)
     gate = torch.sigmoid(_margins(v, side, mu_pos, mu_neg) / (params.tau * gamma))
     w = params.lam_min + (params.lam_max - params.lam_min) * gate
@@ -108,11 +115,13 @@ def delta(batch: CreditBatch, params: DeltaParams) -> Tensor:
     mask = batch.response_mask
     rows = mask.reshape(-1).nonzero().squeeze(-1)  # (N,) valid tokens
     out = torch.zeros(mask.numel(), dtype=torch.float64, device=mask.device)
-    if rows.numel() > 0:
-        h = batch.policy_hidden.reshape(mask.numel(), -1)[rows].float()  # (N, d)
-        p = batch.old_logps.reshape(-1)[rows].float().exp()  # (N,)
-        v = (1.0 - p)[:, None] * h
-        adv = batch.advantages[:, None].expand(mask.shape).reshape(-1)[rows]
-        w = delta_weights(v, adv, params)
-        out[rows] = w * (rows.numel() / w.sum().clamp_min(MASS_FLOOR))  # global mean 1
+    # No early exit on an empty share: under data parallelism every process makes the same
+    # reductions (an empty share contributes zeros).
+    h = batch.policy_hidden.reshape(mask.numel(), -1)[rows].float()  # (N, d)
+    p = batch.old_logps.reshape(-1)[rows].float().exp()  # (N,)
+    v = (1.0 - p)[:, None] * h
+    adv = batch.advantages[:, None].expand(mask.shape).reshape(-1)[rows]
+    w = delta_weights(v, adv, params, batch.rank_sum)
+    n_global = batch.rank_sum(torch.tensor(float(rows.numel()), dtype=torch.float64, device=mask.device))
+    out[rows] = w * (n_global / batch.rank_sum(w.sum()).clamp_min(MASS_FLOOR))  # global mean 1
     return out.view(mask.shape).float()

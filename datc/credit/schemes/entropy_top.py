@@ -34,10 +34,11 @@ def entropy_top(batch: CreditBatch, params: EntropyTopParams) -> Tensor:
     """``N_valid / N_kept`` on the kept high-entropy tokens, 0 elsewhere. (B, T)"""
     mask = batch.response_mask
     ent = batch.entropy.double()
-    valid = ent[mask]
+    valid = batch.rank_cat(ent[mask])  # the whole (global) batch's valid tokens
     if valid.numel() == 0:
         return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     threshold = torch.quantile(valid, 1.0 - params.rho)
     kept = mask & (ent >= threshold)
-    w = valid.numel() / kept.sum().clamp(min=1)
+    n_kept = batch.rank_sum(kept.sum().double())
+    w = valid.numel() / n_kept.clamp(min=1)
     return torch.where(kept, w.to(torch.float32), torch.zeros((), dtype=torch.float32))
