@@ -41,13 +41,14 @@ class Dist:
         if self.enabled and self.world_size > 1:
             torch.distributed.barrier()
 
-    def sum(self, x: float) -> float:
-        """Sum of a number over ranks."""
-        if not (self.enabled and self.world_size > 1):
-            return float(x)
-        t = torch.tensor([float(x)], dtype=torch.float64)
-        torch.distributed.all_reduce(t)
-        return float(t[0])
+    @property
+    def device(self) -> torch.device:
+        """Where collectives run: this rank's GPU under NCCL, the CPU under gloo."""
+        return torch.device("cuda", self.local_rank) if torch.cuda.is_available() else torch.device("cpu")
+
+    def sum(self, x: float | torch.Tensor) -> float:
+        """Sum of a number (or a one-element tensor) over ranks."""
+        return float(self.tensor_sum(torch.as_tensor(x, dtype=torch.float64, device=self.device)))
 
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj`` (picklable), in rank order, on every rank."""
@@ -72,7 +73,7 @@ class Dist:
             torch.distributed.destroy_process_group()
 
     def tensor_sum(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` summed over ranks (a new tensor)."""
+        """``x`` summed over ranks (a new tensor on ``x``'s device, which NCCL needs on the GPU)."""
         y = x.detach().clone()
         if self.enabled and self.world_size > 1:
             torch.distributed.all_reduce(y)

@@ -12,7 +12,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -165,8 +165,9 @@ def rollout_policy_pass(model, ro: Rollout, temperature: float, micro: int, keep
     for i in range(0, ro.response_ids.shape[0], micro):
         if keep_hidden:  # policy_logits' forward, also returning the last hidden state
             ids, am = ro.input_ids[i : i + micro], ro.attention_mask[i : i + micro]
-            fwd = model(input_ids=ids, attention_mask=am.long(), position_ids=position_ids(am), output_hidden_states=True)
-            z = fwd.logits[:, P - 1 : -1].float() / temperature
+            fwd = model(input_ids=ids, attention_mask=am.long(), position_ids=position_ids(am), output_hidden_states=True,
+                        logits_to_keep=ro.response_ids.shape[1] + 1)
+            z = fwd.logits[:, :-1].float() / temperature
             hidden.append(fwd.hidden_states[-1][:, P - 1 : -1].float())
         else:
             z = policy_logits(model, ro, slice(i, i + micro), temperature)
@@ -351,6 +352,23 @@ def build_session(c: TrainConfig, dist: Dist | None = None) -> Session:
                    dist=dist, engine=engine)
 
 
+class PassPlan(NamedTuple):
+    on_policy: bool  # one epoch, one mini-batch: the loss's old log-probs are the current ones
+    wants_dist: bool  # the credit scheme reads the rollout policy's distribution
+    reuse: bool  # ... and takes it from the sampler's kept logits (no second forward pass)
+
+
+def pass_plan(t, needs: frozenset[str], vocab_size: int) -> PassPlan:
+    """Which no-grad passes of the rollout policy a step makes, for trainer settings ``t`` and a
+    scheme's declared inputs (also read by scripts/memory_plan.py)."""
+    on_policy = t.epochs == 1 and t.mini_batch_size == t.batch_size
+    wants_dist = bool(needs & {POLICY_LOGITS, ENTROPY, OLD_LOGPS, POLICY_HIDDEN})
+    reuse = on_policy and wants_dist and POLICY_HIDDEN not in needs and (  # the sampler keeps no hidden states
+        t.reuse_rollout_logits == "always"
+        or (t.reuse_rollout_logits == "auto" and t.batch_size * t.max_new_tokens * vocab_size <= REUSE_LOGITS_MAX_ELEMENTS))
+    return PassPlan(on_policy, wants_dist, reuse)
+
+
 def train_step(s: Session, it: int) -> dict[str, float]:
     """One iteration of the spine: rollout → reward → credit → loss → update. Returns its
     metrics (``reward/``, ``rollout/``, ``credit/``, ``loss/``, ``perf/``)."""
@@ -365,11 +383,7 @@ def _train_step(s: Session, it: int) -> dict[str, float]:
     examples = [s.assets.train[i] for i in indices[s.dist.shard(len(indices))]]  # whole groups per rank
 
     # ---- rollout: G samples per prompt ----------------------------------------------------
-    on_policy = t.epochs == 1 and t.mini_batch_size == t.batch_size
-    wants_dist = bool(needs & {POLICY_LOGITS, ENTROPY, OLD_LOGPS, POLICY_HIDDEN})
-    reuse = on_policy and wants_dist and POLICY_HIDDEN not in needs and (  # generate keeps no hidden states
-        t.reuse_rollout_logits == "always"
-        or (t.reuse_rollout_logits == "auto" and t.batch_size * t.max_new_tokens * m.vocab_size <= REUSE_LOGITS_MAX_ELEMENTS))
+    reuse = pass_plan(t, needs, m.vocab_size).reuse
     per_call = (t.generation_batch_size or len(examples) * t.num_generations) // t.num_generations  # prompts
     ro = cat_rollouts([sample_groups(m.policy, m.tok, examples[i : i + per_call], t.num_generations, t.max_new_tokens,
                                      t.temperature, t.top_p, c.data.prompt_field, keep_logits=reuse,
@@ -382,8 +396,7 @@ def _learn(s: Session, it: int, ro: Rollout, reuse: bool, t0: float) -> dict[str
     """Everything after the rollout: reward → credit → loss → update, on this rank's responses
     (whole groups). ``reuse``: ``ro.logits`` holds generate's logits for the credit."""
     c, t, m, needs = s.c, s.c.trainer, s.m, s.scheme.needs
-    on_policy = t.epochs == 1 and t.mini_batch_size == t.batch_size
-    wants_dist = bool(needs & {POLICY_LOGITS, ENTROPY, OLD_LOGPS, POLICY_HIDDEN})
+    on_policy, wants_dist, _ = pass_plan(t, needs, m.vocab_size)
     mask = ro.response_mask
     if t.mask_truncated:  # TRL's mask_truncated_completions: no loss on unfinished responses
         mask = mask & ~ro.truncated[:, None]
@@ -676,8 +689,7 @@ def _update(c: TrainConfig, policy, opt, sched, ro: Rollout, mask, token_adv, ol
     for _ in range(t.epochs):
         order = torch.randperm(B) if mini < B else torch.arange(B)
         for mb in order.split(mini):
-            norm = AggNorm(num_seqs=len(mb) * W, num_tokens=dist.sum(mask[mb].sum()) if engine else float(mask[mb].sum()),
-                           norm_len=T)
+            norm = AggNorm(num_seqs=len(mb) * W, num_tokens=dist.sum(mask[mb].sum()), norm_len=T)
             if norm.num_tokens == 0:  # every response masked (e.g. all truncated with mask_truncated):
                 sums["skipped_steps"] += 1  # no step, or Adam's momentum alone would move the policy
                 sched.step()
@@ -728,10 +740,10 @@ def _update(c: TrainConfig, policy, opt, sched, ro: Rollout, mask, token_adv, ol
                 sched.step()
             sums["grad_norm"] += float(grad_norm)
             n_updates += 1
-    if engine is not None:  # the global mini-batch's figures (each rank's loss is its share of it)
-        sums = {k: dist.sum(v) if k in ("total", "kl", "clip_frac", "ratio", "entropy") else v for k, v in sums.items()}
-        n_tok_total = dist.sum(n_tok_total)
-    n_resp_tok = dist.sum(float(ro.response_mask.sum())) if engine is not None else float(ro.response_mask.sum())
+    # the global mini-batch's figures (each rank's loss is its share of it; one process: as they are)
+    sums = {k: dist.sum(v) if k in ("total", "kl", "clip_frac", "ratio", "entropy") else v for k, v in sums.items()}
+    n_tok_total = dist.sum(n_tok_total)
+    n_resp_tok = dist.sum(ro.response_mask.sum())
     n_tok = max(n_tok_total, 1.0)
     return {
         "total": sums["total"] / n_updates,

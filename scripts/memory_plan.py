@@ -230,9 +230,9 @@ def plan(c, counts: dict[str, int], stage: int, n_gpus: int) -> dict[str, Any]:
     """Bytes per GPU, per item and per phase of one training step, for ``c`` run with ZeRO
     ``stage`` on ``n_gpus`` processes. ``counts``: {"policy": Φ_p, "reward": Φ_r}."""
     from datc.credit import resolve_scheme
-    from datc.credit.base import ENTROPY, OLD_LOGPS, POLICY_LOGITS, RM_EMBEDDING, RM_GRAD
+    from datc.credit.base import POLICY_LOGITS, RM_EMBEDDING, RM_GRAD
     from datc.distributed import micro_batch_per_rank
-    from datc.trainer import REUSE_LOGITS_MAX_ELEMENTS
+    from datc.trainer import pass_plan
 
     t = c.trainer
     pa, ra = arch_of(c.policy.arch), arch_of(c.reward.arch)
@@ -243,10 +243,7 @@ def plan(c, counts: dict[str, int], stage: int, n_gpus: int) -> dict[str, Any]:
     micro = micro_batch_per_rank(c, n_gpus)  # update micro-batch
     pass_micro = t.micro_batch_size  # no-grad passes and the reward model use it uncapped
     P, T, V = c.data.max_prompt_tokens, t.max_new_tokens, pa.vocab
-    on_policy = t.epochs == 1 and t.mini_batch_size == t.batch_size
-    wants_dist = bool(needs & {POLICY_LOGITS, ENTROPY, OLD_LOGPS})
-    reuse = on_policy and wants_dist and (t.reuse_rollout_logits == "always" or (
-        t.reuse_rollout_logits == "auto" and t.batch_size * T * V <= REUSE_LOGITS_MAX_ELEMENTS))
+    reuse = pass_plan(t, needs, V).reuse  # the trainer's own decision
     # (rows, T, V) fp32: generate's logits when reused; else a row-local scheme (the DATC family)
     # gets them one micro-batch of rows at a time, any other scheme for all rows at once
     logit_rows = rows if reuse or not scheme.row_local else min(pass_micro, rows)

@@ -230,3 +230,17 @@ def test_offload_needs_the_right_stage():
         _cfg("deepspeed=zero2", "deepspeed.offload_param=cpu")
     with pytest.raises(ConfigError, match="^deepspeed.stage"):
         _cfg("deepspeed.stage=5")
+
+
+def test_an_engine_checkpoint_from_another_setup_is_refused_before_loading(tmp_path):
+    from datc.checkpoint import load_engine_checkpoint
+    from datc.config import ConfigError
+
+    ckpt = tmp_path / "step_0000002"
+    ckpt.mkdir()
+    torch.save({"step": 2, "elapsed": 1.0}, ckpt / "state.pt")  # written without DeepSpeed
+    with pytest.raises(ConfigError, match="^deepspeed: .* without DeepSpeed"):
+        load_engine_checkpoint(ckpt, engine=None, rank=0, world_size=2)
+    torch.save({"step": 2, "elapsed": 1.0, "deepspeed": True, "world_size": 2}, ckpt / "state.pt")
+    with pytest.raises(ConfigError, match="^deepspeed: .* 2 processes, this run has 1"):
+        load_engine_checkpoint(ckpt, engine=None, rank=0, world_size=1)  # the engine is never touched
