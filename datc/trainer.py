@@ -63,7 +63,14 @@ from datc.rewards.rules import RULES, RuleContext
 from datc.rollout import Rollout, cat_rollouts, position_ids, sample_groups, with_prompts
 from datc.rundir import RunDir
 from datc.tokenizer import load_tokenizer
-from datc.utils import atomic_write_json, quiet_libraries, rng_state, seed_everything, set_rng_state
+from datc.utils import (
+    atomic_write_json,
+    peak_rss_mb,
+    quiet_libraries,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+)
 
 # Largest B·T·V for which generate's logits are kept for credit (``reuse_rollout_logits: auto``):
 # 2^28 float32 values = 1 GiB. Real vocabularies at real batch sizes recompute them in chunks.
@@ -785,13 +792,7 @@ def peak_memory_gb(device: torch.device) -> float:
     mark (VmHWM; NaN where /proc is missing)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 2**20  # kB
-    except OSError:
-        pass
-    return math.nan
+    return peak_rss_mb() / 1024
 
 
 def _finite_mean(x: torch.Tensor) -> float:

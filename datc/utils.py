@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,3 +51,16 @@ def quiet_libraries() -> None:
     hf_logging.disable_progress_bar()
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (VmHWM), in MB; NaN where /proc is missing. Unlike
+    ``ru_maxrss``, VmHWM belongs to the process image, so a child does not inherit its parent's
+    peak across ``exec``."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return math.nan

@@ -49,6 +49,8 @@ from typing import Any
 
 import torch
 
+from datc.utils import peak_rss_mb
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "bench"
 PHASES = ("rollout", "reward", "prep", "update")  # prep: reference pass, advantages, credit
@@ -370,13 +372,6 @@ def same_loss_check(overrides: list[str], tol: float) -> dict[str, Any]:
 # ---- 3. peak memory, each side alone in a fresh process ---------------------------------------
 
 
-def _hwm_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def memory_child(who: str, overrides: list[str], steps: int) -> dict[str, float]:
     """Run ``steps`` steps of one side; peak resident memory of the whole process (models,
     libraries and all) and its growth over the set-up (the training steps' working memory)."""
@@ -384,17 +379,17 @@ def memory_child(who: str, overrides: list[str], steps: int) -> dict[str, float]
         s = datc_session(overrides)
         trainer, _ = build_trl(s, steps, s.c.seed)
         del s
-        base = _hwm_mb()
+        base = peak_rss_mb()
         with contextlib.redirect_stdout(io.StringIO()):
             trainer.train()
     else:
         from datc.trainer import train_step
 
         s = datc_session([*overrides, f"credit={who}"])
-        base = _hwm_mb()
+        base = peak_rss_mb()
         for it in range(steps):
             train_step(s, it)
-    peak = _hwm_mb()
+    peak = peak_rss_mb()
     return {"peak_rss_mb": peak, "setup_rss_mb": base, "step_growth_mb": peak - base}
 
 

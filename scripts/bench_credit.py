@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import platform
 import statistics
 import subprocess
@@ -24,6 +25,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from datc.utils import peak_rss_mb
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "bench"
@@ -57,12 +60,11 @@ def _run_real(kind: str, inputs) -> None:
 
 
 def _hwm_mb() -> float:
-    """This process's peak resident memory (VmHWM), in MB. Unlike ``ru_maxrss``, VmHWM belongs
-    to the process image, so a child does not inherit its parent's peak across ``exec``."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
+    """This process's peak resident memory (VmHWM), in MB (:func:`datc.utils.peak_rss_mb`)."""
+    mb = peak_rss_mb()
+    if math.isnan(mb):
+        raise RuntimeError("no VmHWM in /proc/self/status")
+    return mb
 
 
 def _peak_mem_mb(kind: str) -> float:
