@@ -8,7 +8,9 @@ policy's logits, ``π = softmax(z)``, ``y`` the sampled id, ``ρ = E g`` (V,) an
   ``identity``: ``f = ρ - mean_v ρ``;
 - displacement ``u = sign · (e_y - π)``;
 - score ``s``: ``projection`` ``⟨f,u⟩/‖u‖``, ``work`` ``⟨f,u⟩``, ``cosine``
-  ``⟨f,u⟩/(‖f‖‖u‖)``; a zero denominator gives ``s = 0`` (no displacement or no force).
+  ``⟨f,u⟩/(‖f‖‖u‖)``; a zero denominator gives ``s = 0`` (no displacement or no force);
+  a row with a non-finite logit (NaN or ±inf) gives ``s = NaN``, so its response falls back to
+  ``w = 1`` in the weight step.
 
 The fast functions use METHOD's cheap identities, in a form that keeps relative precision when
 ``π`` is peaked. Every score is unchanged by adding a constant to all entries of ``ρ``, so ``ρ``
@@ -71,7 +73,8 @@ def datc_scores(
             one chunk at a time so ``logits`` is never copied whole; None: all M rows.
 
     Returns:
-        (N,) scores, float32 (float64 if any input is float64).
+        (N,) scores, float32 (float64 if any input is float64); NaN on a row whose logits hold
+        a NaN or an inf.
     """
     check_options(logit_map, alignment, chunk_size, top_k)
     _check_shapes(g, E, logits, y, sign)
@@ -85,11 +88,12 @@ def datc_scores(
         )
         signed = sign[sel].to(dtype) * work
         if alignment == "work":
-            out.append(signed)
+            score = signed
         elif alignment == "projection":
-            out.append(_safe_div(signed, u_norm))
+            score = _safe_div(signed, u_norm)
         else:
-            out.append(_safe_div(signed, f_norm * u_norm))
+            score = _safe_div(signed, f_norm * u_norm)
+        out.append(_nan_where_nonfinite(score, logits[sel]))
     return _cat(out, g, dtype)
 
 
@@ -117,7 +121,7 @@ def force_norm(
     for sel in _chunks(g.shape[0], rows, chunk_size):
         z = logits[sel]  # the displacement terms are unused, so any ids serve as y
         _, _, f_norm = _chunk_terms(g[sel].to(dtype), E, z, z.argmax(-1), logit_map, top_k, True)
-        out.append(f_norm)
+        out.append(_nan_where_nonfinite(f_norm, z))
     return _cat(out, g, dtype)
 
 
@@ -296,6 +300,15 @@ def _full_vocab_terms(g: Tensor, E: Tensor, pi: Tensor, y: Tensor, logit_map: st
     sq[rows, m] = -not_m_sq
     work = pi_y * rho_y + s2_minus_pi_y * pi_rho - (g * (sq @ E)).sum(-1)
     return work, u_norm, None
+
+
+def _nan_where_nonfinite(score: Tensor, logits: Tensor) -> Tensor:
+    """NaN for the rows (c,) whose logits (c, V) hold a NaN or an inf, else ``score``.
+
+    A non-finite logit makes ``π`` NaN, which ``_safe_div``'s zero-denominator rule would
+    silently turn into a score of 0; a NaN score instead makes the weight step give the whole
+    response ``w = 1`` (METHOD §2.5: any non-finite input falls back)."""
+    return torch.where(torch.isfinite(logits).all(-1), score, torch.nan)
 
 
 def _safe_div(num: Tensor, den: Tensor) -> Tensor:

@@ -15,6 +15,9 @@ import torch
 from torch import Tensor
 
 NORMALIZERS = ("softmax", "linear", "rank_power")
+# The linear normalizer's floor when ``w_min`` is unset (METHOD §2.5): small and positive, so a
+# token far below its response's mean score keeps a little of the advantage instead of none.
+LINEAR_FLOOR = 0.01
 # Halvings of the clip shift's bracket (whose width is the response's weight range): 64 take
 # it below float64 resolution for any realistic range, so the bisection is exact to rounding.
 _CLIP_BISECTIONS = 64
@@ -29,7 +32,7 @@ class WeightParams:
     tau: float = 1.0  # softmax temperature on z (> 0); smaller is more peaked
     alpha: float = 1.0  # linear: slope of 1 + alpha*z; rank_power: exponent of rank/T (>= 0)
     lam: float = 1.0  # mixing lambda in [0, 1]: w <- (1 - lam) + lam*w; 0 is GRPO bit for bit
-    w_min: float | None = None  # lower clip in [0, 1], also the linear floor; None: no clip
+    w_min: float | None = None  # lower clip in [0, 1], also the linear floor; None: no clip (linear floor 0.01)
     w_max: float | None = None  # upper clip >= 1; None: no clip
     min_std: float = 1e-5  # fall back to w = 1 where std(s) <= min_std * mean|s| (relative)
     eps: float = 1e-8  # added to the std in the z-score, relative to mean|s|
@@ -84,7 +87,8 @@ def scores_to_weights(scores: Tensor, mask: Tensor, params: WeightParams) -> tup
        ``standardize: false`` only centres (``z = s - mean s``), which softmax and rank_power
        ignore and which keeps the linear map's mean at 1 before its floor.
     2. Normaliser: ``softmax``: ``w = T_i · softmax(z / tau)``; ``linear``:
-       ``w = max(floor, 1 + alpha z)`` with ``floor = w_min`` if set else 0, divided by its mean;
+       ``w = max(floor, 1 + alpha z)`` with ``floor = w_min`` if set else ``LINEAR_FLOOR``
+       (0.01, so no valid token's weight is 0), divided by its mean;
        ``rank_power``: ``w = (rank / T_i)^alpha`` divided by its mean, ranks 1..T_i ascending in
        score, tied scores sharing the average of their ranks (so equal scores get equal weights,
        independent of position).
@@ -126,7 +130,7 @@ def scores_to_weights(scores: Tensor, mask: Tensor, params: WeightParams) -> tup
         logits = torch.where(n[:, None] > 0, logits, 0.0)  # an empty row must not give NaN
         w = n_f * torch.softmax(logits, dim=-1)
     elif params.normalizer == "linear":
-        floor = 0.0 if params.w_min is None else params.w_min
+        floor = LINEAR_FLOOR if params.w_min is None else params.w_min
         w = torch.where(mask, (1.0 + params.alpha * z).clamp_min(floor), 0.0)
         w = _to_mean_one(w, n_f)  # z is centred, so the mean before this is >= 1
     else:  # rank_power

@@ -91,3 +91,30 @@ def test_mean_one_and_fallbacks():
 def test_invalid_switch_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         CREDIT_SCHEMES.get("datc").make_params({field: value})
+
+
+def test_nonfinite_policy_logit_falls_back_to_uniform_weights():
+    # A NaN or +inf logit on a valid token of one response: that response gets w = 1 and is
+    # counted as a fallback; the other responses keep DATC's weights.
+    import torch as _t
+
+    from datc.credit import compute_credit, resolve_scheme
+    from datc.credit.base import CreditBatch
+
+    gen = _t.Generator().manual_seed(0)
+    B, T, V, d = 3, 5, 11, 4
+    mask = _t.ones(B, T, dtype=_t.bool)
+    logits = _t.randn(B, T, V, generator=gen)
+    batch_kw = dict(
+        response_ids=_t.randint(0, V, (B, T), generator=gen), response_mask=mask,
+        advantages=_t.tensor([1.0, -0.5, 0.7]), rm_grad=_t.randn(B, T, d, generator=gen),
+        rm_embedding=_t.randn(V, d, generator=gen),
+    )
+    scheme, params = resolve_scheme({"name": "datc"})
+    for bad in (float("nan"), float("inf")):
+        z = logits.clone()
+        z[1, 2, 7] = bad
+        out = compute_credit(scheme, CreditBatch(policy_logits=z, **batch_kw), params)
+        assert (out.weights[1] == 1).all()
+        assert not (out.weights[0] == 1).all() and not (out.weights[2] == 1).all()
+        assert bool(out.fallback[1]) and not bool(out.fallback[0])

@@ -244,3 +244,22 @@ def test_vocabulary_mismatch_is_a_clear_error():
         datc_scores(g, E, logits[:, :-1], y, sign)
     with pytest.raises(ValueError, match="width"):
         force_norm(g[:, :-1], E, logits)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("logit_map,alignment", COMBOS)
+def test_nonfinite_logit_gives_nan_score(bad, logit_map, alignment):
+    # METHOD §2.5: a non-finite policy logit must make its response fall back to w = 1, not
+    # score 0 (projection/cosine divided 0 by a NaN norm and returned 0 before).
+    g, E, logits, y, sign = case(3)
+    logits = logits.clone()
+    logits[2, 5] = bad
+    s = datc_scores(g, E, logits, y, sign, logit_map=logit_map, alignment=alignment, chunk_size=4)
+    assert torch.isnan(s[2])
+    others = torch.arange(s.numel()) != 2
+    assert torch.isfinite(s[others]).all()
+    clean = torch.cat([logits[:2], logits[3:]])
+    ref = datc_scores(torch.cat([g[:2], g[3:]]), E, clean, torch.cat([y[:2], y[3:]]),
+                      torch.cat([sign[:2], sign[3:]]), logit_map=logit_map, alignment=alignment)
+    torch.testing.assert_close(s[others], ref)
+    assert torch.isnan(force_norm(g, E, logits, logit_map=logit_map)[2])

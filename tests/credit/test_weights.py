@@ -171,10 +171,11 @@ def test_softmax_hand_derived():
 def test_linear_hand_derived():
     # s = [0, 1, 2, 3]: mean 1.5, population variance (2.25 + .25 + .25 + 2.25)/4 = 1.25, so
     # z = [-3, -1, 1, 3]/sqrt(5). alpha = 1: 1 + z = [1 - 3/√5, 1 - 1/√5, 1 + 1/√5, 1 + 3/√5];
-    # the first is negative, floored at 0 (no w_min). Sum = 3 + 3/√5, so w = 4 v / (3 + 3/√5).
+    # the first is negative, floored at LINEAR_FLOOR = 0.01 (no w_min). Sum = 3.01 + 3/√5, so
+    # w = 4 v / (3.01 + 3/√5).
     q = 1 / math.sqrt(5)
-    v = torch.tensor([0.0, 1 - q, 1 + q, 1 + 3 * q])
-    expected = 4 * v / (3 + 3 * q)
+    v = torch.tensor([0.01, 1 - q, 1 + q, 1 + 3 * q])
+    expected = 4 * v / (3.01 + 3 * q)
     mask = torch.ones(1, 4, dtype=torch.bool)
     scores = torch.tensor([[0.0, 1.0, 2.0, 3.0]])
     w, _ = scores_to_weights(scores, mask, WeightParams(normalizer="linear"))
@@ -267,3 +268,20 @@ def test_fallback_threshold_is_relative_so_tiny_scores_still_make_weights():
     w2, fb2 = scores_to_weights(s * 1e-9, mask, WeightParams())
     assert not fb1.any() and not fb2.any()
     torch.testing.assert_close(w1, w2)
+
+
+def test_linear_default_floor_keeps_every_valid_token_positive():
+    # METHOD §2.5: with w_min unset the linear normalizer's floor is small and positive, so no
+    # valid token's advantage is zeroed (a 0 floor zeroed about one token in eight here).
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(64, 40, generator=gen) ** 3  # heavy tails: many 1 + z below 0
+    mask = torch.rand(64, 40, generator=gen) < 0.9
+    w, fb = scores_to_weights(scores, mask, WeightParams(normalizer="linear", alpha=2.0))
+    assert not fb.any()
+    assert (w[mask] > 0).all()
+    assert (w[mask].min() < 0.01)  # the floor binds (0.01 before dividing by a mean >= 1)
+    n = mask.sum(-1)
+    torch.testing.assert_close(w.sum(-1) / n, torch.ones(64), atol=1e-5, rtol=0)
+    # an explicit w_min = 0 still allows zeros
+    w0, _ = scores_to_weights(scores, mask, WeightParams(normalizer="linear", alpha=2.0, w_min=0.0))
+    assert (w0[mask] == 0).any()
