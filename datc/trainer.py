@@ -74,7 +74,7 @@ from datc.utils import peak_rss_mb, quiet_libraries, seed_everything
 __all__ = [  # the loop and the step's phases; the rest is re-exported from the modules that now hold it
     "GIT_COMMIT", "REUSE_LOGITS_MAX_ELEMENTS", "Credited", "CreditChunk", "Models", "PassPlan", "PromptSampler",
     "Rewarded", "Session", "assign_credit", "build_session", "credit_inputs", "credit_row_slices", "evaluate",
-    "learn", "load_models", "logps_under_prompts", "pass_plan", "policy_logits", "reference_logps", "reward",
+    "learn", "load_models", "logps_under_prompts", "loss_mask", "pass_plan", "policy_logits", "reference_logps", "reward",
     "rollout", "rollout_policy_pass", "step_metrics", "train", "train_step", "update",
 ]
 
