@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 from torch import Tensor
 
 
@@ -22,3 +23,21 @@ def within_group_corr(x: Tensor, y: Tensor, group_size: int) -> float:
     vals = [pearson(a, b) for a, b in zip(xs, ys, strict=True)]
     vals = [v for v in vals if not math.isnan(v)]
     return sum(vals) / len(vals) if vals else math.nan
+
+
+def finite_mean(x: Tensor) -> float:
+    """Mean of the finite entries of ``x`` (NaN if none); non-finite ones are counted apart."""
+    x = x[torch.isfinite(x)]
+    return float(x.mean()) if x.numel() else math.nan
+
+
+def finite_std(x: Tensor) -> float:
+    """Std of the finite entries of ``x`` (NaN if fewer than two)."""
+    x = x[torch.isfinite(x)]
+    return float(x.std()) if x.numel() > 1 else math.nan
+
+
+def mean_of(xs: list) -> float | None:
+    """Mean of the finite numbers in ``xs`` (None, missing and non-finite entries skipped; None if none)."""
+    xs = [x for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]
+    return sum(xs) / len(xs) if xs else None

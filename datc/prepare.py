@@ -311,7 +311,7 @@ def main() -> None:
 
     from datc.config import ConfigError, validate
     from datc.models import ModelLoadError
-    from datc.train import CONFIG_DIR
+    from datc.paths import CONFIG_DIR
 
     @hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")
     def _prepare(cfg: DictConfig) -> None:

@@ -7,15 +7,15 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from datc.config import ConfigError
+from datc.paths import CONFIG_DIR
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
+__all__ = ["CONFIG_DIR", "main"]
 
 
 def _run(cfg: DictConfig) -> float | None:

@@ -138,19 +138,13 @@ def topk_agreement(session) -> dict:
     """Spearman correlation of top_k=64 scores with exact scores on fresh testbed rollouts."""
     from scipy.stats import spearmanr
 
+    from datc.credit.analysis import credit_inputs
     from datc.credit.datc_math import datc_scores
-    from datc.rewards.model import build_rm_inputs, score
-    from datc.rollout import sample_groups
-    from datc.trainer import rollout_policy_pass
 
-    t, m = session.c.trainer, session.m
     examples = [session.assets.eval[i] for i in range(64)]
-    ro = sample_groups(m.policy, m.tok, examples, t.num_generations, t.max_new_tokens)
-    inp = build_rm_inputs(ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask, m.tok.pad_token_id)
-    g = score(m.rm, inp, ro.response_mask, with_grad=True).grad
-    _, _, logits = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size, True)
+    inputs = credit_inputs(session, examples, generator_seed=0)  # the trainer's rollout, reward and credit inputs
+    ro, g, logits, E = inputs.rollout, inputs.batch.rm_grad, inputs.batch.policy_logits, inputs.batch.rm_embedding
     mk = ro.response_mask.reshape(-1)
-    E = m.rm.get_input_embeddings().weight.detach().float()
     args = (g.reshape(-1, g.shape[-1])[mk], E, logits.reshape(-1, logits.shape[-1])[mk], ro.response_ids.reshape(-1)[mk],
             torch.ones(int(mk.sum())))
     exact = datc_scores(*args)

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+import datc.evaluation as evaluation_mod
 import datc.trainer as trainer_mod
 from datc.advantages import group_advantages
 from datc.checkpoint import latest_checkpoint, load_checkpoint
@@ -308,7 +309,7 @@ def test_nonfinite_scores_at_eval_are_counted_not_averaged(nf_cache, tmp_path, m
         scores[::2] = float("nan")
         return replace(out, scores=scores)
 
-    monkeypatch.setattr(trainer_mod, "score", half_nan)
+    monkeypatch.setattr(evaluation_mod, "score", half_nan)
     c = validate(cfg_for(nf_cache, tmp_path / "unused"))
     s = trainer_mod.build_session(c)
     metrics, _ = trainer_mod.evaluate(c, s.m, list(s.assets.eval)[:16], s.assets.task, s.device)

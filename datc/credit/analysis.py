@@ -15,12 +15,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from datc.advantages import group_advantages
 from datc.credit import CreditBatch, CreditOutput, compute_credit, resolve_scheme
-from datc.prepare import gold_of
-from datc.rewards.model import score
-from datc.rollout import Rollout, sample_groups
-from datc.trainer import Session, build_session, logps_under_prompts, rollout_policy_pass
+from datc.credit.base import NEEDS
+from datc.passes import PassPlan
+from datc.paths import CONFIG_DIR
+from datc.rollout import Rollout
+from datc.session import Session, build_session, rm_embedding_of
+from datc.trainer import credit_inputs as step_credit_inputs
+from datc.trainer import reward, rollout
 
 
 @dataclass
@@ -45,7 +47,6 @@ def session_for(overrides: list[str]) -> Session:
     from hydra import compose, initialize_config_dir
 
     from datc.config import validate
-    from datc.train import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
@@ -68,30 +69,20 @@ def credit_inputs(
     task.
 
     Advantages come from the reward model's scores alone (no ``reward.scale``, no rules): the
-    credit a scheme assigns is judged against the reward model it differentiates.
+    credit a scheme assigns is judged against the reward model it differentiates. The phases
+    are the trainer's (:func:`datc.trainer.rollout`, :func:`datc.trainer.reward`,
+    :func:`datc.trainer.credit_inputs`), with its non-finite guards.
     """
-    t, m = session.c.trainer, session.m
-    ro = sample_groups(m.policy, m.tok, examples, t.num_generations, t.max_new_tokens,
-                       t.temperature, t.top_p, session.c.data.prompt_field, encoder=m.encoder)
-    inp = m.score_inputs(ro)
-    rm = score(m.rm, inp, ro.response_mask, with_grad=True, batch_size=t.micro_batch_size)
-    adv = group_advantages(rm.scores, t.num_generations, t.scale_rewards)
-    logps, entropy, logits, hidden = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size,
-                                                         keep_logits=True, keep_hidden=True)
-    gold = contrib = None
-    if session.assets.task is not None:
-        gold, contrib = gold_of(session.assets.task, m.tok, ro.examples, ro.response_ids,
-                                ro.response_mask)
-        # gold_of works on the CPU; the masks it is compared with live on the session's device
-        gold, contrib = gold.to(adv.device), contrib.to(adv.device)
-    batch = CreditBatch(
-        ro.response_ids, ro.response_mask, adv, rm_grad=rm.grad,
-        rm_embedding=m.rm.get_input_embeddings().weight.detach().float(),
-        policy_logits=logits, entropy=entropy, old_logps=logps,
-        prompts=[m.encoder.text(ex) for ex in ro.examples],
-        logps_under=logps_under_prompts(m.policy, m.tok, ro, t.temperature, t.micro_batch_size, m.encoder),
-        policy_hidden=hidden,
-    )
+    ro = rollout(session, examples)
+    rw = reward(session, ro, ro.response_mask, with_grad=True, shaped=False)
+    gold, contrib = rw.gold, rw.gold_contrib
+    if gold is not None:  # gold_of works on the CPU; the masks it is compared with live on the session's device
+        gold, contrib = gold.to(rw.advantages.device), contrib.to(rw.advantages.device)
+    # every input any scheme may declare, from one pass of the rollout policy over the whole batch
+    everything = dataclasses.replace(session, rm_embedding=session.rm_embedding if session.rm_embedding is not None
+                                     else rm_embedding_of(session.m))
+    batch = step_credit_inputs(everything, ro, rw, slice(0, len(ro.examples)), PassPlan(True, True, False), None,
+                               needs=NEEDS).batch
     return CreditInputs(ro, batch, gold, contrib, generator_seed)
 
 

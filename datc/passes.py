@@ -1,0 +1,93 @@
+"""No-grad passes of the policy over a sampled batch, and the plan of which a step makes.
+
+Shapes: B responses, T response positions (right-padded), V vocabulary, d the policy's hidden
+size. Logits are divided by the sampling temperature, so log-probs are the sampler's.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from datc.credit.base import ENTROPY, OLD_LOGPS, POLICY_HIDDEN, POLICY_LOGITS
+from datc.logprobs import entropy_from_logits, selective_log_softmax
+from datc.rollout import Rollout, position_ids, with_prompts
+
+# Largest B·T·V for which generate's logits are kept for credit (``reuse_rollout_logits: auto``):
+# 2^28 float32 values = 1 GiB. Real vocabularies at real batch sizes recompute them in chunks.
+REUSE_LOGITS_MAX_ELEMENTS = 2**28
+
+
+class PassPlan(NamedTuple):
+    on_policy: bool  # one epoch, one mini-batch: the loss's old log-probs are the current ones
+    wants_dist: bool  # the credit scheme reads the rollout policy's distribution
+    reuse: bool  # ... and takes it from the sampler's kept logits (no second forward pass)
+
+
+def pass_plan(t, needs: frozenset[str], vocab_size: int) -> PassPlan:
+    """Which no-grad passes of the rollout policy a step makes, for trainer settings ``t`` and a
+    scheme's declared inputs (also read by scripts/memory_plan.py)."""
+    on_policy = t.epochs == 1 and t.mini_batch_size == t.batch_size
+    wants_dist = bool(needs & {POLICY_LOGITS, ENTROPY, OLD_LOGPS, POLICY_HIDDEN})
+    reuse = on_policy and wants_dist and POLICY_HIDDEN not in needs and (  # the sampler keeps no hidden states
+        t.reuse_rollout_logits == "always"
+        or (t.reuse_rollout_logits == "auto" and t.batch_size * t.max_new_tokens * vocab_size <= REUSE_LOGITS_MAX_ELEMENTS))
+    return PassPlan(on_policy, wants_dist, reuse)
+
+
+def policy_logits(model, ro: Rollout, rows: slice | torch.Tensor, temperature: float) -> torch.Tensor:
+    """Logits over the response positions, divided by the sampling temperature. (b, T, V)"""
+    ids, am = ro.input_ids[rows], ro.attention_mask[rows]
+    T = ro.response_ids.shape[1]
+    # the LM head only at the T positions that predict a response token (not at the prompt's)
+    logits = model(input_ids=ids, attention_mask=am.long(), position_ids=position_ids(am), logits_to_keep=T + 1).logits
+    return logits[:, :-1].float() / temperature
+
+
+@torch.no_grad()
+def rollout_policy_pass(model, ro: Rollout, temperature: float, micro: int, keep_logits: bool,
+                        keep_hidden: bool = False, with_entropy: bool = True):
+    """One no-grad pass of a frozen or pre-update policy: log-probs, entropies (None without
+    ``with_entropy``) and (when a credit scheme declares them) the logits. Returns (logps (B,T),
+    entropy (B,T)|None, logits|None);
+    with ``keep_hidden`` a fourth element, the LM-head inputs (B,T,d) float32 at the same
+    positions (the last hidden state, after the final norm: logits = lm_head(hidden) / temperature)."""
+    logps, ents, all_logits, hidden = [], [], [], []
+    P = ro.prompt_ids.shape[1]
+    for i in range(0, ro.response_ids.shape[0], micro):
+        if keep_hidden:  # policy_logits' forward, also returning the last hidden state
+            ids, am = ro.input_ids[i : i + micro], ro.attention_mask[i : i + micro]
+            fwd = model(input_ids=ids, attention_mask=am.long(), position_ids=position_ids(am), output_hidden_states=True,
+                        logits_to_keep=ro.response_ids.shape[1] + 1)
+            z = fwd.logits[:, :-1].float() / temperature
+            hidden.append(fwd.hidden_states[-1][:, P - 1 : -1].float())
+        else:
+            z = policy_logits(model, ro, slice(i, i + micro), temperature)
+        logps.append(selective_log_softmax(z, ro.response_ids[i : i + micro]))
+        if with_entropy:
+            ents.append(entropy_from_logits(z))
+        if keep_logits:
+            all_logits.append(z)
+    out = torch.cat(logps), torch.cat(ents) if with_entropy else None, torch.cat(all_logits) if keep_logits else None
+    return (*out, torch.cat(hidden)) if keep_hidden else out
+
+
+def logps_under_prompts(model, tok, ro: Rollout, temperature: float, micro: int, encoder=None):
+    """The ``LOGPS_UNDER`` input of a credit scheme: a function from B prompt texts to the
+    rollout policy's log-probs (B, T) of the sampled response ids under those prompts, one
+    no-grad :func:`rollout_policy_pass` per call (ids spliced, never re-tokenized; see
+    :func:`datc.rollout.with_prompts`). Under the original prompts it gives the old log-probs."""
+    cfg = getattr(model, "config", None)
+    ctx = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
+
+    def logps_under(prompts: list[str]) -> torch.Tensor:
+        other = with_prompts(ro, tok, prompts, encoder)
+        width = other.prompt_ids.shape[1] + other.response_ids.shape[1]
+        if ctx is not None and width > ctx:
+            raise ValueError(f"prompts of up to {other.prompt_ids.shape[1]} tokens plus {other.response_ids.shape[1]} "
+                             f"response positions exceed the policy's context of {ctx}")
+        return rollout_policy_pass(model, other, temperature, micro, False, with_entropy=False)[0]
+
+    return logps_under
+

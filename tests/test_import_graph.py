@@ -1,0 +1,99 @@
+"""The package's modules import each other without cycles, and each imports alone.
+
+The graph is read with ``ast`` from every ``import`` statement in ``datc/``, those inside
+functions included (a deferred import that closes a cycle still couples the two modules)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "datc"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PKG.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The ``datc`` modules that module ``name`` imports (``from pkg import mod`` counts as mod)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            out.add(base)
+            out |= {f"{base}.{a.name}" for a in node.names}
+    return {m for m in out if m in MODULES and m != name}
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a list of nodes (first == last), or None if it is acyclic."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(u: str) -> list[str] | None:
+        state[u] = 1
+        path.append(u)
+        for v in sorted(graph[u]):
+            if state.get(v) == 1:
+                return path[path.index(v):] + [v]
+            if v not in state and (cycle := visit(v)):
+                return cycle
+        path.pop()
+        state[u] = 2
+        return None
+
+    for u in sorted(graph):
+        if u not in state and (cycle := visit(u)):
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_the_graph_sees_deferred_and_package_imports():
+    graph = import_graph()
+    assert "datc.trainer" in graph["datc.train"]  # imported inside a function
+    assert "datc.credit.base" in graph["datc.credit.analysis"]
+
+
+def test_the_package_has_no_import_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+@pytest.mark.slow
+def test_every_module_imports_alone_in_a_fresh_interpreter():
+    # One interpreter per module would take minutes (torch loads in each); a fresh module table
+    # per module inside one interpreter checks the same thing: no module needs another to have
+    # been imported first. ``__main__`` modules run their command when imported: not imported.
+    names = sorted(n for n in MODULES if not n.endswith("__main__"))
+    code = (
+        "import importlib, sys\n"
+        f"names = {names!r}\n"
+        "for n in names:\n"
+        "    for k in [k for k in sys.modules if k == 'datc' or k.startswith('datc.')]:\n"
+        "        del sys.modules[k]\n"
+        "    importlib.import_module(n)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=PKG.parent, timeout=600)
