@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import subprocess
 import time
@@ -22,8 +21,7 @@ from transformers import get_scheduler
 from datc.advantages import group_advantages
 from datc.chat import RewardInputs, prompt_encoder
 from datc.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
+    latest_loadable_checkpoint,
     load_engine_checkpoint,
     save_checkpoint,
     save_engine_checkpoint,
@@ -61,7 +59,8 @@ from datc.prepare import Assets, ensure_assets, gold_of
 from datc.rewards.model import score
 from datc.rewards.rules import RULES, RuleContext
 from datc.rollout import Rollout, cat_rollouts, position_ids, sample_groups, with_prompts
-from datc.rundir import RunDir
+from datc.rundir import RunDir, metrics_gaps, release_run_locks
+from datc.signals import stop_if_requested, stop_requested, stop_signals
 from datc.tokenizer import load_tokenizer
 from datc.utils import (
     atomic_write_json,
@@ -551,8 +550,10 @@ def train(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict[str
     c = validate(cfg)  # typed and range-checked before any model loads
     dist = init_distributed(c)  # world-size checks, then the process group (DeepSpeed only)
     try:
-        return _train(c, _resolved(cfg), dist, run_dir)
+        with stop_signals():  # SIGTERM / SIGINT: checkpoint at the next step boundary, then stop
+            return _train(c, _resolved(cfg), dist, run_dir)
     finally:
+        release_run_locks()
         dist.close()
 
 
@@ -576,10 +577,9 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
     eval_rows = list(s.assets.eval)[: t.eval_size]
 
     start, elapsed = 0, 0.0
-    ckpt = latest_checkpoint(run.path) if run.resumable else None
+    ckpt, state = latest_loadable_checkpoint(run.path) if run.resumable else (None, None)
     if ckpt is not None:
         if s.engine is None:
-            state = load_checkpoint(ckpt)
             if state.get("deepspeed"):
                 raise ConfigError(f"deepspeed: {ckpt} was written under DeepSpeed ({state['world_size']} processes); "
                                   "resume it with the same deepspeed stage and process count")
@@ -599,6 +599,7 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
         logger.log(metrics, step)
         logger.log_samples(samples, step)
 
+    stop_if_requested(stop_requested(dist), start, saved=False)  # a signal during the set-up
     if start == 0:
         do_eval(0)
     bar = tqdm(range(start, t.steps), initial=start, total=t.steps, disable=not (t.progress and dist.is_main), desc=c.run_name)
@@ -610,7 +611,8 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
         _merged_nonfinite(dist, s.nonfinite).check(t.max_nonfinite_frac, step)  # after the step is logged
         if step % t.eval_every == 0 or step == t.steps:
             do_eval(step)
-        if step % t.checkpoint_every == 0 or step == t.steps:
+        stopping = stop_requested(dist)
+        if step % t.checkpoint_every == 0 or step == t.steps or stopping:
             if s.engine is None:
                 save_checkpoint(run.path, step, {"policy": s.m.policy.state_dict(), "optimizer": s.opt.state_dict(),
                                                  "scheduler": s.sched.state_dict(), "rng": rng_state(), "elapsed": elapsed},
@@ -620,6 +622,7 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
                                        dist.rank, dist.world_size, dist.barrier, t.keep_checkpoints)
         bar.set_postfix({k.split("/")[1]: f"{metrics[k]:.3f}" for k in ("reward/gold", "reward/rm_score", "loss/kl")
                          if k in metrics})
+        stop_if_requested(stopping and step < t.steps, step)  # the last step finishes the run instead
 
     summary = None
     if dist.is_main:
@@ -648,7 +651,7 @@ def _open_run(dist: Dist, path: str | Path, resolved: dict[str, Any], resume: st
     if dist.is_main:
         try:
             run = RunDir.open(path, resolved, resume)
-            outcome = ("ok", run, json.loads(run.summary_file.read_text()) if run.summary_file.exists() else None)
+            outcome = ("ok", run, run.read_summary())
         except ConfigError as e:
             dist.broadcast(("error", str(e), None))
             raise
@@ -768,20 +771,23 @@ def _summary(c: TrainConfig, run: RunDir, assets: Assets, elapsed: float) -> dic
     rows = run.read_metrics()
     evals = [r for r in rows if "eval/rm_score" in r]
     trains = [r for r in rows if "perf/step_s" in r]
+    gaps = metrics_gaps(rows, c.trainer.steps)  # never invent what metrics.jsonl does not hold
     out: dict[str, Any] = {
         "run_name": c.run_name, "run_id": run.run_id, "seed": c.seed,
         "credit": c.credit.get("name", c.credit.get("_target_")), "policy": c.policy.name, "data": c.data.name,
         "steps": c.trainer.steps, "wall_time_s": round(elapsed, 2), "git_commit": GIT_COMMIT,
-        "eval": {"initial": {k: v for k, v in evals[0].items() if k != "step"} if evals else {},
+        "eval": {"initial": {k: v for k, v in evals[0].items() if k != "step"} if evals and evals[0]["step"] == 0 else {},
                  "final": {k: v for k, v in evals[-1].items() if k != "step"} if evals else {},
                  "curve": [{"step": r["step"], "gold": r.get("eval/gold"), "rm_score": r["eval/rm_score"]} for r in evals]},
         "rm_report": assets.rm_report,
     }
     golds = [(r["step"], r["eval/gold"]) for r in evals if r.get("eval/gold") is not None]
-    if len(golds) > 1:  # normalized area under the gold curve (trapezoid rule, per step)
+    if gaps:
+        out["metrics_missing"] = gaps
+    if len(golds) > 1 and not gaps:  # normalized area under the gold curve (trapezoid rule, per step)
         area = sum((s1 - s0) * (g0 + g1) / 2 for (s0, g0), (s1, g1) in zip(golds, golds[1:], strict=False))
         out["eval"]["gold_auc"] = area / (golds[-1][0] - golds[0][0])
-    if trains:
+    if trains and not gaps:
         keys = [k for k in trains[0] if k.startswith(("perf/", "credit/"))]
         out["train_mean"] = {k: _mean([r.get(k) for r in trains]) for k in keys}
     return out
