@@ -19,6 +19,7 @@ import json
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +58,9 @@ class RunLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = os.pread(fd, 200, 0).decode(errors="replace").split()
+                holder = _holder(fd)
                 os.close(fd)
-                who = f"process {holder[0]} on host {holder[1]}" if len(holder) >= 2 else "another process"
+                who = f"process {holder[0]} on host {holder[1]}" if holder else "another process"
                 raise RunBusyError(
                     f"run_dir: {run_dir} is in use by {who}; one process writes a run directory at a time: "
                     "wait for it to end (or stop it), or choose another run_name or run_dir"
@@ -75,8 +76,9 @@ class RunLock:
             if same:
                 break
             os.close(fd)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        me = f"{os.getpid()} {socket.gethostname()}\n".encode()
+        os.pwrite(fd, me, 0)
+        os.ftruncate(fd, len(me))
         return cls(path, fd)
 
     def release(self, remove: bool = False) -> None:
@@ -87,6 +89,31 @@ class RunLock:
                 self.path.unlink()
         os.close(self.fd)  # closing the last descriptor releases the flock
         self.fd = -1
+
+
+def _holder(fd: int, wait_s: float = 2.0) -> tuple[str, str] | None:
+    """(pid, host) the lock's holder wrote; the holder writes it just after taking the lock,
+    so an empty file, or one naming a process of this host that is gone, is read again."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        parts = os.pread(fd, 200, 0).decode(errors="replace").split()
+        if len(parts) >= 2 and parts[0].isdigit():
+            pid, host = parts[0], parts[1]
+            if host != socket.gethostname() or _alive(int(pid)):
+                return pid, host
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 _HELD: list[RunLock] = []  # locks this process holds (released by release_run_locks)

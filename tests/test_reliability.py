@@ -323,38 +323,48 @@ def test_files_and_folders_follow_the_umask(tmp_path):
     assert stat.S_IMODE((tmp_path / "metrics.jsonl").stat().st_mode) == 0o664
 
 
-def _other_user() -> dict:
-    """Run a child as an unprivileged user when we are root (root ignores file modes)."""
-    return {"user": 65534, "group": 65534} if os.geteuid() == 0 else {}
+READ_ONLY_AS_ROOT = """
+import builtins, errno, os, sys
+RO = sys.argv.pop(1)
+def refuse(path):
+    raise PermissionError(errno.EACCES, "Permission denied", str(path))
+real_open, real_bopen = os.open, builtins.open
+def ro_open(path, flags, *a, **k):
+    if str(path).startswith(RO) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+        refuse(path)
+    return real_open(path, flags, *a, **k)
+def ro_bopen(file, mode="r", *a, **k):
+    if str(file).startswith(RO) and any(c in mode for c in "wax+"):
+        refuse(file)
+    return real_bopen(file, mode, *a, **k)
+os.open, builtins.open = ro_open, ro_bopen
+from datc.train import main
+main()
+"""
 
 
 @pytest.mark.slow
 def test_a_read_only_run_directory(finished, tmp_path):
-    # A world-readable copy (the child may run as another user), made read-only.
-    base = Path(os.environ.get("TMPDIR", "/tmp")) / f"datc-ro-{os.getpid()}"
-    shutil.rmtree(base, ignore_errors=True)
-    base.mkdir(mode=0o755)
+    done = tmp_path / "done"
+    shutil.copytree(finished[0], done)
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(finished[0], unfinished)
+    (unfinished / "summary.json").unlink()
+    for root, _, files in os.walk(tmp_path):
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o444)
+        os.chmod(root, 0o555)
     try:
-        os.chmod(base, 0o755)
-        done = base / "done"
-        shutil.copytree(finished[0], done)
-        unfinished = base / "unfinished"
-        shutil.copytree(finished[0], unfinished)
-        (unfinished / "summary.json").unlink()
-        for root, _, files in os.walk(base):
-            for name in files:
-                os.chmod(os.path.join(root, name), 0o444)
-            os.chmod(root, 0o555)
-        env = {**os.environ, "HOME": str(base), "HF_HOME": str(base / "hf")}
         for run, code, text in ((done, 0, "eval gold"), (unfinished, 2, "is not writable")):
-            cmd = _cli(base / "cache", run, *finished[1])
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=env, **_other_user())
+            args = _cli(tmp_path / "cache", run, *finished[1])
+            if os.geteuid() == 0:  # root ignores file modes: refuse writes below the directory as the kernel would
+                args = [sys.executable, "-c", READ_ONLY_AS_ROOT, str(tmp_path), *args[3:]]
+            r = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=REPO)
             assert r.returncode == code, r.stderr
             assert text in r.stdout + r.stderr and "Traceback" not in r.stderr, r.stderr
     finally:
-        for root, _, _ in os.walk(base):
+        for root, _, _ in os.walk(tmp_path):
             os.chmod(root, 0o755)
-        shutil.rmtree(base, ignore_errors=True)
 
 
 # ---- the command line ---------------------------------------------------------------------------
