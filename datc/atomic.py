@@ -1,8 +1,13 @@
-"""Atomic file and directory writes (no torch import, so light tools can use them)."""
+"""Atomic file and directory writes (no torch import, so light tools can use them).
+
+Files and folders are created with the user's umask, as ``open`` and ``mkdir`` would create
+them (``tempfile`` alone would leave them 0600 / 0700, unreadable to colleagues on a shared
+folder)."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -12,13 +17,28 @@ from pathlib import Path
 from typing import Any
 
 
+def umask() -> int:
+    """The process's umask, read without changing it where ``/proc`` says it (Linux >= 4.7);
+    elsewhere set and restored at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write a file so that readers see either the old or the new content, never a torn one:
-    a temporary sibling, fsync, then ``os.replace``."""
+    a temporary sibling, fsync, then ``os.replace``. The file gets ``0o666 & ~umask``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -38,14 +58,36 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
+def append_line(path: str | Path, line: str) -> None:
+    """Append one line (``line`` ends with a newline) so that it is in the file whole or not at
+    all: a single ``os.write`` of the full line, and if the disk fills mid-line (a short write
+    or ENOSPC) the file is cut back to where it was and the error raised."""
+    data = line.encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # mode: 0o666 & ~umask
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, data)
+            if written != len(data):
+                raise OSError(errno.ENOSPC, f"only {written} of {len(data)} bytes written (disk full?)", str(path))
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)  # never leave a torn row behind
+            raise
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary sibling directory that is renamed to ``path`` when the block succeeds.
-    A concurrent writer that finished first wins; ours is discarded (same content by key)."""
+    """Yield a temporary sibling directory that is renamed to ``path`` when the block succeeds
+    (mode ``0o777 & ~umask``). A concurrent writer that finished first wins; ours is discarded
+    (same content by key)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
+        os.chmod(tmp, 0o777 & ~umask())
         yield tmp
         try:
             os.rename(tmp, path)

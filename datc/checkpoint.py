@@ -3,14 +3,18 @@
 Each checkpoint is ``<run_dir>/checkpoints/step_XXXXXXX/state.pt`` holding the policy,
 optimizer, scheduler, every RNG state and the step. It is written into a temporary sibling
 and renamed into place, so a run killed mid-write leaves only a ``.tmp`` directory that is
-never loaded.
+never loaded. A complete checkpoint whose file was later damaged (a truncated or empty
+``state.pt``) is set aside on resume, and the newest one that loads is used.
 """
 
 from __future__ import annotations
 
+import errno
 import io
+import os
 import re
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,16 +46,54 @@ def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], keep:
     for stale in root.glob(".step_*.tmp"):  # leftovers of a run killed while writing
         shutil.rmtree(stale, ignore_errors=True)
     path = root / f"step_{step:07d}"
+    if path.exists():  # a damaged checkpoint of this step, set aside or not: replaced (one writer)
+        shutil.rmtree(path)
     with atomic_dir(path) as tmp:
-        torch.save({**state, "step": step}, tmp / "state.pt")
+        _save({**state, "step": step}, tmp / "state.pt")
     for old in checkpoint_dirs(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return path
 
 
+def _save(obj: Any, file: Any) -> None:
+    """``torch.save`` with a full disk said as such: torch reports a short write as
+    ``[enforce fail at inline_container.cc] unexpected pos`` or ``file write failed``."""
+    try:
+        torch.save(obj, file)
+    except RuntimeError as e:
+        text = str(e)
+        if "unexpected pos" in text or "write failed" in text or "No space left" in text:
+            first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+            raise OSError(errno.ENOSPC, f"No space left on device (or quota exceeded) while writing a checkpoint "
+                                        f"(torch: {first})", str(file)) from None
+        raise
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     # Our own file with RNG states (numpy arrays, tuples): not a weights-only pickle.
     return torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)
+
+
+def latest_loadable_checkpoint(run_dir: str | Path) -> tuple[Path | None, dict[str, Any] | None]:
+    """The newest checkpoint whose ``state.pt`` loads, and that state. A damaged one (truncated,
+    empty, unreadable) is renamed ``step_XXXXXXX.damaged`` (never loaded again, kept to look
+    at) with one line on stderr saying which and why, and the one before is tried."""
+    for path in reversed(checkpoint_dirs(run_dir)):
+        try:
+            return path, load_checkpoint(path)
+        except Exception as e:  # noqa: BLE001  torch raises RuntimeError, EOFError, UnpicklingError, ...
+            first = (str(e).strip().splitlines() or [""])[0][:160]
+            aside = path.with_name(path.name + ".damaged")
+            try:
+                if aside.exists():
+                    shutil.rmtree(aside)
+                os.replace(path, aside)
+            except OSError:
+                pass  # another rank set it aside first
+            print(f"datc: warning: checkpoint {path.name} skipped: its state.pt does not load "
+                  f"({type(e).__name__}: {first}); set aside as {aside.name}, trying the one before",
+                  file=sys.stderr, flush=True)
+    return None, None
 
 
 # ---- DeepSpeed engines ------------------------------------------------------------------------
@@ -82,7 +124,7 @@ def save_engine_checkpoint(run_dir: str | Path, step: int, engine, state: dict[s
     barrier()
     if rank == 0:
         buf = io.BytesIO()
-        torch.save({**state, "step": step, "world_size": world_size, "deepspeed": True}, buf)
+        _save({**state, "step": step, "world_size": world_size, "deepspeed": True}, buf)
         atomic_write_bytes(path / "state.pt", buf.getvalue())
         for old in checkpoint_dirs(run_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)

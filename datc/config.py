@@ -7,6 +7,8 @@ types are refused by OmegaConf), then checks ranges and cross-field rules. Every
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,6 +204,23 @@ def _get(cfg: TrainConfig, dotted: str) -> Any:
     return obj
 
 
+def _floats(obj: Any, prefix: str = "") -> list[tuple[str, float]]:
+    """Every float field of the typed config (schemas and the free-form dicts), dotted."""
+    if dataclasses.is_dataclass(obj):
+        items = [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+    elif isinstance(obj, dict):
+        items = list(obj.items())
+    elif isinstance(obj, list):
+        items = [(f"[{i}]", v) for i, v in enumerate(obj)]
+    else:
+        return [(prefix, obj)] if isinstance(obj, float) else []
+    out = []
+    for name, value in items:
+        key = f"{prefix}{name}" if str(name).startswith("[") else f"{prefix}.{name}" if prefix else str(name)
+        out += _floats(value, key)
+    return out
+
+
 def to_schema(cfg: DictConfig | dict) -> TrainConfig:
     """Merge a composed config into the typed schema (types and key names checked)."""
     raw = OmegaConf.create(cfg) if not isinstance(cfg, DictConfig) else cfg.copy()
@@ -232,6 +251,9 @@ def _valid_keys(parent: str) -> list[str]:
 def validate(cfg: DictConfig | dict) -> TrainConfig:
     """Typed and range-checked config, or a :class:`ConfigError` naming the field."""
     c = to_schema(cfg)
+    for key, value in _floats(c):
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}: must be a finite number, got {value}")
     for key, choices in CHOICES.items():
         if _get(c, key) not in choices:
             raise ConfigError(f"{key}: {_get(c, key)!r} is not valid; choose one of {', '.join('null' if x is None else str(x) for x in choices)}")
@@ -301,3 +323,21 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
     except (ValueError, TypeError, ImportError, RegistryError) as e:
         raise ConfigError(f"credit: {e}") from None
     return c
+
+
+def hydra_error_line(e: Exception) -> str:
+    """One line for Hydra's own composition errors (an unknown option of a config group, an
+    unknown key, a malformed override), naming the group or key and the valid choices."""
+    options = getattr(e, "options", None)
+    missing = getattr(e, "missing_cfg_file", None)
+    if options is not None and missing:
+        group, _, choice = str(missing).rpartition("/")
+        return f"{group}={choice}: no such option in {group}/; choose one of {', '.join(options)}"
+    key = getattr(e.__cause__, "full_key", None)
+    if key:
+        parent = key.rsplit(".", 1)[0] if "." in key else ""
+        valid = _valid_keys(parent)
+        hint = f"; valid keys{' of ' + parent if parent else ''}: {', '.join(valid)}" if valid else ""
+        return f"{key}: not a config key{hint} (add one with +{key}=...)"
+    lines = [ln.strip() for ln in str(e).split("Config search path")[0].splitlines() if ln.strip()]
+    return " ".join(lines) or type(e).__name__

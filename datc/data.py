@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +64,43 @@ def load_prompts(data_cfg, cache_dir: str) -> tuple[datasets.Dataset, datasets.D
     train, evald = ds[data_cfg.train_split], ds[data_cfg.eval_split]
     if data_cfg.prompt_field not in train.column_names:
         raise ConfigError(f"data.prompt_field: {data_cfg.prompt_field!r} is not a column of {path!r}; columns: {train.column_names}")
-    return train, evald
+    return check_prompts(train, data_cfg.prompt_field, "train"), check_prompts(evald, data_cfg.prompt_field, "eval")
+
+
+def _prompt_problem(value: Any) -> str | None:
+    """Why a prompt value cannot be used ("empty", or what it is instead of text or chat
+    messages), or None."""
+    if isinstance(value, str):
+        return None if value.strip() else "empty"
+    if isinstance(value, list) and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                       and isinstance(m.get("content"), str) for m in value):
+        return None if any(m["content"].strip() for m in value) else "empty"
+    if isinstance(value, list):
+        return "a list that is not chat messages ({'role': ..., 'content': ...} dicts)"
+    return f"a {type(value).__name__}, not text"
+
+
+def check_prompts(ds: datasets.Dataset, field: str, split: str) -> datasets.Dataset:
+    """Prompts must be text or chat messages: anything else is a one-line error naming the
+    field and the first bad row; empty prompts are dropped with a warning (an error if every
+    prompt is empty)."""
+    if field not in ds.column_names:
+        return ds  # said by the caller, with the columns
+    problems = [(i, _prompt_problem(v)) for i, v in enumerate(ds[field])]
+    wrong = [(i, p) for i, p in problems if p not in (None, "empty")]
+    if wrong:
+        i, why = wrong[0]
+        raise ConfigError(f"data.prompt_field: {field!r} in the {split} split holds {why} (row {i}, {len(wrong)} such rows); "
+                          "a prompt is a string or a list of chat messages")
+    empty = [i for i, p in problems if p == "empty"]
+    if empty and len(empty) == len(ds):
+        raise ConfigError(f"data.prompt_field: every {split} prompt in {field!r} is empty")
+    if empty:
+        print(f"datc: warning: data.prompt_field: dropped {len(empty)} of {len(ds)} {split} prompts that are empty "
+              f"(first: row {empty[0]})", file=sys.stderr, flush=True)
+        drop = set(empty)
+        ds = ds.select([i for i in range(len(ds)) if i not in drop])
+    return ds
 
 
 def rows(ds: datasets.Dataset, indices) -> list[dict[str, Any]]:

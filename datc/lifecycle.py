@@ -7,7 +7,6 @@ rank writes its own shards and RNG state into the checkpoints.
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -15,8 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from datc.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
+    latest_loadable_checkpoint,
     load_engine_checkpoint,
     save_checkpoint,
     save_engine_checkpoint,
@@ -25,7 +23,7 @@ from datc.config import ConfigError, TrainConfig
 from datc.distributed import Dist
 from datc.metrics import mean_of
 from datc.prepare import Assets
-from datc.rundir import RunDir
+from datc.rundir import RunDir, metrics_gaps
 from datc.session import Session
 from datc.utils import atomic_write_json, rng_state, set_rng_state
 
@@ -60,7 +58,7 @@ def open_run(dist: Dist, path: str | Path, resolved: dict[str, Any], resume: str
     if dist.is_main:
         try:
             run = RunDir.open(path, resolved, resume)
-            outcome = ("ok", run, json.loads(run.summary_file.read_text()) if run.summary_file.exists() else None)
+            outcome = ("ok", run, run.read_summary())
         except ConfigError as e:
             dist.broadcast(("error", str(e), None))
             raise
@@ -76,10 +74,9 @@ def resume(s: Session, run: RunDir) -> tuple[int, float]:
     already trained)."""
     dist = s.dist
     start, elapsed = 0, 0.0
-    ckpt = latest_checkpoint(run.path) if run.resumable else None
+    ckpt, state = latest_loadable_checkpoint(run.path) if run.resumable else (None, None)
     if ckpt is not None:
         if s.engine is None:
-            state = load_checkpoint(ckpt)
             if state.get("deepspeed"):
                 raise ConfigError(f"deepspeed: {ckpt} was written under DeepSpeed ({state['world_size']} processes); "
                                   "resume it with the same deepspeed stage and process count")
@@ -122,20 +119,23 @@ def summarize(c: TrainConfig, run: RunDir, assets: Assets, elapsed: float) -> di
     rows = run.read_metrics()
     evals = [r for r in rows if "eval/rm_score" in r]
     trains = [r for r in rows if "perf/step_s" in r]
+    gaps = metrics_gaps(rows, c.trainer.steps)  # never invent what metrics.jsonl does not hold
     out: dict[str, Any] = {
         "run_name": c.run_name, "run_id": run.run_id, "seed": c.seed,
         "credit": c.credit.get("name", c.credit.get("_target_")), "policy": c.policy.name, "data": c.data.name,
         "steps": c.trainer.steps, "wall_time_s": round(elapsed, 2), "git_commit": GIT_COMMIT,
-        "eval": {"initial": {k: v for k, v in evals[0].items() if k != "step"} if evals else {},
+        "eval": {"initial": {k: v for k, v in evals[0].items() if k != "step"} if evals and evals[0]["step"] == 0 else {},
                  "final": {k: v for k, v in evals[-1].items() if k != "step"} if evals else {},
                  "curve": [{"step": r["step"], "gold": r.get("eval/gold"), "rm_score": r["eval/rm_score"]} for r in evals]},
         "rm_report": assets.rm_report,
     }
     golds = [(r["step"], r["eval/gold"]) for r in evals if r.get("eval/gold") is not None]
-    if len(golds) > 1:  # normalized area under the gold curve (trapezoid rule, per step)
+    if gaps:
+        out["metrics_missing"] = gaps
+    if len(golds) > 1 and not gaps:  # normalized area under the gold curve (trapezoid rule, per step)
         area = sum((s1 - s0) * (g0 + g1) / 2 for (s0, g0), (s1, g1) in zip(golds, golds[1:], strict=False))
         out["eval"]["gold_auc"] = area / (golds[-1][0] - golds[0][0])
-    if trains:
+    if trains and not gaps:
         keys = [k for k in trains[0] if k.startswith(("perf/", "credit/"))]
         out["train_mean"] = {k: mean_of([r.get(k) for r in trains]) for k in keys}
     return out

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from datc.atomic import append_line
 from datc.config import LoggerConfig
 
 
@@ -59,8 +60,7 @@ class RunLogger:
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
-        with open(self.metrics_file, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_line(self.metrics_file, json.dumps(row) + "\n")  # whole or not at all, even on a full disk
         if self._wandb is not None:
             try:
                 self._wandb.log(metrics, step=step)

@@ -3,6 +3,7 @@ hub id or local directory through the same ``from_pretrained`` path."""
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -84,12 +85,20 @@ def from_hub(load, path: str, field: str, what: str = "model", **kwargs: Any):
     Offline, a hub id that is not cached fails at once with a message naming the checkpoint and
     the field to set to a local copy."""
     path = str(path)
+    check_model_path(path, field, what)
     if not os.path.isdir(path):
         # Try the local cache first so that an offline machine never waits on the network.
         try:
             return load(path, local_files_only=True, **kwargs)
         except OSError:
             pass
+        unreachable = hub_unreachable()
+        if unreachable:  # fail at once instead of minutes of retries per file
+            raise ModelLoadError(
+                f"{field}={path!r} is neither a local directory nor a cached hub {what}, and the hub cannot be "
+                f"reached ({unreachable}). Download it on a machine with network access "
+                f"(`hf download {path} --local-dir DIR`) and set {field}=DIR to the local copy."
+            )
     try:
         return load(path, **kwargs)
     except OSError as e:
@@ -100,6 +109,55 @@ def from_hub(load, path: str, field: str, what: str = "model", **kwargs: Any):
             f"not be reached. Download it on a machine with network access "
             f"(`hf download {path} --local-dir DIR`) and set {field}=DIR to the local copy."
         ) from None
+
+
+def looks_local(path: str) -> bool:
+    """A filesystem path rather than a hub id (``org/name`` or ``name``): absolute, relative
+    with ``./``, ``../`` or ``~``, or with more than one ``/``."""
+    return path.startswith(("/", "./", "../", "~", ".\\")) or path in (".", "..") or path.count("/") > 1
+
+
+def check_model_path(path: str, field: str, what: str = "model") -> None:
+    """A local ``policy.path`` / ``reward.path`` / ``policy.tokenizer`` that does not exist, or a
+    directory without the files of a ``what`` (model or tokenizer), is said in one line before
+    anything loads."""
+    path = os.path.expanduser(str(path))
+    if not os.path.exists(path):
+        if looks_local(path):
+            raise ModelLoadError(f"{field}={path!r}: no such file or directory (a local path; a hub id looks like org/name)")
+        return
+    if not os.path.isdir(path):
+        return
+    names = set(os.listdir(path))
+    needed = TOKENIZER_FILES if what == "tokenizer" else {"config.json"}
+    if not names & needed and not any(n.endswith(".gguf") for n in names):
+        raise ModelLoadError(
+            f"{field}={path!r}: the directory holds no {what} (none of {', '.join(sorted(needed))}); point {field} at "
+            "a directory saved with save_pretrained, or at a hub id"
+        )
+
+
+TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "config.json"}
+
+HUB_PROBE_TIMEOUT_S = 5.0
+
+
+@functools.lru_cache(maxsize=1)
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face hub cannot be reached now (checked once per process, one HEAD
+    request with a short timeout and no retries, through the hub client's own proxies), or
+    None if it answers at all."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    try:
+        from huggingface_hub.utils import get_session
+
+        get_session().head(constants.ENDPOINT, timeout=HUB_PROBE_TIMEOUT_S)
+    except Exception as e:  # noqa: BLE001  any transport error means: not reachable
+        return f"{constants.ENDPOINT}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no answer'}"
+    return None
 
 
 def freeze(model: PreTrainedModel) -> PreTrainedModel:

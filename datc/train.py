@@ -6,13 +6,15 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from datc.config import ConfigError
+from datc.config import ConfigError, hydra_error_line
 from datc.paths import CONFIG_DIR
 
 __all__ = ["CONFIG_DIR", "main"]
@@ -21,17 +23,38 @@ __all__ = ["CONFIG_DIR", "main"]
 def _run(cfg: DictConfig) -> float | None:
     from datc.models import ModelLoadError
     from datc.numerics import NonFiniteError
+    from datc.rundir import remove_stray
+    from datc.signals import Interrupted
     from datc.trainer import train
 
+    run_dir = HydraConfig.get().runtime.output_dir
     try:
-        summary = train(cfg, run_dir=HydraConfig.get().runtime.output_dir)
+        summary = train(cfg, run_dir=run_dir)
     except (ConfigError, ModelLoadError, FileNotFoundError, NonFiniteError) as e:
+        remove_stray(run_dir)  # a refused command leaves no directory behind
         print(f"datc-train: {e}", file=sys.stderr)
         sys.exit(2)
-    final = summary["eval"]["final"]
-    print(f"run {summary['run_name']}: eval gold {summary['eval']['initial'].get('eval/gold')} -> {final.get('eval/gold')}, "
-          f"rm score {summary['eval']['initial'].get('eval/rm_score'):.3f} -> {final.get('eval/rm_score'):.3f}")
-    return final.get("eval/gold")  # the sweep objective
+    except Interrupted as e:
+        print(f"datc-train: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        from datc.checkpoint import latest_checkpoint
+
+        last = latest_checkpoint(run_dir)
+        print(f"datc-train: no space left on device writing {e.filename or run_dir} ({e.strerror}); "
+              f"{'the last good checkpoint ' + last.name + ' is kept' if last else 'no checkpoint was written yet'}: "
+              "free space and run the same command again to resume", file=sys.stderr)
+        sys.exit(2)
+    ev = summary["eval"]
+    print(f"run {summary['run_name']}: eval gold {_num(ev['initial'].get('eval/gold'))} -> {_num(ev['final'].get('eval/gold'))}, "
+          f"rm score {_num(ev['initial'].get('eval/rm_score'))} -> {_num(ev['final'].get('eval/rm_score'))}")
+    return ev["final"].get("eval/gold")  # the sweep objective
+
+
+def _num(x) -> str:
+    return f"{x:.3f}" if isinstance(x, (int, float)) else "n/a"
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")
@@ -40,7 +63,17 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 
 
 def main() -> None:
-    _hydra_main()
+    from hydra.errors import HydraException
+
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors to us instead of printing many lines
+    try:
+        _hydra_main()
+    except HydraException as e:
+        print(f"datc-train: {hydra_error_line(e)}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("datc-train: interrupted (SIGINT) before training started; nothing to save", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -68,7 +68,9 @@ from datc.prepare import gold_of
 from datc.rewards.model import score
 from datc.rewards.rules import RULES, RuleContext
 from datc.rollout import Rollout, cat_rollouts, sample_groups
+from datc.rundir import release_run_locks
 from datc.session import PromptSampler, Session, build_session
+from datc.signals import stop_if_requested, stop_requested, stop_signals
 from datc.utils import peak_rss_mb, quiet_libraries, seed_everything
 
 __all__ = [  # the loop and the step's phases; the rest is re-exported from the modules that now hold it
@@ -92,8 +94,10 @@ def train(cfg: DictConfig | dict, run_dir: str | Path | None = None) -> dict[str
     c = validate(cfg)  # typed and range-checked before any model loads
     dist = init_distributed(c)  # world-size checks, then the process group (DeepSpeed only)
     try:
-        return _train(c, resolved_config(cfg), dist, run_dir)
+        with stop_signals():  # SIGTERM / SIGINT: checkpoint at the next step boundary, then stop
+            return _train(c, resolved_config(cfg), dist, run_dir)
     finally:
+        release_run_locks()
         dist.close()
 
 
@@ -124,6 +128,7 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
         logger.log(metrics, step)
         logger.log_samples(samples, step)
 
+    stop_if_requested(stop_requested(dist), start, saved=False)  # a signal during the set-up
     if start == 0:
         do_eval(0)
     bar = tqdm(range(start, t.steps), initial=start, total=t.steps, disable=not (t.progress and dist.is_main), desc=c.run_name)
@@ -135,10 +140,12 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
         _merged_nonfinite(dist, s.nonfinite).check(t.max_nonfinite_frac, step)  # after the step is logged
         if step % t.eval_every == 0 or step == t.steps:
             do_eval(step)
-        if step % t.checkpoint_every == 0 or step == t.steps:
+        stopping = stop_requested(dist)
+        if step % t.checkpoint_every == 0 or step == t.steps or stopping:
             save(s, run, step, elapsed)
         bar.set_postfix({k.split("/")[1]: f"{metrics[k]:.3f}" for k in ("reward/gold", "reward/rm_score", "loss/kl")
                          if k in metrics})
+        stop_if_requested(stopping and step < t.steps, step)  # the last step finishes the run instead
 
     summary = None
     if dist.is_main:

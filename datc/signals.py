@@ -1,0 +1,80 @@
+"""Stopping on SIGTERM (what Slurm and most schedulers send before SIGKILL) and SIGINT (Ctrl-C).
+
+The first signal asks the run to stop at the next safe point, between two training steps:
+the trainer writes a checkpoint of the step it just finished and raises :class:`Interrupted`,
+and ``datc-train`` exits with one line (exit code 128 + the signal number). Re-running the same
+command resumes from that checkpoint. A second signal exits at once, without a checkpoint: the
+last periodic checkpoint remains, as after ``kill -9``.
+
+Under DeepSpeed every rank checks, and the ranks agree (a sum over ranks) so that all of them
+write the same checkpoint and stop together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_received: list[int] = []  # signals received since the handlers were installed
+
+
+class Interrupted(Exception):
+    """The run stopped on a signal at a step boundary, after writing a checkpoint."""
+
+    def __init__(self, signum: int, step: int, saved: bool) -> None:
+        self.signum, self.step, self.saved = signum, step, saved
+        name = signal.Signals(signum).name
+        where = f"checkpoint of step {step} written" if saved else f"nothing new to save (step {step})"
+        super().__init__(f"stopped by {name} at step {step}: {where}; run the same command again to resume")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def _handler(signum: int, frame: Any) -> None:
+    name = signal.Signals(signum).name
+    if _received:
+        print(f"datc-train: second signal ({name}): exiting now without a checkpoint; the last periodic checkpoint "
+              "remains", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
+    _received.append(signum)
+    print(f"datc-train: {name} received: stopping after the current step with a checkpoint (send it again to exit "
+          "at once)", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[None]:
+    """Handle SIGTERM and SIGINT as above while the block runs (main thread only; elsewhere,
+    e.g. a test calling ``train`` in a thread, the default behaviour stays)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _received.clear()
+    previous = {s: signal.signal(s, _handler) for s in SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        _received.clear()
+
+
+def stop_requested(dist: Any = None) -> bool:
+    """Whether a stop signal arrived (on any rank, under DeepSpeed: every rank calls this at the
+    same step, so every rank gets the same answer)."""
+    hit = bool(_received)
+    if dist is not None and dist.world_size > 1:
+        hit = dist.sum(float(hit)) > 0
+    return hit
+
+
+def stop_if_requested(stopping: bool, step: int, saved: bool = True) -> None:
+    """Raise :class:`Interrupted` when ``stopping`` (the trainer has just written the checkpoint)."""
+    if stopping:
+        raise Interrupted(_received[0] if _received else signal.SIGTERM, step, saved)

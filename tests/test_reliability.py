@@ -1,0 +1,461 @@
+"""Faults of a shared, preemptible, fallible world: two writers on one run directory, SIGTERM
+and Ctrl-C, damaged checkpoints and metric files, full disks, unreadable directories, and the
+inputs that used to slip through. Each test fails on the code before these guards."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from datc.atomic import append_line, atomic_dir, atomic_write_json
+from datc.checkpoint import (
+    latest_checkpoint,
+    latest_loadable_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from datc.config import ConfigError
+from datc.rundir import RunDir
+from datc.signals import Interrupted
+from tests.test_train_e2e import _comparable, _rows, cfg_for
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+def _cli(cache, run_dir, *overrides):
+    return [sys.executable, "-m", "datc.train", "debug=fast", f"cache_dir={cache}", f"run_dir={run_dir}", *overrides]
+
+
+def _train_steps(run_dir):
+    return [r["step"] for r in _rows(run_dir) if "loss/total" in r]
+
+
+def _wait_for_step(run_dir, proc, step, timeout=300):
+    deadline = time.time() + timeout
+    while not (os.path.exists(run_dir / "metrics.jsonl") and any(s >= step for s in _train_steps(run_dir))):
+        assert proc.poll() is None, f"the run ended before it reached step {step}"
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+# ---- one writer per run directory ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_two_processes_on_one_run_dir_one_is_refused(cache_dir, tmp_path):
+    run = tmp_path / "r"
+    cmd = _cli(cache_dir, run, "trainer.steps=30", "trainer.checkpoint_every=4")
+    # Both fresh, started together: exactly one holds the directory, the other is refused at once.
+    a, b = (subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2))
+    deadline = time.time() + 300
+    while a.poll() is None and b.poll() is None:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    loser = a if a.poll() is not None else b
+    winner = b if loser is a else a
+    err = loser.stderr.read()
+    assert loser.returncode == 2, err
+    assert f"is in use by process {winner.pid} on host" in err and len(err.strip().splitlines()) == 1, err
+    assert winner.poll() is None
+    # The winner is stopped with Ctrl-C: a checkpoint at the next step, one line, exit 130.
+    _wait_for_step(run, winner, 2)
+    winner.send_signal(signal.SIGINT)
+    out, err = winner.communicate(timeout=120)
+    assert winner.returncode == 130, err
+    assert "Traceback" not in err and "stopped by SIGINT at step" in err, err
+    stopped_at = _train_steps(run)[-1]
+    assert latest_checkpoint(run).name == f"step_{stopped_at:07d}"
+
+    # Both resuming, started together: one refused, the other finishes the run alone.
+    c, d = (subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2))
+    (_, c_err), (_, d_err) = c.communicate(timeout=600), d.communicate(timeout=600)
+    assert sorted([c.returncode, d.returncode]) == [0, 2], (c_err, d_err)
+    refused = c_err if c.returncode == 2 else d_err
+    assert "is in use by process" in refused, refused
+    steps = _train_steps(run)
+    assert steps == list(range(1, 31)), steps  # every step exactly once
+    assert json.loads((run / "summary.json").read_text())["eval"]["initial"]
+
+
+def test_a_lock_of_a_killed_process_does_not_block_and_a_live_one_does(tmp_path):
+    cfg = {"trainer": {"lr": 1.0}, "seed": 0}
+    script = ("import sys, time; from datc.rundir import RunDir; "
+              f"RunDir.open({str(tmp_path / 'r')!r}, {cfg!r}, 'auto'); print('locked', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(ConfigError, match=f"in use by process {holder.pid} on host"):
+        RunDir.open(tmp_path / "r", cfg, "auto")
+    holder.kill()  # SIGKILL: no clean-up ran, the lock file is still there
+    holder.wait()
+    assert (tmp_path / "r" / ".lock").exists()
+    run = RunDir.open(tmp_path / "r", cfg, "auto")  # the kernel released the dead process's lock
+    assert run.resumable
+    from datc.rundir import release_run_locks
+
+    release_run_locks()
+
+
+# ---- SIGTERM / SIGINT ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_at_the_next_step_and_resumes_to_the_same_metrics(cache_dir, tmp_path):
+    overrides = ["trainer.steps=12", "trainer.checkpoint_every=4", "trainer.eval_every=4"]
+    train_cfg = cfg_for(cache_dir, tmp_path / "full", *overrides)
+    from datc.trainer import train
+
+    train(train_cfg)
+    run = tmp_path / "term"
+    proc = subprocess.Popen(_cli(cache_dir, run, *overrides), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_step(run, proc, 5)  # past the step-4 checkpoint: the next periodic one is step 8
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err and "stopped by SIGTERM at step" in err, err
+    stopped_at = _train_steps(run)[-1]
+    assert stopped_at < 12, "the run finished before the signal"
+    assert latest_checkpoint(run).name == f"step_{stopped_at:07d}"  # no step lost
+    assert not (run / "summary.json").exists()
+
+    train(cfg_for(cache_dir, run, *overrides))
+    assert _comparable(_rows(run)) == _comparable(_rows(tmp_path / "full"))
+    assert _train_steps(run) == list(range(1, 13))
+
+
+def test_a_second_signal_exits_at_once_and_the_first_stops_at_the_step_boundary():
+    from datc.signals import stop_if_requested, stop_requested, stop_signals
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with stop_signals():
+        assert not stop_requested()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop_requested()  # the first signal only asks
+        with pytest.raises(Interrupted, match="stopped by SIGTERM at step 7: checkpoint of step 7 written") as e:
+            stop_if_requested(stop_requested(), 7)
+        assert e.value.exit_code == 143
+        with pytest.raises(SystemExit) as e:
+            os.kill(os.getpid(), signal.SIGINT)  # the second one exits
+            time.sleep(1)
+        assert e.value.code == 130
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before  # handlers restored
+
+
+# ---- damaged files ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished(cache_dir, tmp_path_factory):
+    """A finished 4-step run with checkpoints at steps 2 and 4."""
+    from datc.trainer import train
+
+    run = tmp_path_factory.mktemp("finished") / "run"
+    overrides = ("trainer.steps=4", "trainer.checkpoint_every=2", "trainer.eval_every=2")
+    summary = train(cfg_for(cache_dir, run, *overrides))
+    return run, overrides, summary
+
+
+def _copy(finished, tmp_path):
+    run = tmp_path / "copy"
+    shutil.copytree(finished[0], run)
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["truncated", "empty"])
+def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(cache_dir, finished, tmp_path, capfd, damage):
+    from datc.trainer import train
+
+    run = _copy(finished, tmp_path)
+    state = run / "checkpoints" / "step_0000004" / "state.pt"
+    state.write_bytes(state.read_bytes()[: 1000] if damage == "truncated" else b"")
+    (run / "summary.json").unlink()
+    summary = train(cfg_for(cache_dir, run, *finished[1]))
+    err = capfd.readouterr().err
+    assert "checkpoint step_0000004 skipped: its state.pt does not load" in err, err
+    assert (run / "checkpoints" / "step_0000004.damaged").is_dir()  # set aside, not deleted
+    assert _comparable(_rows(run)) == _comparable(_rows(finished[0]))  # steps 3-4 redone exactly
+    assert summary["eval"] == finished[2]["eval"]
+    assert load_checkpoint(latest_checkpoint(run))["step"] == 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tail", ['{"step": 4, "loss/to', "\x00\x00\x00 garbage"])
+def test_a_torn_last_metrics_line_is_dropped_and_said(cache_dir, finished, tmp_path, capfd, tail):
+    from datc.trainer import train
+
+    run = _copy(finished, tmp_path)
+    shutil.rmtree(run / "checkpoints" / "step_0000004")  # stopped after step 3's row, as by a full disk
+    (run / "summary.json").unlink()
+    rows = [r for r in _rows(run) if r["step"] <= 3]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + tail)
+    train(cfg_for(cache_dir, run, *finished[1]))
+    err = capfd.readouterr().err
+    assert "metrics.jsonl: dropped its torn last line" in err, err
+    assert _comparable(_rows(run)) == _comparable(_rows(finished[0]))
+
+
+@pytest.mark.slow
+def test_deleted_metrics_give_a_summary_that_invents_nothing(cache_dir, finished, tmp_path, capfd):
+    from datc.trainer import train
+
+    run = _copy(finished, tmp_path)
+    shutil.rmtree(run / "checkpoints" / "step_0000004")
+    (run / "summary.json").unlink()
+    (run / "metrics.jsonl").unlink()
+    summary = train(cfg_for(cache_dir, run, *finished[1]))  # resumes at step 2
+    assert "metrics.jsonl is missing" in capfd.readouterr().err
+    assert summary["eval"]["initial"] == {}  # not the step-4 eval
+    assert "gold_auc" not in summary["eval"] and "train_mean" not in summary
+    assert summary["metrics_missing"] == "the initial eval (step 0), steps 1-2"
+    assert summary["eval"]["final"] == finished[2]["eval"]["final"]
+
+
+@pytest.mark.slow
+def test_a_garbage_summary_is_recomputed_and_a_garbage_run_json_refused(cache_dir, finished, tmp_path, capfd):
+    from datc.trainer import train
+
+    run = _copy(finished, tmp_path)
+    (run / "summary.json").write_text("{not json")
+    summary = train(cfg_for(cache_dir, run, *finished[1]))
+    assert "summary.json is damaged" in capfd.readouterr().err
+    same = json.loads(json.dumps(finished[2]))
+    assert json.loads(json.dumps(summary)) == same
+    assert json.loads((run / "summary.json").read_text()) == same
+    (run / "run.json").write_bytes(b"\xff\xfe garbage")
+    with pytest.raises(ConfigError, match="run.json is damaged"):
+        train(cfg_for(cache_dir, run, *finished[1]))
+
+
+def test_save_checkpoint_on_a_full_disk_says_so_and_keeps_the_last_good_one(tmp_path, monkeypatch):
+    save_checkpoint(tmp_path, 2, {"x": torch.ones(3)}, keep=2)
+
+    def full_disk_save(obj, f):  # what torch raises when the disk fills during its zip write
+        Path(f).write_bytes(b"PK\x03\x04partial")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 6912 vs 6804")
+
+    monkeypatch.setattr(torch, "save", full_disk_save)
+    with pytest.raises(OSError) as e:
+        save_checkpoint(tmp_path, 4, {"x": torch.ones(3)}, keep=2)
+    assert e.value.errno == errno.ENOSPC and "No space left on device" in str(e.value)
+    monkeypatch.undo()
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_0000002"]  # no half-written leftover
+    path, state = latest_loadable_checkpoint(tmp_path)
+    assert path.name == "step_0000002" and state["step"] == 2
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_a_run_is_one_line_and_the_run_resumes(cache_dir, finished, tmp_path):
+    run = tmp_path / "full"
+    overrides = finished[1]
+    # The child's torch.save fails like a full disk at the step-4 checkpoint.
+    script = ("import sys, torch\n"
+              "real = torch.save\n"
+              "def save(obj, f, *a, **k):\n"
+              "    if isinstance(obj, dict) and obj.get('step') == 4:\n"
+              "        open(f, 'wb').write(b'PK partial')\n"
+              "        raise RuntimeError('[enforce fail at inline_container.cc:672] . unexpected pos 6912 vs 6804')\n"
+              "    return real(obj, f, *a, **k)\n"
+              "torch.save = save\n"
+              "from datc.train import main\n"
+              f"sys.argv = ['datc-train'] + {_cli(cache_dir, run, *overrides)[3:]!r}\n"
+              "main()\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no space left on device" in lines[0] and "step_0000002 is kept" in lines[0], r.stderr
+    from datc.trainer import train
+
+    train(cfg_for(cache_dir, run, *overrides))  # space is back: resume from step 2
+    assert _comparable(_rows(run)) == _comparable(_rows(finished[0]))
+
+
+def test_metrics_rows_are_never_torn_by_a_full_disk(tmp_path, monkeypatch):
+    f = tmp_path / "metrics.jsonl"
+    append_line(f, '{"step": 1}\n')
+    real_write = os.write
+
+    def short_write(fd, data):  # the disk fills half-way through the row
+        return real_write(fd, data[: len(data) // 2])
+
+    import datc.atomic
+
+    monkeypatch.setattr(datc.atomic.os, "write", short_write)
+    with pytest.raises(OSError) as e:
+        append_line(f, '{"step": 2, "loss/total": 0.5}\n')
+    assert e.value.errno == errno.ENOSPC
+    monkeypatch.undo()
+    assert f.read_text() == '{"step": 1}\n'  # cut back to the last whole row
+    with pytest.raises(OSError) as e:
+        append_line("/dev/full", "x\n")  # a real full device
+    assert e.value.errno == errno.ENOSPC
+
+
+# ---- permissions --------------------------------------------------------------------------------
+
+
+def test_files_and_folders_follow_the_umask(tmp_path):
+    old = os.umask(0o002)
+    try:
+        atomic_write_json(tmp_path / "summary.json", {"a": 1})
+        with atomic_dir(tmp_path / "ckpt") as d:
+            (d / "x").write_text("x")
+        append_line(tmp_path / "metrics.jsonl", "{}\n")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "summary.json").stat().st_mode) == 0o664
+    assert stat.S_IMODE((tmp_path / "ckpt").stat().st_mode) == 0o775
+    assert stat.S_IMODE((tmp_path / "metrics.jsonl").stat().st_mode) == 0o664
+
+
+READ_ONLY_AS_ROOT = """
+import builtins, errno, os, sys
+RO = sys.argv.pop(1)
+def refuse(path):
+    raise PermissionError(errno.EACCES, "Permission denied", str(path))
+real_open, real_bopen = os.open, builtins.open
+def ro_open(path, flags, *a, **k):
+    if str(path).startswith(RO) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+        refuse(path)
+    return real_open(path, flags, *a, **k)
+def ro_bopen(file, mode="r", *a, **k):
+    if str(file).startswith(RO) and any(c in mode for c in "wax+"):
+        refuse(file)
+    return real_bopen(file, mode, *a, **k)
+os.open, builtins.open = ro_open, ro_bopen
+from datc.train import main
+main()
+"""
+
+
+@pytest.mark.slow
+def test_a_read_only_run_directory(finished, tmp_path):
+    done = tmp_path / "done"
+    shutil.copytree(finished[0], done)
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(finished[0], unfinished)
+    (unfinished / "summary.json").unlink()
+    for root, _, files in os.walk(tmp_path):
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o444)
+        os.chmod(root, 0o555)
+    try:
+        for run, code, text in ((done, 0, "eval gold"), (unfinished, 2, "is not writable")):
+            args = _cli(tmp_path / "cache", run, *finished[1])
+            if os.geteuid() == 0:  # root ignores file modes: refuse writes below the directory as the kernel would
+                args = [sys.executable, "-c", READ_ONLY_AS_ROOT, str(tmp_path), *args[3:]]
+            r = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=REPO)
+            assert r.returncode == code, r.stderr
+            assert text in r.stdout + r.stderr and "Traceback" not in r.stderr, r.stderr
+    finally:
+        for root, _, _ in os.walk(tmp_path):
+            os.chmod(root, 0o755)
+
+
+# ---- the command line ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("override,line", [
+    ("credit=DATC", "datc-train: credit=DATC: no such option in credit/; choose one of datc, "),
+    ("policy=tiny-gpt2", "datc-train: policy=tiny-gpt2: no such option in policy/; choose one of "),
+    ("trainer.step=10", "datc-train: trainer.step: not a config key; valid keys of trainer: adam_betas, "),
+])
+def test_hydra_errors_are_one_line_and_exit_2(tmp_path, override, line):
+    r = subprocess.run(_cli(tmp_path / "cache", tmp_path / "r", override), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith(line) and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_a_refused_command_leaves_the_run_and_no_stray_directory(cache_dir, tmp_path):
+    run = tmp_path / "r"
+    assert subprocess.run(_cli(cache_dir, run), capture_output=True, timeout=300).returncode == 0
+    hydra_files = {p.name: p.read_bytes() for p in (run / ".hydra").iterdir()}
+    assert set(hydra_files) == {"config.yaml", "hydra.yaml", "overrides.yaml"}
+    r = subprocess.run(_cli(cache_dir, run, "trainer.lr=1e-3"), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "holds another run" in r.stderr
+    assert {p.name: p.read_bytes() for p in (run / ".hydra").iterdir()} == hydra_files  # untouched
+    for override in ("trainer.resume=must", "trainer.num_generations=1"):
+        r = subprocess.run(_cli(cache_dir, tmp_path / "fresh", override), capture_output=True, text=True, timeout=300)
+        assert r.returncode == 2, r.stderr
+        assert not (tmp_path / "fresh").exists(), list((tmp_path / "fresh").iterdir())
+
+
+def test_a_hub_id_without_network_fails_fast_without_retries(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"))  # nothing listens on port 9
+    script = ("import time; from datc.models import load_pretrained, ModelLoadError\n"
+              "t = time.time()\n"
+              "try:\n    load_pretrained('causal_lm', 'no-such-org/no-such-model', 'policy.path')\n"
+              "except ModelLoadError as e:\n    print(round(time.time() - t, 2)); print(e)\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    seconds, msg = r.stdout.strip().splitlines()
+    assert float(seconds) < 10, seconds
+    assert "Retry" not in r.stderr, r.stderr
+    assert "cannot be reached" in msg and "policy.path=DIR" in msg
+
+
+@pytest.mark.parametrize("path,hint", [("/no/such/model/dir", "no such file or directory"), ("EMPTY", "holds no")])
+def test_a_local_model_path_that_is_missing_or_empty_is_one_line(tmp_path, path, hint):
+    from datc.models import ModelLoadError, load_pretrained
+    from datc.tokenizer import load_tokenizer
+
+    path = str(tmp_path) if path == "EMPTY" else path
+    for load in (lambda: load_tokenizer(path, "policy.path"), lambda: load_pretrained("causal_lm", path, "policy.path")):
+        with pytest.raises(ModelLoadError) as e:
+            load()
+        assert str(e.value).startswith(f"policy.path={path!r}: ") and hint in str(e.value) and "hf download" not in str(e.value)
+
+
+# ---- inputs -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["inf", "0", "-1", "nan"])
+def test_a_temperature_that_is_not_a_positive_finite_number_is_refused(value):
+    from datc.config import validate
+    from tests.test_config import _compose
+
+    with pytest.raises(ConfigError, match="^trainer.temperature: must be"):
+        validate(_compose([f"trainer.temperature={value}"]))
+
+
+def _data_cfg(path):
+    from datc.config import DataConfig
+
+    return DataConfig(name="real", task=None, path=str(path), train_split="train", eval_split="train")
+
+
+def test_prompts_that_are_empty_or_not_text(tmp_path, capfd):
+    from datc.data import load_prompts
+
+    def write(name, prompts):
+        f = tmp_path / f"{name}.jsonl"
+        f.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+        return f
+
+    with pytest.raises(ConfigError, match="^data.prompt_field: every train prompt in 'prompt' is empty"):
+        load_prompts(_data_cfg(write("all_empty", ["", " "])), str(tmp_path / "cache"))
+    train, _ = load_prompts(_data_cfg(write("some_empty", ["a", "", "b"])), str(tmp_path / "cache"))
+    assert train["prompt"] == ["a", "b"]
+    assert "dropped 1 of 3 train prompts that are empty (first: row 1)" in capfd.readouterr().err
+    with pytest.raises(ConfigError, match="^data.prompt_field: 'prompt' in the train split holds a list that is not chat"):
+        load_prompts(_data_cfg(write("lists", [["a", "b"], ["c"]])), str(tmp_path / "cache"))
+    messages = [[{"role": "user", "content": "hi"}]]
+    train, _ = load_prompts(_data_cfg(write("chat", messages)), str(tmp_path / "cache"))  # chat messages are fine
+    assert len(train) == 1
