@@ -1,0 +1,731 @@
+"""GPU check of the paper presets at their real shapes, with no checkpoint and no network.
+
+For each family (qwen3, llama32) the preset's policy and reward model are built from their
+``arch`` blocks with random weights (bf16, full vocabulary) and saved with ``save_pretrained``,
+next to a word-level chat tokenizer of the real vocabulary size and a local prompt file; the
+training cases then load them through the preset's own path (``experiment=paper/<family>_
+ultrafeedback policy.path=<dir> reward.path=<dir> data.path=<dir>``), so every tensor has the
+shape it has with the real checkpoints. Random weights rarely sample EOS, so responses run to
+the budget: the worst case for time and memory.
+
+Cases, most important first (a global deadline skips what does not fit, and says so):
+
+- ``build/<family>``: the random models, tokenizer and prompts (on the GPU);
+- ``credit/<family>``: DATC's exact and top-64 credit (``datc.credit.datc_math.datc_scores``, the
+  call scripts/bench_credit.py times on CPU) against one LM-head matmul of the same shape;
+- ``train/<family>/<credit>/<stage>``: a few training steps, ``credit`` in grpo, datc and
+  ``deepspeed`` in none, zero2, zero3 (one process; DeepSpeed joins a one-rank process group);
+- ``synced/<family>``: sampling with ``synced_gpus=True`` from a ZeRO-3 engine under bf16
+  autocast (the trainer turns synced_gpus on only with several ranks);
+- ``fused_adam``: whether DeepSpeed's FusedAdam (the optimizer ``deepspeed.optimizer_impl=auto``
+  picks on GPUs) JIT-compiles; the training cases use torch's AdamW so that no case waits on it.
+
+Every case runs in its own process (forked from a server that imported the libraries once) with
+its own time limit, so a hang or a crash costs that case only; errors are reported with one line
+and the traceback's tail. A training case ends as soon as its last step is in metrics.jsonl: the
+run's closing evaluation and checkpoint (20 GB of optimizer state for Qwen3) are not part of the
+check and are cut. Results go to ``<out>/gpu_check.json`` and ``<out>/gpu_check.md``, rewritten
+after every case.
+
+    python scripts/gpu_check.py --out DIR            # real shapes (a GPU; about 8 minutes)
+    python scripts/gpu_check.py --tiny --out DIR     # the same cases at tiny shapes (CPU rehearsal)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# Set before torch is imported anywhere (the parent, the fork server, the cases): CUDA
+# availability through NVML (does not initialise CUDA, so forking stays safe), nothing online.
+for _k, _v in {"PYTORCH_NVML_BASED_CUDA_CHECK": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+               "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_TELEMETRY": "1"}.items():
+    os.environ.setdefault(_k, _v)
+
+FAMILIES = {"qwen3": ("qwen3_ultrafeedback", "chatml"), "llama32": ("llama32_ultrafeedback", "llama3")}
+CREDITS = ("grpo", "datc")
+STAGES = ("none", "zero2", "zero3")
+PEAK_BF16 = 989e12  # H200 SXM dense bf16 (NVIDIA datasheet: 1,979 TFLOP/s with 2:4 sparsity, halved)
+PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "accelerate", "deepspeed", "datasets", "pyarrow",
+            "pandas", "fsspec", "huggingface-hub", "hydra-core", "omegaconf", "pydantic", "pydantic-core", "numpy")
+
+# Chat formats of the two families (ChatML as in Qwen3, Llama 3's header format), over a
+# word-level vocabulary: (template, special tokens, eos = end of turn, pad).
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+LLAMA3 = ("<|begin_of_text|>{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+          "{{ m['content'] }}<|eot_id|>{% endfor %}"
+          "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+FORMATS = {
+    "chatml": (CHATML, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>", "<|endoftext|>"),
+    "llama3": (LLAMA3, ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                        "<|finetune_right_pad_id|>"], "<|eot_id|>", "<|finetune_right_pad_id|>"),
+}
+
+
+@dataclass(frozen=True)
+class Scale:
+    """The scaled-down batch of the training cases (the presets: 64 prompts x 8, mini-batch 128,
+    micro-batch 4, 512-token responses, prompts up to 512 tokens), and, for ``--tiny``, the
+    architecture fields that replace the preset's."""
+
+    prompts: int = 4  # prompts per step (x num_generations 8 = batch_size responses)
+    mini_batch: int = 8  # responses per optimizer step: 4 optimizer steps per rollout, as the presets
+    micro_batch: int = 4  # the presets' micro-batch
+    max_new_tokens: int = 128  # response budget (random weights fill it)
+    prompt_words: int = 48  # words per prompt; the chat template adds a few tokens
+    steps: int = 3  # training steps; the first is warm-up, the others are reported
+    eval_prompts: int = 4  # the run's evaluation at step 0 (one generation batch)
+    threads: int = 8
+    case_timeout_s: float = 150.0
+    min_start_s: float = 45.0  # a training case starts only with this much of the global budget left
+    arch: dict[str, Any] = field(default_factory=dict)  # overrides of both models' arch blocks
+
+
+REAL = Scale()
+TINY = Scale(prompts=2, mini_batch=8, micro_batch=4, max_new_tokens=8, prompt_words=6, steps=2, eval_prompts=2,
+             threads=1, case_timeout_s=120.0, min_start_s=5.0,
+             arch=dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                       num_key_value_heads=1, head_dim=16, vocab_size=512, max_position_embeddings=256))
+
+
+# =============================================================================================
+# What runs inside a case's process
+# =============================================================================================
+
+
+def compose(family: str, overrides: list[str]):
+    """The family's preset (UltraFeedback setting) with ``overrides``, as a DictConfig."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from datc.train import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return hydra_compose(config_name="train", overrides=[f"experiment=paper/{FAMILIES[family][0]}", *overrides])
+
+
+def arch_overrides(scale: Scale) -> list[str]:
+    return [f"{role}.arch.{k}={v}" for role in ("policy", "reward") for k, v in scale.arch.items()]
+
+
+def chat_tokenizer(fmt: str, vocab_size: int, out: Path):
+    """A word-level tokenizer with exactly ``vocab_size`` tokens (the family's special tokens,
+    the role names, then words ``w<i>``) and the family's chat format, saved to ``out``."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    template, specials, eos, pad = FORMATS[fmt]
+    vocab = {t: i for i, t in enumerate([*specials, "<unk>", "user", "assistant", "system"])}
+    while len(vocab) < vocab_size:
+        vocab[f"w{len(vocab)}"] = len(vocab)
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tk.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])  # their ids in vocab
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token=eos, pad_token=pad, unk_token="<unk>")
+    tok.chat_template = template
+    tok.save_pretrained(out)
+    return tok
+
+
+def case_build(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
+    """Random bf16 policy and reward model of the preset's arch blocks, the tokenizer and the
+    prompts, under ``spec["dir"]``. Returns the prompt length in tokens (chat template included)."""
+    import random
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from datc.config import validate
+
+    c = validate(compose(spec["family"], spec["arch_overrides"]))
+    out = Path(spec["dir"])
+    shutil.rmtree(out, ignore_errors=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    fmt = FAMILIES[spec["family"]][1]
+    tok = chat_tokenizer(fmt, int(c.policy.arch["vocab_size"]), out / "tokenizer")
+    params, seconds = {}, {}
+    for role, kind, arch in (("policy", "causal_lm", c.policy.arch), ("reward", "reward", c.reward.arch)):
+        t0 = time.perf_counter()
+        a = dict(arch)
+        extra = {"num_labels": 1} if kind == "reward" else {}
+        conf = AutoConfig.for_model(a.pop("model_type"), **a, **extra, bos_token_id=tok.bos_token_id,
+                                    eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        cls = AutoModelForCausalLM if kind == "causal_lm" else AutoModelForSequenceClassification
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = cls.from_config(conf, dtype=torch.bfloat16)
+        params[role] = sum(p.numel() for p in model.parameters())
+        model.save_pretrained(out / role)
+        tok.save_pretrained(out / role)
+        del model
+        seconds[role] = round(time.perf_counter() - t0, 2)
+    rng = random.Random(0)
+    words = [w for w in tok.get_vocab() if w.startswith("w")]
+    (out / "data").mkdir()
+    for split, n in (("train", 64), ("test", 16)):
+        rows = [{"prompt": " ".join(rng.choice(words) for _ in range(spec["prompt_words"]))} for _ in range(n)]
+        (out / "data" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lengths = {len(tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
+                                           tokenize=True, return_dict=False)) for r in rows}
+    return {"params": params, "seconds": seconds, "prompt_tokens": max(lengths), "vocab": len(tok), "device": device,
+            "disk_gb": round(sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 1e9, 2)}
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def case_credit(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
+    """DATC's exact and top-64 scores against one LM-head matmul, at the family's shape: ``tokens``
+    response tokens, |V| and d of the reward model, fp32 (as in the trainer) and, for the matmul,
+    bf16 as well. Same inputs and call as scripts/bench_credit.py (logits 4·N(0,1): peaked)."""
+    import torch
+
+    from datc.credit.datc_math import datc_scores
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    n, V, d = spec["tokens"], spec["vocab"], spec["hidden"]
+    g = torch.Generator(device=device).manual_seed(0)
+    logits = torch.randn(n, V, generator=g, device=device).mul_(4.0)
+    E = torch.randn(V, d, generator=g, device=device).mul_(0.02)
+    grad = torch.randn(n, d, generator=g, device=device)
+    y = torch.randint(V, (n,), generator=g, device=device)
+    h = torch.randn(n, d, generator=g, device=device)
+    E16, h16 = E.bfloat16(), h.bfloat16()
+    ones = torch.ones(n, device=device)
+    runs = {
+        "lm_head_fp32": lambda: h @ E.T,
+        "lm_head_bf16": lambda: h16 @ E16.T,
+        "datc_exact": lambda: datc_scores(grad, E, logits, y, ones, logit_map="jacobian", alignment="projection",
+                                          chunk_size=128),
+        "datc_top64": lambda: datc_scores(grad, E, logits, y, ones, logit_map="jacobian", alignment="projection",
+                                          chunk_size=128, top_k=64),
+    }
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    peak: dict[str, float] = {}
+    for k, f in runs.items():  # warm-up, and the peak memory of one call above what is already held
+        _sync(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        f()
+        _sync(device)
+        peak[k] = (torch.cuda.max_memory_allocated() - base) / 2**20 if device.type == "cuda" else math.nan
+    for r in range(spec["repeats"]):
+        for k in (list(runs) if r % 2 == 0 else list(reversed(runs))):
+            _sync(device)
+            t0 = time.perf_counter()
+            runs[k]()
+            _sync(device)
+            times[k].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"shape": {"tokens": n, "vocab": V, "hidden": d, "chunk_size": 128}, "seconds_median": med,
+            "over_lm_head_fp32": {k: med[k] / med["lm_head_fp32"] for k in med},
+            "over_lm_head_bf16": {k: med[k] / med["lm_head_bf16"] for k in med},
+            "peak_mib": peak, "repeats": spec["repeats"], "device": str(device)}
+
+
+def _watch(run_dir: Path, steps: int, case_dir: Path, extra: dict[str, Any]) -> None:
+    """Ends the process once ``steps`` training steps are in metrics.jsonl (the run's closing
+    evaluation and checkpoint are not part of the check)."""
+    f = run_dir / "metrics.jsonl"
+    while True:
+        time.sleep(0.2)
+        try:
+            n = sum(1 for line in f.read_text().splitlines() if '"perf/step_s"' in line)
+        except OSError:
+            continue
+        if n >= steps:
+            _write_result(case_dir, {"status": "ok", "ended": "after the last step", **extra, **_cuda_memory()})
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+
+
+def _cuda_memory() -> dict[str, float]:
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return {}
+    return {"max_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "max_reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
+
+
+def case_train(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
+    """A few steps of the preset through ``datc.trainer.train`` (the real loading path)."""
+    import torch
+
+    from datc.models import resolve_device, resolve_dtype
+    from datc.trainer import train
+
+    cfg = compose(spec["family"], spec["overrides"])
+    run_dir = Path(spec["run_dir"])
+    shutil.rmtree(run_dir, ignore_errors=True)
+    device = resolve_device(cfg.trainer.device)
+    extra = {"autocast_dtype": str(resolve_dtype(cfg.policy.dtype, device)).replace("torch.", ""),
+             "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"}
+    threading.Thread(target=_watch, args=(run_dir, spec["steps"], case_dir, extra), daemon=True).start()
+    train(cfg, run_dir)
+    return {"ended": "run finished", **extra, **_cuda_memory()}
+
+
+def case_synced(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
+    """Sampling with ``synced_gpus=True`` from a ZeRO-3 engine of the policy, bf16 autocast, one
+    process: the path ranks of a multi-GPU ZeRO-3 run take (each forward joins the gathers)."""
+    import deepspeed
+    import torch
+
+    from datc.chat import prompt_encoder
+    from datc.config import validate
+    from datc.distributed import inference_config
+    from datc.distributed import init as init_distributed
+    from datc.models import load_pretrained, resolve_device, resolve_dtype
+    from datc.rollout import sample_groups
+    from datc.tokenizer import load_tokenizer
+
+    c = validate(compose(spec["family"], spec["overrides"]))
+    dist = init_distributed(c)
+    try:
+        device = resolve_device(c.trainer.device)
+        dtype = resolve_dtype(c.policy.dtype, device)
+        tok = load_tokenizer(c.policy.path)
+        policy = load_pretrained("causal_lm", c.policy.path, "policy.path").to(device)  # fp32, as the trainer
+        engine, *_ = deepspeed.initialize(model=policy, config=inference_config(c, dist.world_size))
+        rows = [json.loads(x) for x in (Path(c.data.path) / "train.jsonl").read_text().splitlines()][: spec["prompts"]]
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            _sync(device)
+            t0 = time.perf_counter()
+            ro = sample_groups(engine.module, tok, rows, c.trainer.num_generations, c.trainer.max_new_tokens,
+                               synced_gpus=True, encoder=prompt_encoder(c, tok))
+            _sync(device)
+            seconds = time.perf_counter() - t0
+        n = int(ro.response_mask.sum())
+        partitioned = all(hasattr(p, "ds_id") for p in engine.module.parameters())
+        return {"responses": int(ro.response_ids.shape[0]), "tokens": n, "seconds": seconds, "tokens_per_s": n / seconds,
+                "autocast_dtype": str(dtype).replace("torch.", ""), "zero3_partitioned": partitioned, **_cuda_memory()}
+    finally:
+        dist.close()
+
+
+def case_fused_adam(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
+    """JIT-compile and load DeepSpeed's FusedAdam (CUDA only)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("no CUDA device: FusedAdam is a CUDA kernel")
+    from deepspeed.ops.op_builder import FusedAdamBuilder
+
+    t0 = time.perf_counter()
+    FusedAdamBuilder().load()
+    return {"seconds": time.perf_counter() - t0}
+
+
+def case_fail(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
+    """Deliberate failures for the rehearsal: an exception, or a hang past the case's limit."""
+    if spec["how"] == "hang":
+        time.sleep(3600)
+    raise RuntimeError("a deliberately failing case (--inject-failures)")
+
+
+KINDS = {"build": case_build, "credit": case_credit, "train": case_train, "synced": case_synced,
+         "fused_adam": case_fused_adam, "fail": case_fail}
+
+
+def _write_result(case_dir: Path, result: dict[str, Any]) -> None:
+    tmp = case_dir / "result.json.tmp"
+    tmp.write_text(json.dumps(result, default=str))
+    os.replace(tmp, case_dir / "result.json")
+
+
+def _child(kind: str, spec: dict[str, Any], case_dir: str) -> None:
+    """A case's process: output to its log, the outcome to result.json."""
+    d = Path(case_dir)
+    log = open(d / "log.txt", "w", buffering=1)  # noqa: SIM115 (open for the process's life)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
+    try:
+        import torch
+
+        torch.set_num_threads(spec.get("threads", 1))
+        _write_result(d, {"status": "ok", **KINDS[kind](spec, d)})
+    except BaseException as e:  # noqa: BLE001 - every failure is the case's result
+        tb = traceback.format_exc()
+        print(tb, flush=True)
+        _write_result(d, {"status": "error", "error": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
+                          "traceback": tb[-4000:]})
+        sys.stdout.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+# =============================================================================================
+# The parent: cases in order, a deadline, the report
+# =============================================================================================
+
+
+@dataclass
+class Case:
+    name: str
+    kind: str
+    spec: dict[str, Any]
+    timeout_s: float
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+class Runner:
+    def __init__(self, work: Path, deadline: float, start_method: str, preload: list[str]):
+        self.work, self.deadline = work, deadline
+        self.ctx = mp.get_context(start_method)
+        if start_method == "forkserver":
+            self.ctx.set_forkserver_preload(preload)
+        self.start_method = start_method
+
+    def run(self, case: Case, min_s: float = 5.0) -> dict[str, Any]:
+        result = self._run(case, min_s)
+        if self.start_method == "forkserver" and "forked subprocess" in result.get("error", ""):
+            # CUDA was initialised in the fork server after all: fresh interpreters from here on
+            self.ctx, self.start_method = mp.get_context("spawn"), "spawn"
+            result = {**self._run(case, min_s), "retried": "with start method spawn"}
+        return result
+
+    def _run(self, case: Case, min_s: float) -> dict[str, Any]:
+        left = self.deadline - time.monotonic()
+        if left < min_s:
+            return {"status": "skipped", "error": f"global deadline: {max(left, 0):.0f} s left"}
+        d = self.work / "cases" / case.name.replace("/", "_")
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+        limit = min(case.timeout_s, left)
+        t0 = time.monotonic()
+        p = self.ctx.Process(target=_child, args=(case.kind, case.spec, str(d)), daemon=False)
+        p.start()
+        p.join(limit)
+        timed_out = p.is_alive()
+        if timed_out:
+            p.terminate()
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        wall = time.monotonic() - t0
+        log_tail = (d / "log.txt").read_text(errors="replace")[-3000:] if (d / "log.txt").exists() else ""
+        if (d / "result.json").exists():
+            result = json.loads((d / "result.json").read_text())
+        elif timed_out:
+            result = {"status": "timeout", "error": f"no result within the case's limit of {limit:.0f} s",
+                      "traceback": log_tail}
+        else:
+            result = {"status": "error", "error": f"the case's process ended with code {p.exitcode} and no result",
+                      "traceback": log_tail}
+        result["wall_s"] = round(wall, 2)
+        return result
+
+
+def env_report() -> dict[str, Any]:
+    import torch
+
+    pkgs = {}
+    for name in PACKAGES:
+        try:
+            pkgs[name] = version(name)
+        except PackageNotFoundError:
+            pkgs[name] = None
+    gpu = None
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+            "torch_cuda": torch.version.cuda, "cuda_devices": torch.cuda.device_count(), "nvidia_smi": gpu,
+            "packages": pkgs}
+
+
+def train_overrides(family: str, credit: str, stage: str, scale: Scale, fam_dir: Path, prompt_tokens: int,
+                    run_dir: Path, work: Path, ds_optimizer: str) -> list[str]:
+    batch = scale.prompts * 8
+    return [
+        f"credit={credit}", f"deepspeed={stage}", "logger=none",
+        f"policy.path={fam_dir / 'policy'}", f"reward.path={fam_dir / 'reward'}",
+        f"data.path={fam_dir / 'data'}", "data.train_split=train", "data.eval_split=test",
+        f"data.max_prompt_tokens={prompt_tokens}", *arch_overrides(scale),
+        f"trainer.steps={scale.steps}", f"trainer.batch_size={batch}", "trainer.num_generations=8",
+        f"trainer.mini_batch_size={scale.mini_batch}", f"trainer.micro_batch_size={scale.micro_batch}",
+        f"trainer.generation_batch_size={batch}", f"trainer.max_new_tokens={scale.max_new_tokens}",
+        f"trainer.eval_size={scale.eval_prompts}", f"trainer.eval_batch_size={scale.eval_prompts}",
+        f"trainer.eval_every={scale.steps}", f"trainer.checkpoint_every={scale.steps}", "trainer.warmup_steps=0",
+        "trainer.mask_truncated=false",  # random weights fill the budget: masking truncated responses would leave no loss
+        f"trainer.threads={scale.threads}", "trainer.progress=false",
+        *([f"deepspeed.optimizer_impl={ds_optimizer}"] if stage != "none" else []),
+        f"run_dir={run_dir}", f"cache_dir={work / 'cache'}",
+    ]
+
+
+def plan_memory(family: str, overrides: list[str], stage: str) -> dict[str, Any]:
+    """scripts/memory_plan.py's estimate for this case's shape on one GPU. ``none`` (plain
+    PyTorch AdamW) is the ZeRO-2 plan without DeepSpeed's own fp32 copy of the parameters (4Φ)
+    and its reduce buckets."""
+    from scripts import memory_plan as mp_
+
+    c = mp_.compose(FAMILIES[family][0], overrides)
+    counts = {"policy": mp_.param_count(c.policy.arch, "causal_lm"), "reward": mp_.param_count(c.reward.arch, "reward")}
+    p = mp_.plan(c, counts, 2 if stage == "none" else 3 if stage == "zero3" else 2, 1)
+    total = p["total"]
+    if stage == "none":
+        total -= 4 * counts["policy"] + (p["items"]["zero_buffers"] if p["peak_phase"] == "update" else 0)
+    return {"gib": total / 2**30, "peak_phase": p["peak_phase"], "params": counts}
+
+
+def summarize_train(run_dir: Path, n_policy: int, prompt_tokens: int, batch: int, on_gpu: bool) -> dict[str, Any]:
+    """Step time and phases (medians over the steps after the first), throughput and MFU:
+    generation 2·N·(generated tokens) / rollout_s; update 6·N·B·(P + mean response length) /
+    update_s (forward + backward over every position; attention's own FLOPs not counted), both
+    against the dense bf16 peak."""
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "perf/step_s" in r]
+    measured = steps[1:] or steps
+
+    def med(k: str) -> float:
+        return statistics.median(r[k] for r in measured)
+
+    keys = ("step_s", "rollout_s", "reward_s", "credit_s", "update_s")
+    out: dict[str, Any] = {k: med(f"perf/{k}") for k in keys}
+    resp_len = med("rollout/response_len")
+    gen_tokens = resp_len * batch
+    upd_tokens = batch * (prompt_tokens + resp_len)
+    out.update({
+        "steps_logged": len(steps), "steps_measured": len(measured), "response_len": resp_len,
+        "gen_tokens_per_s": gen_tokens / out["rollout_s"], "update_tokens_per_s": upd_tokens / out["update_s"],
+        "peak_mem_gib": max(r.get("perf/peak_mem_gb", math.nan) for r in steps),
+    })
+    if on_gpu:
+        out["mfu_generation"] = 2 * n_policy * gen_tokens / out["rollout_s"] / PEAK_BF16
+        out["mfu_update"] = 6 * n_policy * upd_tokens / out["update_s"] / PEAK_BF16
+    return out
+
+
+def _fmt(x: Any, spec: str = ".2f") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return format(x, spec) if isinstance(x, (int, float)) else str(x)
+
+
+def render(report: dict[str, Any]) -> str:
+    env, sc = report["env"], report["scale"]
+    lines = [
+        "# GPU check", "",
+        f"Command: `{report['command']}`  ",
+        f"Device: {env.get('nvidia_smi') or 'no GPU (a rehearsal of the script, not a measurement)'}; "
+        f"torch {env['packages'].get('torch')} (CUDA {env.get('torch_cuda')}), transformers {env['packages'].get('transformers')}, "
+        f"deepspeed {env['packages'].get('deepspeed')}, Python {env['python']}.  ",
+        f"Shapes: {'tiny (--tiny)' if report['tiny'] else 'the presets real architectures, random bf16 weights, full vocabularies'}; "
+        f"batch {sc['prompts']} prompts x 8 = {sc['prompts'] * 8} responses, mini-batch {sc['mini_batch']}, "
+        f"micro-batch {sc['micro_batch']}, {sc['max_new_tokens']}-token responses, prompts of "
+        + ", ".join(f"{n} tokens ({f})" for f, n in report["prompt_tokens"].items())
+        + f" (chat template included), {sc['steps']} steps (the first is warm-up). "
+        f"Wall time {report['wall_s']:.0f} s of a {report['budget_s']:.0f} s budget; start method {report['start_method']}, "
+        f"ZeRO optimizer {report['ds_optimizer']}.", "",
+        "## Training steps", "",
+        "Medians over the steps after the first. MFU: generation 2·N·(generated tokens)/rollout s, update "
+        "6·N·B·(P+T)/update s (N policy parameters, attention FLOPs not counted), against 989 TFLOP/s "
+        "(H200 dense bf16, datasheet). Peak: `torch.cuda.max_memory_allocated` over the run (its step-0 "
+        "evaluation included); plan: scripts/memory_plan.py for the same shape on one GPU.", "",
+        "| case | status | step s | rollout | reward | credit | update | gen tok/s | upd tok/s | MFU gen | MFU upd | peak GiB | plan GiB | autocast |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in report["cases"].items():
+        if not name.startswith("train/"):
+            continue
+        s = r.get("summary", {})
+        lines.append(
+            f"| {name[6:]} | {r['status']} | {_fmt(s.get('step_s'))} | {_fmt(s.get('rollout_s'))} | {_fmt(s.get('reward_s'))} "
+            f"| {_fmt(s.get('credit_s'), '.3f')} | {_fmt(s.get('update_s'))} | {_fmt(s.get('gen_tokens_per_s'), '.0f')} "
+            f"| {_fmt(s.get('update_tokens_per_s'), '.0f')} | {_fmt(s.get('mfu_generation'), '.1%')} "
+            f"| {_fmt(s.get('mfu_update'), '.1%')} | {_fmt(s.get('peak_mem_gib'))} | {_fmt(r.get('plan', {}).get('gib'))} "
+            f"| {r.get('autocast_dtype', '-')} |")
+    lines += ["", "## DATC credit against one LM-head matmul", "",
+              "Same call and inputs as scripts/bench_credit.py (chunk 128, logits 4·N(0,1)); medians; ratios to "
+              "the fp32 matmul (as on CPU) and to the bf16 one (as the policy's LM head runs under autocast).", "",
+              "| case | status | tokens x V x d | datc exact s | top-64 s | LM head fp32 s | bf16 s | exact / fp32 | top-64 / fp32 | exact / bf16 | exact peak MiB |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in report["cases"].items():
+        if name.startswith("credit/"):
+            sh, m = r.get("shape", {}), r.get("seconds_median", {})
+            o32, o16, pk = r.get("over_lm_head_fp32", {}), r.get("over_lm_head_bf16", {}), r.get("peak_mib", {})
+            shape = f"{sh['tokens']} x {sh['vocab']} x {sh['hidden']}" if sh else "-"
+            lines.append(f"| {name[7:]} | {r['status']} | {shape} | {_fmt(m.get('datc_exact'), '.4f')} | "
+                         f"{_fmt(m.get('datc_top64'), '.4f')} | {_fmt(m.get('lm_head_fp32'), '.4f')} | {_fmt(m.get('lm_head_bf16'), '.4f')} | "
+                         f"{_fmt(o32.get('datc_exact'))} | {_fmt(o32.get('datc_top64'))} | {_fmt(o16.get('datc_exact'))} | "
+                         f"{_fmt(pk.get('datc_exact'), '.0f')} |")
+    lines += ["", "## Other cases", "", "| case | status | result |", "|---|---|---|"]
+    for name, r in report["cases"].items():
+        if name.startswith(("train/", "credit/")):
+            continue
+        keep = {k: v for k, v in r.items() if k not in ("status", "traceback", "error")}
+        lines.append(f"| {name} | {r['status']} | {json.dumps(keep, default=str)[:300]} |")
+    bad = [(n, r) for n, r in report["cases"].items() if r["status"] != "ok"]
+    if bad:
+        lines += ["", "## Not ok", ""]
+        lines += [f"- `{n}`: {r['status']}: {r.get('error', '')}" for n, r in bad]
+    return "\n".join(lines) + "\n"
+
+
+def write(out: Path, report: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in (("gpu_check.json", json.dumps(report, indent=1, default=str)), ("gpu_check.md", render(report))):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, out / name)
+
+
+def build_cases(a: argparse.Namespace, scale: Scale, work: Path) -> list[Case]:
+    """Every case, most important first: what the deadline cuts comes last."""
+    fams = a.families
+    cases: list[Case] = []
+    for fam in fams:
+        cases.append(Case(f"build/{fam}", "build", {"family": fam, "dir": str(work / fam), "arch_overrides": arch_overrides(scale),
+                                                   "prompt_words": scale.prompt_words, "threads": scale.threads}, 300.0))
+    cases.append(Case(f"credit/{fams[0]}", "credit", {"family": fams[0], "repeats": 5, "tokens": 512}, 90.0))
+    # plain PyTorch for both schemes first, then DATC under each ZeRO stage, then GRPO under them
+    order = sorted(((f, c, s) for s in a.stages for c in a.credits for f in fams),
+                   key=lambda x: (0 if x[2] == "none" else 1 if x[1] == "datc" else 2, STAGES.index(x[2]), fams.index(x[0]),
+                                  CREDITS.index(x[1])))
+    for fam, credit, stage in order:
+        cases.append(Case(f"train/{fam}/{credit}/{stage}", "train", {"family": fam, "credit": credit, "stage": stage,
+                                                                     "steps": scale.steps, "threads": scale.threads},
+                          scale.case_timeout_s))
+    if "zero3" in a.stages:
+        cases.append(Case(f"synced/{fams[0]}", "synced", {"family": fams[0], "prompts": scale.prompts,
+                                                         "threads": scale.threads}, 120.0))
+    cases += [Case(f"credit/{f}", "credit", {"family": f, "repeats": 5, "tokens": 512}, 90.0) for f in fams[1:]]
+    if not a.tiny:
+        cases.append(Case("fused_adam", "fused_adam", {}, 240.0))
+    if a.inject_failures:  # early, so the rehearsal shows that the cases after them still run
+        cases[1:1] = [Case("fail/error", "fail", {"how": "error"}, 60.0), Case("fail/hang", "fail", {"how": "hang"}, 3.0)]
+    return cases
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="folder of gpu_check.json and gpu_check.md")
+    ap.add_argument("--tiny", action="store_true", help="tiny architectures and batch: the CPU rehearsal")
+    ap.add_argument("--budget-s", type=float, default=None, help="global deadline (default 450 s; --tiny 600 s)")
+    ap.add_argument("--work", default=None, help="models, prompts and runs (default: a folder under /tmp, removed at the end)")
+    ap.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    ap.add_argument("--credits", nargs="+", default=list(CREDITS), choices=list(CREDITS))
+    ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=list(STAGES))
+    ap.add_argument("--steps", type=int, default=None, help="training steps per case (default 3; --tiny 2)")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="response budget (default 128; --tiny 8)")
+    ap.add_argument("--ds-optimizer", default="torch", choices=("torch", "deepspeed"),
+                    help="deepspeed.optimizer_impl of the ZeRO cases (deepspeed: FusedAdam, JIT-compiled at first use)")
+    ap.add_argument("--start-method", default="forkserver", choices=("forkserver", "spawn"))
+    ap.add_argument("--inject-failures", action="store_true", help="add a failing and a hanging case (rehearsal)")
+    a = ap.parse_args(argv)
+    t_start = time.monotonic()
+    budget = a.budget_s if a.budget_s is not None else (600.0 if a.tiny else 450.0)
+    deadline = t_start + budget
+    scale = TINY if a.tiny else REAL
+    if a.steps is not None:
+        scale = Scale(**{**asdict(scale), "steps": a.steps})
+    if a.max_new_tokens is not None:
+        scale = Scale(**{**asdict(scale), "max_new_tokens": a.max_new_tokens})
+    out = Path(a.out).resolve()
+    work = Path(a.work).resolve() if a.work else Path("/tmp") / f"datc_gpu_check_{os.getpid()}"
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("HF_HOME", str(work / "hf"))
+    if a.tiny:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+    def log(msg: str) -> None:
+        print(f"[gpu_check {time.monotonic() - t_start:6.1f}s] {msg}", flush=True)
+
+    env = env_report()
+    log(f"device: {env['nvidia_smi'] or 'none (CPU rehearsal)'}; packages: "
+        + ", ".join(f"{k} {v}" for k, v in env["packages"].items()))
+    on_gpu = env["cuda_devices"] > 0
+    # The fork server imports the heavy libraries once; DeepSpeed only without a GPU (its import
+    # queries the accelerator, which the server must not initialise).
+    preload = ["torch", "transformers", "datasets", "hydra", "omegaconf", "datc.trainer", "datc.prepare",
+               "datc.credit.datc_math", *([] if on_gpu else ["deepspeed"])]
+    runner = Runner(work, deadline, a.start_method, preload)
+    cases = build_cases(a, scale, work)
+    report: dict[str, Any] = {
+        "command": "python scripts/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "tiny": a.tiny, "budget_s": budget, "wall_s": 0.0, "env": env, "scale": asdict(scale),
+        "peak_flops_bf16": PEAK_BF16, "start_method": a.start_method, "ds_optimizer": a.ds_optimizer,
+        "prompt_tokens": {}, "cases": {c.name: {"status": "pending"} for c in cases},
+    }
+    built: dict[str, dict[str, Any]] = {}
+    for case in cases:
+        fam = case.spec.get("family")
+        if case.kind in ("credit", "train", "synced") and built.get(fam, {}).get("status") != "ok":
+            case.result = {"status": "skipped", "error": f"build/{fam} did not succeed"}
+        else:
+            if case.kind == "credit":
+                from datc.config import validate
+
+                c = validate(compose(fam, arch_overrides(scale)))
+                case.spec.update(vocab=int(c.reward.arch["vocab_size"]), hidden=int(c.reward.arch["hidden_size"]))
+            if case.kind in ("train", "synced"):
+                stage = case.spec.get("stage", "zero3")
+                run_dir = work / "runs" / case.name.replace("/", "_")
+                ov = train_overrides(fam, case.spec.get("credit", "grpo"), stage, scale, work / fam,
+                                     built[fam]["prompt_tokens"], run_dir, work, a.ds_optimizer)
+                case.spec.update(overrides=ov, run_dir=str(run_dir))
+            log(f"{case.name}: running (limit {case.timeout_s:.0f} s, {deadline - time.monotonic():.0f} s left)")
+            case.result = runner.run(case, scale.min_start_s if case.kind == "train" else 5.0)
+            if case.kind == "build":
+                built[fam] = case.result
+                report["prompt_tokens"][fam] = case.result.get("prompt_tokens")
+            if case.kind == "train" and case.result["status"] == "ok":
+                try:
+                    case.result["summary"] = summarize_train(Path(case.spec["run_dir"]), built[fam]["params"]["policy"],
+                                                             built[fam]["prompt_tokens"], scale.prompts * 8, on_gpu)
+                    case.result["plan"] = plan_memory(fam, case.spec["overrides"], case.spec["stage"])
+                except Exception as e:  # noqa: BLE001 - a report error is this case's, not the script's
+                    case.result.update(status="error", error=f"report: {type(e).__name__}: {e}",
+                                       traceback=traceback.format_exc()[-4000:])
+                shutil.rmtree(case.spec["run_dir"], ignore_errors=True)  # checkpoints of a finished tiny run
+        r = case.result
+        log(f"{case.name}: {r['status']}" + (f" ({r.get('wall_s', 0):.0f} s)" if "wall_s" in r else "")
+            + (f": {r['error']}" if r.get("error") else "")
+            + (f"; step {r['summary']['step_s']:.2f} s, peak {r['summary']['peak_mem_gib']:.2f} GiB" if "summary" in r else ""))
+        report["cases"][case.name] = r
+        report["wall_s"], report["start_method"] = time.monotonic() - t_start, runner.start_method
+        write(out, report)
+    if not a.work:
+        shutil.rmtree(work, ignore_errors=True)
+    report["wall_s"] = time.monotonic() - t_start
+    write(out, report)
+    n_ok = sum(r["status"] == "ok" for r in report["cases"].values())
+    log(f"done: {n_ok} of {len(cases)} cases ok -> {out / 'gpu_check.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
