@@ -486,14 +486,14 @@ def train_overrides(family: str, credit: str, stage: str, scale: Scale, fam_dir:
     ]
 
 
-def plan_memory(family: str, overrides: list[str], stage: str) -> dict[str, Any]:
-    """scripts/memory_plan.py's estimate for this case's shape on one GPU. ``none`` (plain
-    PyTorch AdamW) is the ZeRO-2 plan without DeepSpeed's own fp32 copy of the parameters (4Φ)
-    and its reduce buckets."""
+def plan_memory(family: str, overrides: list[str], stage: str, counts: dict[str, int]) -> dict[str, Any]:
+    """scripts/memory_plan.py's estimate for this case's shape on one GPU (``counts``: the
+    parameters of the models built, equal to ``memory_plan.param_count`` of their arch blocks).
+    ``none`` (plain PyTorch AdamW) is the ZeRO-2 plan without DeepSpeed's own fp32 copy of the
+    parameters (4Φ) and its reduce buckets."""
     from scripts import memory_plan as mp_
 
     c = mp_.compose(FAMILIES[family][0], overrides)
-    counts = {"policy": mp_.param_count(c.policy.arch, "causal_lm"), "reward": mp_.param_count(c.reward.arch, "reward")}
     p = mp_.plan(c, counts, 2 if stage == "none" else 3 if stage == "zero3" else 2, 1)
     total = p["total"]
     if stage == "none":
@@ -611,17 +611,19 @@ def build_cases(a: argparse.Namespace, scale: Scale, work: Path) -> list[Case]:
         cases.append(Case(f"build/{fam}", "build", {"family": fam, "dir": str(work / fam), "arch_overrides": arch_overrides(scale),
                                                    "prompt_words": scale.prompt_words, "threads": scale.threads}, 300.0))
     cases.append(Case(f"credit/{fams[0]}", "credit", {"family": fams[0], "repeats": 5, "tokens": 512}, 90.0))
-    # plain PyTorch for both schemes first, then DATC under each ZeRO stage, then GRPO under them
+    # plain PyTorch for every family first, then the ZeRO stages one family at a time, so that a
+    # deadline leaves whole grpo-vs-datc pairs
     order = sorted(((f, c, s) for s in a.stages for c in a.credits for f in fams),
-                   key=lambda x: (0 if x[2] == "none" else 1 if x[1] == "datc" else 2, STAGES.index(x[2]), fams.index(x[0]),
+                   key=lambda x: (0 if x[2] == "none" else 1 + fams.index(x[0]), fams.index(x[0]), STAGES.index(x[2]),
                                   CREDITS.index(x[1])))
     for fam, credit, stage in order:
         cases.append(Case(f"train/{fam}/{credit}/{stage}", "train", {"family": fam, "credit": credit, "stage": stage,
                                                                      "steps": scale.steps, "threads": scale.threads},
                           scale.case_timeout_s))
-    if "zero3" in a.stages:
-        cases.append(Case(f"synced/{fams[0]}", "synced", {"family": fams[0], "prompts": scale.prompts,
-                                                         "threads": scale.threads}, 120.0))
+    if "zero3" in a.stages:  # right after the first family's ZeRO-3 training cases
+        at = max(i for i, c in enumerate(cases) if c.name.startswith(f"train/{fams[0]}/") and c.name.endswith("/zero3"))
+        cases.insert(at + 1, Case(f"synced/{fams[0]}", "synced", {"family": fams[0], "prompts": scale.prompts,
+                                                                  "threads": scale.threads}, 120.0))
     cases += [Case(f"credit/{f}", "credit", {"family": f, "repeats": 5, "tokens": 512}, 90.0) for f in fams[1:]]
     if not a.tiny:
         cases.append(Case("fused_adam", "fused_adam", {}, 240.0))
@@ -698,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
                                      built[fam]["prompt_tokens"], run_dir, work, a.ds_optimizer)
                 case.spec.update(overrides=ov, run_dir=str(run_dir))
             log(f"{case.name}: running (limit {case.timeout_s:.0f} s, {deadline - time.monotonic():.0f} s left)")
-            case.result = runner.run(case, scale.min_start_s if case.kind == "train" else 5.0)
+            case.result = runner.run(case, {"train": scale.min_start_s, "fused_adam": 60.0}.get(case.kind, 5.0))
             if case.kind == "build":
                 built[fam] = case.result
                 report["prompt_tokens"][fam] = case.result.get("prompt_tokens")
@@ -706,7 +708,7 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     case.result["summary"] = summarize_train(Path(case.spec["run_dir"]), built[fam]["params"]["policy"],
                                                              built[fam]["prompt_tokens"], scale.prompts * 8, on_gpu)
-                    case.result["plan"] = plan_memory(fam, case.spec["overrides"], case.spec["stage"])
+                    case.result["plan"] = plan_memory(fam, case.spec["overrides"], case.spec["stage"], built[fam]["params"])
                 except Exception as e:  # noqa: BLE001 - a report error is this case's, not the script's
                     case.result.update(status="error", error=f"report: {type(e).__name__}: {e}",
                                        traceback=traceback.format_exc()[-4000:])

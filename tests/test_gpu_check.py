@@ -55,3 +55,19 @@ def test_gpu_check_rehearsal_runs_every_case_and_reports_failures(tmp_path):
         assert f"| {name[6:]} | ok |" in md
     assert "`fail/error`: error" in md and "`fail/hang`: timeout" in md
     assert not list((tmp_path / "work" / "runs").glob("*/checkpoints/*"))  # no run left its checkpoints behind
+
+
+def test_gpu_check_reports_what_the_deadline_skipped(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "scripts/gpu_check.py", "--tiny", "--budget-s", "1", "--families", "qwen3",
+                           "--out", str(out), "--work", str(tmp_path / "work")], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    cases = json.loads((out / "gpu_check.json").read_text())["cases"]
+    assert len(cases) == 1 + 1 + 6 + 1  # build, credit, 2 credits x 3 stages, synced
+    assert all(r["status"] == "skipped" for r in cases.values())
+    assert cases["build/qwen3"]["error"].startswith("global deadline")
+    assert cases["train/qwen3/datc/zero3"]["error"] == "build/qwen3 did not succeed"
+    md = (out / "gpu_check.md").read_text()
+    assert "| qwen3/datc/zero3 | skipped |" in md and "`build/qwen3`: skipped: global deadline" in md
