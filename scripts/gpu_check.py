@@ -25,7 +25,8 @@ its own time limit, so a hang or a crash costs that case only; errors are report
 and the traceback's tail. A training case ends as soon as its last step is in metrics.jsonl: the
 run's closing evaluation and checkpoint (20 GB of optimizer state for Qwen3) are not part of the
 check and are cut. Results go to ``<out>/gpu_check.json`` and ``<out>/gpu_check.md``, rewritten
-after every case.
+after every case, and the progress lines to ``<out>/gpu_check.log``; the exit status is 0 once
+the report is written, whatever the cases' outcomes.
 
     python scripts/gpu_check.py --out DIR            # real shapes (a GPU; about 8 minutes)
     python scripts/gpu_check.py --tiny --out DIR     # the same cases at tiny shapes (CPU rehearsal)
@@ -423,7 +424,15 @@ class Runner:
         limit = min(case.timeout_s, left)
         t0 = time.monotonic()
         p = self.ctx.Process(target=_child, args=(case.kind, case.spec, str(d)), daemon=False)
-        p.start()
+        try:
+            p.start()
+        except Exception as e:  # noqa: BLE001 - e.g. no fork server on this machine
+            if self.start_method != "forkserver":
+                return {"status": "error", "error": f"could not start the case's process: {type(e).__name__}: {e}"}
+            print(f"[gpu_check] the fork server failed ({type(e).__name__}: {e}); spawning each case instead", flush=True)
+            self.ctx, self.start_method = mp.get_context("spawn"), "spawn"
+            p = self.ctx.Process(target=_child, args=(case.kind, case.spec, str(d)), daemon=False)
+            p.start()
         p.join(limit)
         timed_out = p.is_alive()
         if timed_out:
@@ -663,8 +672,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.tiny:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+    out.mkdir(parents=True, exist_ok=True)
+    log_file = open(out / "gpu_check.log", "w", buffering=1)  # noqa: SIM115 (the run's progress, also printed)
+
     def log(msg: str) -> None:
-        print(f"[gpu_check {time.monotonic() - t_start:6.1f}s] {msg}", flush=True)
+        line = f"[gpu_check {time.monotonic() - t_start:6.1f}s] {msg}"
+        print(line, flush=True)
+        log_file.write(line + "\n")
 
     env = env_report()
     log(f"device: {env['nvidia_smi'] or 'none (CPU rehearsal)'}; packages: "
