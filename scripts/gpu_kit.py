@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / ".whl"), help="folder of the wheels (emptied first)")
     ap.add_argument("--python-version", default="3.12", help="target CPython, e.g. 3.12 (the GPU machine) or 3.11")
+    ap.add_argument("--extra", nargs="*", default=[], metavar="NAME",
+                    help="more packages at this environment's versions, e.g. pyarrow (about 42 MiB) if the image's is "
+                         "older than datasets wants (>= 24)")
     a = ap.parse_args(argv)
     out = Path(a.out)
     if out.exists():
@@ -88,7 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     for p in PLATFORMS:
         target += ["--platform", p]
     run([*pip, "download", "-q", "--no-deps", "--only-binary=:all:", *target, "-d", str(out), *map(pinned, PURE)])
-    run([*pip, "download", "-q", "--no-deps", "--only-binary=:all:", *target, "-d", str(out), *map(pinned, COMPILED)])
+    run([*pip, "download", "-q", "--no-deps", "--only-binary=:all:", *target, "-d", str(out),
+         *map(pinned, [*COMPILED, *a.extra])])
     env = {**os.environ, "DS_BUILD_OPS": "0"}  # DeepSpeed: no kernels built here, JIT on the machine that runs them
     with tempfile.TemporaryDirectory() as tmp:
         run([*pip, "wheel", "-q", "--no-deps", "--no-binary=:all:", "-w", tmp, *map(pinned, SDIST)], env=env)
@@ -97,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(f"gpu_kit: {w.name} is not a pure-Python wheel; it would not install on the GPU machine")
             shutil.move(str(w), out / w.name)
     wheels = sorted(out.glob("*.whl"))
-    want = len(PURE) + len(COMPILED) + len(SDIST)
+    want = len(PURE) + len(COMPILED) + len(SDIST) + len(a.extra)
     if len(wheels) != want:
         sys.exit(f"gpu_kit: expected {want} wheels, got {len(wheels)}: {[w.name for w in wheels]}")
     kit, repo = sum(w.stat().st_size for w in wheels), repo_bytes()
