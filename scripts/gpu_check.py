@@ -391,14 +391,20 @@ def _child(kind: str, spec: dict[str, Any], case_dir: str) -> None:
 
 @dataclass
 class Case:
-    name: str
+    """One check: ``kind`` is a key of :data:`KINDS`, ``spec`` its (picklable) arguments."""
+
+    name: str  # e.g. train/qwen3/datc/zero3
     kind: str
     spec: dict[str, Any]
-    timeout_s: float
-    result: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float  # the case's own limit (the global deadline may cut it shorter)
+    result: dict[str, Any] = field(default_factory=dict)  # status ok | error | timeout | skipped, and the case's numbers
 
 
 class Runner:
+    """Runs each case in a process of its own, forked from a server that imported the heavy
+    libraries once (``forkserver``; ``spawn`` starts a fresh interpreter per case), and turns
+    whatever happens to it (a result, an exception, a hang, a crash) into its result."""
+
     def __init__(self, work: Path, deadline: float, start_method: str, preload: list[str]):
         self.work, self.deadline = work, deadline
         self.ctx = mp.get_context(start_method)
