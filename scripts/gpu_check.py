@@ -94,7 +94,7 @@ class Scale:
     micro_batch: int = 4  # the presets' micro-batch
     max_new_tokens: int = 128  # response budget (random weights fill it)
     prompt_words: int = 48  # words per prompt; the chat template adds a few tokens
-    steps: int = 3  # training steps; the first is warm-up, the others are reported
+    steps: int = 2  # training steps; the first is warm-up (the step-0 evaluation has already sampled), the others are reported
     eval_prompts: int = 4  # the run's evaluation at step 0 (one generation batch)
     threads: int = 8
     case_timeout_s: float = 150.0
@@ -619,27 +619,23 @@ def write(out: Path, report: dict[str, Any]) -> None:
 
 
 def build_cases(a: argparse.Namespace, scale: Scale, work: Path) -> list[Case]:
-    """Every case, most important first: what the deadline cuts comes last."""
-    fams = a.families
+    """Every case, most important first, so that a deadline cuts the end: family by family
+    (Qwen3, the larger, first), each its models, its credit timing, then its training cases
+    stage by stage (grpo and datc side by side), the first family's synced_gpus sampling, and
+    last the FusedAdam build."""
     cases: list[Case] = []
-    for fam in fams:
+    for i, fam in enumerate(a.families):
         cases.append(Case(f"build/{fam}", "build", {"family": fam, "dir": str(work / fam), "arch_overrides": arch_overrides(scale),
                                                    "prompt_words": scale.prompt_words, "threads": scale.threads}, 300.0))
-    cases.append(Case(f"credit/{fams[0]}", "credit", {"family": fams[0], "repeats": 5, "tokens": 512}, 90.0))
-    # plain PyTorch for every family first, then the ZeRO stages one family at a time, so that a
-    # deadline leaves whole grpo-vs-datc pairs
-    order = sorted(((f, c, s) for s in a.stages for c in a.credits for f in fams),
-                   key=lambda x: (0 if x[2] == "none" else 1 + fams.index(x[0]), fams.index(x[0]), STAGES.index(x[2]),
-                                  CREDITS.index(x[1])))
-    for fam, credit, stage in order:
-        cases.append(Case(f"train/{fam}/{credit}/{stage}", "train", {"family": fam, "credit": credit, "stage": stage,
-                                                                     "steps": scale.steps, "threads": scale.threads},
-                          scale.case_timeout_s))
-    if "zero3" in a.stages:  # right after the first family's ZeRO-3 training cases
-        at = max(i for i, c in enumerate(cases) if c.name.startswith(f"train/{fams[0]}/") and c.name.endswith("/zero3"))
-        cases.insert(at + 1, Case(f"synced/{fams[0]}", "synced", {"family": fams[0], "prompts": scale.prompts,
-                                                                  "threads": scale.threads}, 120.0))
-    cases += [Case(f"credit/{f}", "credit", {"family": f, "repeats": 5, "tokens": 512}, 90.0) for f in fams[1:]]
+        cases.append(Case(f"credit/{fam}", "credit", {"family": fam, "repeats": 5, "tokens": 512}, 90.0))
+        for stage in (s for s in STAGES if s in a.stages):
+            for credit in (c for c in CREDITS if c in a.credits):
+                cases.append(Case(f"train/{fam}/{credit}/{stage}", "train",
+                                  {"family": fam, "credit": credit, "stage": stage, "steps": scale.steps,
+                                   "threads": scale.threads}, scale.case_timeout_s))
+        if i == 0 and "zero3" in a.stages:
+            cases.append(Case(f"synced/{fam}", "synced", {"family": fam, "prompts": scale.prompts, "threads": scale.threads},
+                              120.0))
     if not a.tiny:
         cases.append(Case("fused_adam", "fused_adam", {}, 240.0))
     if a.inject_failures:  # early, so the rehearsal shows that the cases after them still run
@@ -656,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     ap.add_argument("--credits", nargs="+", default=list(CREDITS), choices=list(CREDITS))
     ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=list(STAGES))
-    ap.add_argument("--steps", type=int, default=None, help="training steps per case (default 3; --tiny 2)")
+    ap.add_argument("--steps", type=int, default=None, help="training steps per case (default 2)")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="response budget (default 128; --tiny 8)")
     ap.add_argument("--ds-optimizer", default="torch", choices=("torch", "deepspeed"),
                     help="deepspeed.optimizer_impl of the ZeRO cases (deepspeed: FusedAdam, JIT-compiled at first use)")
