@@ -256,9 +256,10 @@ def _watch(run_dir: Path, steps: int, case_dir: Path, extra: dict[str, Any]) -> 
     while True:
         time.sleep(0.2)
         try:
-            n = sum(1 for line in f.read_text().splitlines() if '"perf/step_s"' in line)
+            complete = f.read_text().split("\n")[:-1]  # lines the logger has finished writing
         except OSError:
             continue
+        n = sum('"perf/step_s"' in line for line in complete)
         if n >= steps:
             _write_result(case_dir, {"status": "ok", "ended": "after the last step", **extra, **_cuda_memory()})
             sys.stdout.flush()
@@ -521,7 +522,7 @@ def summarize_train(run_dir: Path, n_policy: int, prompt_tokens: int, batch: int
     generation 2·N·(generated tokens) / rollout_s; update 6·N·B·(P + mean response length) /
     update_s (forward + backward over every position; attention's own FLOPs not counted), both
     against the dense bf16 peak."""
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().split("\n")[:-1]]
     steps = [r for r in rows if "perf/step_s" in r]
     measured = steps[1:] or steps
 
@@ -699,36 +700,48 @@ def main(argv: list[str] | None = None) -> int:
         "prompt_tokens": {}, "cases": {c.name: {"status": "pending"} for c in cases},
     }
     built: dict[str, dict[str, Any]] = {}
+
+    def run_case(case: Case) -> None:
+        fam = case.spec.get("family")
+        if case.kind == "credit":
+            from datc.config import validate
+
+            c = validate(compose(fam, arch_overrides(scale)))
+            case.spec.update(vocab=int(c.reward.arch["vocab_size"]), hidden=int(c.reward.arch["hidden_size"]))
+        if case.kind in ("train", "synced"):
+            stage = case.spec.get("stage", "zero3")
+            run_dir = work / "runs" / case.name.replace("/", "_")
+            ov = train_overrides(fam, case.spec.get("credit", "grpo"), stage, scale, work / fam,
+                                 built[fam]["prompt_tokens"], run_dir, work, a.ds_optimizer)
+            case.spec.update(overrides=ov, run_dir=str(run_dir))
+        log(f"{case.name}: running (limit {case.timeout_s:.0f} s, {deadline - time.monotonic():.0f} s left)")
+        case.result = runner.run(case, {"train": scale.min_start_s, "fused_adam": 60.0}.get(case.kind, 5.0))
+        if case.kind == "build":
+            built[fam] = case.result
+            report["prompt_tokens"][fam] = case.result.get("prompt_tokens")
+        if case.kind == "train" and case.result["status"] == "ok":
+            try:
+                case.result["summary"] = summarize_train(Path(case.spec["run_dir"]), built[fam]["params"]["policy"],
+                                                         built[fam]["prompt_tokens"], scale.prompts * 8, on_gpu)
+            except Exception as e:  # noqa: BLE001 - a report error is this case's, not the script's
+                case.result.update(status="error", error=f"report: {type(e).__name__}: {e}",
+                                   traceback=traceback.format_exc()[-4000:])
+            try:  # the estimate is a comparison only: without it the case stays ok
+                case.result["plan"] = plan_memory(fam, case.spec["overrides"], case.spec["stage"], built[fam]["params"])
+            except Exception as e:  # noqa: BLE001
+                case.result["plan"] = {"error": f"{type(e).__name__}: {e}"}
+            shutil.rmtree(case.spec["run_dir"], ignore_errors=True)  # checkpoints of a finished tiny run
+
     for case in cases:
         fam = case.spec.get("family")
         if case.kind in ("credit", "train", "synced") and built.get(fam, {}).get("status") != "ok":
             case.result = {"status": "skipped", "error": f"build/{fam} did not succeed"}
         else:
-            if case.kind == "credit":
-                from datc.config import validate
-
-                c = validate(compose(fam, arch_overrides(scale)))
-                case.spec.update(vocab=int(c.reward.arch["vocab_size"]), hidden=int(c.reward.arch["hidden_size"]))
-            if case.kind in ("train", "synced"):
-                stage = case.spec.get("stage", "zero3")
-                run_dir = work / "runs" / case.name.replace("/", "_")
-                ov = train_overrides(fam, case.spec.get("credit", "grpo"), stage, scale, work / fam,
-                                     built[fam]["prompt_tokens"], run_dir, work, a.ds_optimizer)
-                case.spec.update(overrides=ov, run_dir=str(run_dir))
-            log(f"{case.name}: running (limit {case.timeout_s:.0f} s, {deadline - time.monotonic():.0f} s left)")
-            case.result = runner.run(case, {"train": scale.min_start_s, "fused_adam": 60.0}.get(case.kind, 5.0))
-            if case.kind == "build":
-                built[fam] = case.result
-                report["prompt_tokens"][fam] = case.result.get("prompt_tokens")
-            if case.kind == "train" and case.result["status"] == "ok":
-                try:
-                    case.result["summary"] = summarize_train(Path(case.spec["run_dir"]), built[fam]["params"]["policy"],
-                                                             built[fam]["prompt_tokens"], scale.prompts * 8, on_gpu)
-                    case.result["plan"] = plan_memory(fam, case.spec["overrides"], case.spec["stage"], built[fam]["params"])
-                except Exception as e:  # noqa: BLE001 - a report error is this case's, not the script's
-                    case.result.update(status="error", error=f"report: {type(e).__name__}: {e}",
-                                       traceback=traceback.format_exc()[-4000:])
-                shutil.rmtree(case.spec["run_dir"], ignore_errors=True)  # checkpoints of a finished tiny run
+            try:
+                run_case(case)
+            except Exception as e:  # noqa: BLE001 - a failure of the script's own part is the case's too
+                case.result = {"status": "error", "error": f"gpu_check: {type(e).__name__}: {e}",
+                               "traceback": traceback.format_exc()[-4000:]}
         r = case.result
         log(f"{case.name}: {r['status']}" + (f" ({r.get('wall_s', 0):.0f} s)" if "wall_s" in r else "")
             + (f": {r['error']}" if r.get("error") else "")

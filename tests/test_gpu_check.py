@@ -54,7 +54,6 @@ def test_gpu_check_rehearsal_runs_every_case_and_reports_failures(tmp_path):
     for name in TRAIN:
         assert f"| {name[6:]} | ok |" in md
     assert "`fail/error`: error" in md and "`fail/hang`: timeout" in md
-    assert not list((tmp_path / "work" / "runs").glob("*/checkpoints/*"))  # no run left its checkpoints behind
 
 
 def test_gpu_check_reports_what_the_deadline_skipped(tmp_path):
