@@ -205,10 +205,12 @@ def case_credit(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
     bf16 as well. Same inputs and call as scripts/bench_credit.py (logits 4·N(0,1): peaked)."""
     import torch
 
+    from datc.config import validate
     from datc.credit.datc_math import datc_scores
 
+    c = validate(compose(spec["family"], spec["arch_overrides"]))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    n, V, d = spec["tokens"], spec["vocab"], spec["hidden"]
+    n, V, d = spec["tokens"], int(c.reward.arch["vocab_size"]), int(c.reward.arch["hidden_size"])
     g = torch.Generator(device=device).manual_seed(0)
     logits = torch.randn(n, V, generator=g, device=device).mul_(4.0)
     E = torch.randn(V, d, generator=g, device=device).mul_(0.02)
@@ -276,6 +278,21 @@ def _cuda_memory() -> dict[str, float]:
             "max_reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
 
 
+def plan_memory(family: str, overrides: list[str], stage: str, counts: dict[str, int]) -> dict[str, Any]:
+    """scripts/memory_plan.py's estimate for this case's shape on one GPU (``counts``: the
+    parameters of the models built, equal to ``memory_plan.param_count`` of their arch blocks).
+    ``none`` (plain PyTorch AdamW) is the ZeRO-2 plan without DeepSpeed's own fp32 copy of the
+    parameters (4Φ) and its reduce buckets."""
+    from scripts import memory_plan as mp_
+
+    c = mp_.compose(FAMILIES[family][0], overrides)
+    p = mp_.plan(c, counts, 2 if stage == "none" else 3 if stage == "zero3" else 2, 1)
+    total = p["total"]
+    if stage == "none":
+        total -= 4 * counts["policy"] + (p["items"]["zero_buffers"] if p["peak_phase"] == "update" else 0)
+    return {"gib": total / 2**30, "peak_phase": p["peak_phase"], "params": counts}
+
+
 def case_train(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
     """A few steps of the preset through ``datc.trainer.train`` (the real loading path)."""
     import torch
@@ -289,6 +306,10 @@ def case_train(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
     device = resolve_device(cfg.trainer.device)
     extra = {"autocast_dtype": str(resolve_dtype(cfg.policy.dtype, device)).replace("torch.", ""),
              "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"}
+    try:  # the estimate is a comparison only: without it the case goes on
+        extra["plan"] = plan_memory(spec["family"], spec["overrides"], spec["stage"], spec["params"])
+    except Exception as e:  # noqa: BLE001
+        extra["plan"] = {"error": f"{type(e).__name__}: {e}"}
     threading.Thread(target=_watch, args=(run_dir, spec["steps"], case_dir, extra), daemon=True).start()
     train(cfg, run_dir)
     return {"ended": "run finished", **extra, **_cuda_memory()}
@@ -502,21 +523,6 @@ def train_overrides(family: str, credit: str, stage: str, scale: Scale, fam_dir:
     ]
 
 
-def plan_memory(family: str, overrides: list[str], stage: str, counts: dict[str, int]) -> dict[str, Any]:
-    """scripts/memory_plan.py's estimate for this case's shape on one GPU (``counts``: the
-    parameters of the models built, equal to ``memory_plan.param_count`` of their arch blocks).
-    ``none`` (plain PyTorch AdamW) is the ZeRO-2 plan without DeepSpeed's own fp32 copy of the
-    parameters (4Φ) and its reduce buckets."""
-    from scripts import memory_plan as mp_
-
-    c = mp_.compose(FAMILIES[family][0], overrides)
-    p = mp_.plan(c, counts, 2 if stage == "none" else 3 if stage == "zero3" else 2, 1)
-    total = p["total"]
-    if stage == "none":
-        total -= 4 * counts["policy"] + (p["items"]["zero_buffers"] if p["peak_phase"] == "update" else 0)
-    return {"gib": total / 2**30, "peak_phase": p["peak_phase"], "params": counts}
-
-
 def summarize_train(run_dir: Path, n_policy: int, prompt_tokens: int, batch: int, on_gpu: bool) -> dict[str, Any]:
     """Step time and phases (medians over the steps after the first), throughput and MFU:
     generation 2·N·(generated tokens) / rollout_s; update 6·N·B·(P + mean response length) /
@@ -628,7 +634,8 @@ def build_cases(a: argparse.Namespace, scale: Scale, work: Path) -> list[Case]:
     for i, fam in enumerate(a.families):
         cases.append(Case(f"build/{fam}", "build", {"family": fam, "dir": str(work / fam), "arch_overrides": arch_overrides(scale),
                                                    "prompt_words": scale.prompt_words, "threads": scale.threads}, 300.0))
-        cases.append(Case(f"credit/{fam}", "credit", {"family": fam, "repeats": 5, "tokens": 512}, 90.0))
+        cases.append(Case(f"credit/{fam}", "credit", {"family": fam, "repeats": 5, "tokens": 512,
+                                                     "arch_overrides": arch_overrides(scale)}, 90.0))
         for stage in (s for s in STAGES if s in a.stages):
             for credit in (c for c in CREDITS if c in a.credits):
                 cases.append(Case(f"train/{fam}/{credit}/{stage}", "train",
@@ -690,7 +697,7 @@ def main(argv: list[str] | None = None) -> int:
     # The fork server imports the heavy libraries once; DeepSpeed only without a GPU (its import
     # queries the accelerator, which the server must not initialise).
     preload = ["torch", "transformers", "datasets", "hydra", "omegaconf", "datc.trainer", "datc.prepare",
-               "datc.credit.datc_math", *([] if on_gpu else ["deepspeed"])]
+               "datc.credit.datc_math", "scripts.memory_plan", *([] if on_gpu else ["deepspeed"])]
     runner = Runner(work, deadline, a.start_method, preload)
     cases = build_cases(a, scale, work)
     report: dict[str, Any] = {
@@ -703,17 +710,12 @@ def main(argv: list[str] | None = None) -> int:
 
     def run_case(case: Case) -> None:
         fam = case.spec.get("family")
-        if case.kind == "credit":
-            from datc.config import validate
-
-            c = validate(compose(fam, arch_overrides(scale)))
-            case.spec.update(vocab=int(c.reward.arch["vocab_size"]), hidden=int(c.reward.arch["hidden_size"]))
         if case.kind in ("train", "synced"):
             stage = case.spec.get("stage", "zero3")
             run_dir = work / "runs" / case.name.replace("/", "_")
             ov = train_overrides(fam, case.spec.get("credit", "grpo"), stage, scale, work / fam,
                                  built[fam]["prompt_tokens"], run_dir, work, a.ds_optimizer)
-            case.spec.update(overrides=ov, run_dir=str(run_dir))
+            case.spec.update(overrides=ov, run_dir=str(run_dir), params=built[fam]["params"])
         log(f"{case.name}: running (limit {case.timeout_s:.0f} s, {deadline - time.monotonic():.0f} s left)")
         case.result = runner.run(case, {"train": scale.min_start_s, "fused_adam": 60.0}.get(case.kind, 5.0))
         if case.kind == "build":
@@ -726,10 +728,6 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # noqa: BLE001 - a report error is this case's, not the script's
                 case.result.update(status="error", error=f"report: {type(e).__name__}: {e}",
                                    traceback=traceback.format_exc()[-4000:])
-            try:  # the estimate is a comparison only: without it the case stays ok
-                case.result["plan"] = plan_memory(fam, case.spec["overrides"], case.spec["stage"], built[fam]["params"])
-            except Exception as e:  # noqa: BLE001
-                case.result["plan"] = {"error": f"{type(e).__name__}: {e}"}
             shutil.rmtree(case.spec["run_dir"], ignore_errors=True)  # checkpoints of a finished tiny run
 
     for case in cases:
