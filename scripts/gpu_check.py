@@ -23,7 +23,7 @@ Cases, most important first (a global deadline skips what does not fit, and says
 Every case (its code: scripts/gpu_cases.py) runs in its own process, forked from a server that
 imported the libraries once, with its own time limit, so a hang or a crash costs that case only; errors are reported with one line
 and the traceback's tail. A training case ends as soon as its last step is in metrics.jsonl: the
-run's closing evaluation and checkpoint (20 GB of optimizer state for Qwen3) are not part of the
+run's closing evaluation and checkpoint (several GB of optimizer state) are not part of the
 check and are cut. Results go to ``<out>/gpu_check.json`` and ``<out>/gpu_check.md``, rewritten
 after every case, and the progress lines to ``<out>/gpu_check.log``; the exit status is 0 once
 the report is written, whatever the cases' outcomes.
