@@ -12,7 +12,7 @@ CONSTRAINTS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,constraints/cpu.
 PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint bench clean-runs
+.PHONY: venv demo test lint bench clean-runs gpu-kit
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ test: venv  ## the test suite, slow end-to-end tests included
 BENCH_ARGS ?=
 bench: $(VENV)/.installed-bench  ## this project's GRPO against TRL's GRPOTrainer -> results/bench/trl.md
 	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
+
+GPU_KIT_ARGS ?=
+gpu-kit: venv  ## wheels the GPU machine's image lacks (CPython 3.12, manylinux x86-64) -> .whl/ (see README, GPU check)
+	$(BIN)/python scripts/gpu_kit.py $(GPU_KIT_ARGS)
 
 lint: venv
 	$(BIN)/ruff check datc tests scripts

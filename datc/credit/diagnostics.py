@@ -73,7 +73,7 @@ def credit_metrics(out: CreditOutput, advantages: Tensor, mask: Tensor, gold_con
         s = out.scores[mk]
         metrics["credit/score_mean"] = float(s.mean())
         metrics["credit/score_std"] = float(s.std()) if s.numel() > 1 else 0.0
-        q = torch.quantile(s.double(), torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64))
+        q = torch.quantile(s.double(), torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64, device=s.device))
         metrics.update({"credit/score_p10": float(q[0]), "credit/score_p50": float(q[1]), "credit/score_p90": float(q[2])})
     if gold_contrib is not None:
         signed = (out.scores if out.scores is not None else w) * torch.sign(advantages)[:, None]

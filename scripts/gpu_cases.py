@@ -1,0 +1,334 @@
+"""What runs inside one case's process of the GPU check (scripts/gpu_check.py): building the
+random models at the presets' shapes, the credit timing, a few training steps through
+``datc.trainer.train``, synced_gpus sampling under ZeRO-3, the FusedAdam build. Each case
+function takes its (picklable) spec and its folder and returns its numbers; :func:`_child` turns
+whatever happens into ``result.json`` there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+# Set before torch is imported anywhere (the parent, the fork server, the cases): CUDA
+# availability through NVML (does not initialise CUDA, so forking stays safe), nothing online.
+for _k, _v in {"PYTORCH_NVML_BASED_CUDA_CHECK": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+               "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_TELEMETRY": "1"}.items():
+    os.environ.setdefault(_k, _v)
+
+FAMILIES = {"qwen3": ("qwen3_ultrafeedback", "chatml"), "llama32": ("llama32_ultrafeedback", "llama3")}
+
+# Chat formats of the two families (ChatML as in Qwen3, Llama 3's header format), over a
+# word-level vocabulary: (template, special tokens, eos = end of turn, pad).
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+LLAMA3 = ("<|begin_of_text|>{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+          "{{ m['content'] }}<|eot_id|>{% endfor %}"
+          "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+FORMATS = {
+    "chatml": (CHATML, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>", "<|endoftext|>"),
+    "llama3": (LLAMA3, ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                        "<|finetune_right_pad_id|>"], "<|eot_id|>", "<|finetune_right_pad_id|>"),
+}
+
+
+# =============================================================================================
+# What runs inside a case's process
+# =============================================================================================
+
+
+def compose(family: str, overrides: list[str]):
+    """The family's preset (UltraFeedback setting) with ``overrides``, as a DictConfig."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from datc.train import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return hydra_compose(config_name="train", overrides=[f"experiment=paper/{FAMILIES[family][0]}", *overrides])
+
+
+def chat_tokenizer(fmt: str, vocab_size: int, out: Path):
+    """A word-level tokenizer with exactly ``vocab_size`` tokens (the family's special tokens,
+    the role names, then words ``w<i>``) and the family's chat format, saved to ``out``."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    template, specials, eos, pad = FORMATS[fmt]
+    vocab = {t: i for i, t in enumerate([*specials, "<unk>", "user", "assistant", "system"])}
+    while len(vocab) < vocab_size:
+        vocab[f"w{len(vocab)}"] = len(vocab)
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tk.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])  # their ids in vocab
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token=eos, pad_token=pad, unk_token="<unk>")
+    tok.chat_template = template
+    tok.save_pretrained(out)
+    return tok
+
+
+def case_build(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
+    """Random bf16 policy and reward model of the preset's arch blocks, the tokenizer and the
+    prompts, under ``spec["dir"]``. Returns the prompt length in tokens (chat template included)."""
+    import random
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from datc.config import validate
+
+    c = validate(compose(spec["family"], spec["arch_overrides"]))
+    out = Path(spec["dir"])
+    shutil.rmtree(out, ignore_errors=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    fmt = FAMILIES[spec["family"]][1]
+    tok = chat_tokenizer(fmt, int(c.policy.arch["vocab_size"]), out / "tokenizer")
+    params, seconds = {}, {}
+    for role, kind, arch in (("policy", "causal_lm", c.policy.arch), ("reward", "reward", c.reward.arch)):
+        t0 = time.perf_counter()
+        a = dict(arch)
+        extra = {"num_labels": 1} if kind == "reward" else {}
+        conf = AutoConfig.for_model(a.pop("model_type"), **a, **extra, bos_token_id=tok.bos_token_id,
+                                    eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        cls = AutoModelForCausalLM if kind == "causal_lm" else AutoModelForSequenceClassification
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = cls.from_config(conf, dtype=torch.bfloat16)
+        params[role] = sum(p.numel() for p in model.parameters())
+        model.save_pretrained(out / role)
+        tok.save_pretrained(out / role)
+        del model
+        seconds[role] = round(time.perf_counter() - t0, 2)
+    rng = random.Random(0)
+    words = [w for w in tok.get_vocab() if w.startswith("w")]
+    (out / "data").mkdir()
+    for split, n in (("train", 64), ("test", 16)):
+        rows = [{"prompt": " ".join(rng.choice(words) for _ in range(spec["prompt_words"]))} for _ in range(n)]
+        (out / "data" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lengths = {len(tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
+                                           tokenize=True, return_dict=False)) for r in rows}
+    return {"params": params, "seconds": seconds, "prompt_tokens": max(lengths), "vocab": len(tok), "device": device,
+            "disk_gb": round(sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 1e9, 2)}
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def case_credit(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
+    """DATC's exact and top-64 scores against one LM-head matmul, at the family's shape: ``tokens``
+    response tokens, |V| and d of the reward model, fp32 (as in the trainer) and, for the matmul,
+    bf16 as well. Same inputs and call as scripts/bench_credit.py (logits 4·N(0,1): peaked)."""
+    import torch
+
+    from datc.config import validate
+    from datc.credit.datc_math import datc_scores
+
+    c = validate(compose(spec["family"], spec["arch_overrides"]))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    n, V, d = spec["tokens"], int(c.reward.arch["vocab_size"]), int(c.reward.arch["hidden_size"])
+    g = torch.Generator(device=device).manual_seed(0)
+    logits = torch.randn(n, V, generator=g, device=device).mul_(4.0)
+    E = torch.randn(V, d, generator=g, device=device).mul_(0.02)
+    grad = torch.randn(n, d, generator=g, device=device)
+    y = torch.randint(V, (n,), generator=g, device=device)
+    h = torch.randn(n, d, generator=g, device=device)
+    E16, h16 = E.bfloat16(), h.bfloat16()
+    ones = torch.ones(n, device=device)
+    runs = {
+        "lm_head_fp32": lambda: h @ E.T,
+        "lm_head_bf16": lambda: h16 @ E16.T,
+        "datc_exact": lambda: datc_scores(grad, E, logits, y, ones, logit_map="jacobian", alignment="projection",
+                                          chunk_size=128),
+        "datc_top64": lambda: datc_scores(grad, E, logits, y, ones, logit_map="jacobian", alignment="projection",
+                                          chunk_size=128, top_k=64),
+    }
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    peak: dict[str, float] = {}
+    for k, f in runs.items():  # warm-up, and the peak memory of one call above what is already held
+        _sync(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        f()
+        _sync(device)
+        peak[k] = (torch.cuda.max_memory_allocated() - base) / 2**20 if device.type == "cuda" else math.nan
+    for r in range(spec["repeats"]):
+        for k in (list(runs) if r % 2 == 0 else list(reversed(runs))):
+            _sync(device)
+            t0 = time.perf_counter()
+            runs[k]()
+            _sync(device)
+            times[k].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"shape": {"tokens": n, "vocab": V, "hidden": d, "chunk_size": 128}, "seconds_median": med,
+            "over_lm_head_fp32": {k: med[k] / med["lm_head_fp32"] for k in med},
+            "over_lm_head_bf16": {k: med[k] / med["lm_head_bf16"] for k in med},
+            "peak_mib": peak, "repeats": spec["repeats"], "device": str(device)}
+
+
+def _watch(run_dir: Path, steps: int, case_dir: Path, extra: dict[str, Any]) -> None:
+    """Ends the process once ``steps`` training steps are in metrics.jsonl (the run's closing
+    evaluation and checkpoint are not part of the check)."""
+    f = run_dir / "metrics.jsonl"
+    while True:
+        time.sleep(0.2)
+        try:
+            complete = f.read_text().split("\n")[:-1]  # lines the logger has finished writing
+        except OSError:
+            continue
+        n = sum('"perf/step_s"' in line for line in complete)
+        if n >= steps:
+            _write_result(case_dir, {"status": "ok", "ended": "after the last step", **extra, **_cuda_memory()})
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+
+
+def _cuda_memory() -> dict[str, float]:
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return {}
+    return {"max_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "max_reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
+
+
+def plan_memory(family: str, overrides: list[str], stage: str, counts: dict[str, int]) -> dict[str, Any]:
+    """scripts/memory_plan.py's estimate for this case's shape on one GPU (``counts``: the
+    parameters of the models built, equal to ``memory_plan.param_count`` of their arch blocks).
+    ``none`` (plain PyTorch AdamW) is the ZeRO-2 plan without DeepSpeed's own fp32 copy of the
+    parameters (4Φ) and its reduce buckets."""
+    from scripts import memory_plan as mp_
+
+    c = mp_.compose(FAMILIES[family][0], overrides)
+    p = mp_.plan(c, counts, 2 if stage == "none" else 3 if stage == "zero3" else 2, 1)
+    total = p["total"]
+    if stage == "none":
+        total -= 4 * counts["policy"] + (p["items"]["zero_buffers"] if p["peak_phase"] == "update" else 0)
+    return {"gib": total / 2**30, "peak_phase": p["peak_phase"], "params": counts}
+
+
+def case_train(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
+    """A few steps of the preset through ``datc.trainer.train`` (the real loading path)."""
+    import torch
+
+    from datc.models import resolve_device, resolve_dtype
+    from datc.trainer import train
+
+    cfg = compose(spec["family"], spec["overrides"])
+    run_dir = Path(spec["run_dir"])
+    shutil.rmtree(run_dir, ignore_errors=True)
+    device = resolve_device(cfg.trainer.device)
+    extra = {"autocast_dtype": str(resolve_dtype(cfg.policy.dtype, device)).replace("torch.", ""),
+             "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"}
+    try:  # the estimate is a comparison only: without it the case goes on
+        extra["plan"] = plan_memory(spec["family"], spec["overrides"], spec["stage"], spec["params"])
+    except Exception as e:  # noqa: BLE001
+        extra["plan"] = {"error": f"{type(e).__name__}: {e}"}
+    threading.Thread(target=_watch, args=(run_dir, spec["steps"], case_dir, extra), daemon=True).start()
+    train(cfg, run_dir)
+    return {"ended": "run finished", **extra, **_cuda_memory()}
+
+
+def case_synced(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
+    """Sampling with ``synced_gpus=True`` from a ZeRO-3 engine of the policy, bf16 autocast, one
+    process: the path ranks of a multi-GPU ZeRO-3 run take (each forward joins the gathers)."""
+    import deepspeed
+    import torch
+
+    from datc.chat import prompt_encoder
+    from datc.config import validate
+    from datc.distributed import inference_config
+    from datc.distributed import init as init_distributed
+    from datc.models import load_pretrained, resolve_device, resolve_dtype
+    from datc.rollout import sample_groups
+    from datc.tokenizer import load_tokenizer
+
+    c = validate(compose(spec["family"], spec["overrides"]))
+    dist = init_distributed(c)
+    try:
+        device = resolve_device(c.trainer.device)
+        dtype = resolve_dtype(c.policy.dtype, device)
+        tok = load_tokenizer(c.policy.path)
+        policy = load_pretrained("causal_lm", c.policy.path, "policy.path").to(device)  # fp32, as the trainer
+        engine, *_ = deepspeed.initialize(model=policy, config=inference_config(c, dist.world_size))
+        rows = [json.loads(x) for x in (Path(c.data.path) / "train.jsonl").read_text().splitlines()][: spec["prompts"]]
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            _sync(device)
+            t0 = time.perf_counter()
+            ro = sample_groups(engine.module, tok, rows, c.trainer.num_generations, c.trainer.max_new_tokens,
+                               synced_gpus=True, encoder=prompt_encoder(c, tok))
+            _sync(device)
+            seconds = time.perf_counter() - t0
+        n = int(ro.response_mask.sum())
+        partitioned = all(hasattr(p, "ds_id") for p in engine.module.parameters())
+        return {"responses": int(ro.response_ids.shape[0]), "tokens": n, "seconds": seconds, "tokens_per_s": n / seconds,
+                "autocast_dtype": str(dtype).replace("torch.", ""), "zero3_partitioned": partitioned, **_cuda_memory()}
+    finally:
+        dist.close()
+
+
+def case_fused_adam(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
+    """JIT-compile and load DeepSpeed's FusedAdam (CUDA only)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("no CUDA device: FusedAdam is a CUDA kernel")
+    from deepspeed.ops.op_builder import FusedAdamBuilder
+
+    t0 = time.perf_counter()
+    FusedAdamBuilder().load()
+    return {"seconds": time.perf_counter() - t0}
+
+
+def case_fail(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
+    """Deliberate failures for the rehearsal: an exception, or a hang past the case's limit."""
+    if spec["how"] == "hang":
+        time.sleep(3600)
+    raise RuntimeError("a deliberately failing case (--inject-failures)")
+
+
+KINDS = {"build": case_build, "credit": case_credit, "train": case_train, "synced": case_synced,
+         "fused_adam": case_fused_adam, "fail": case_fail}
+
+
+def _write_result(case_dir: Path, result: dict[str, Any]) -> None:
+    tmp = case_dir / "result.json.tmp"
+    tmp.write_text(json.dumps(result, default=str))
+    os.replace(tmp, case_dir / "result.json")
+
+
+def _child(kind: str, spec: dict[str, Any], case_dir: str) -> None:
+    """A case's process: output to its log, the outcome to result.json."""
+    d = Path(case_dir)
+    log = open(d / "log.txt", "w", buffering=1)  # noqa: SIM115 (open for the process's life)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
+    try:
+        import torch
+
+        torch.set_num_threads(spec.get("threads", 1))
+        _write_result(d, {"status": "ok", **KINDS[kind](spec, d)})
+    except BaseException as e:  # noqa: BLE001 - every failure is the case's result
+        tb = traceback.format_exc()
+        print(tb, flush=True)
+        _write_result(d, {"status": "error", "error": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
+                          "traceback": tb[-4000:]})
+        sys.stdout.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    os._exit(0)
