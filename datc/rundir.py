@@ -9,6 +9,7 @@ overwrites another run's results.
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +40,12 @@ def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 
 class RunDir:
-    def __init__(self, path: Path, run_id: str, resumable: bool) -> None:
+    def __init__(self, path: Path, run_id: str, resumable: bool, wandb_id: str | None = None) -> None:
         self.path = path
         self.run_id = run_id
         self.resumable = resumable  # the directory already held this run
+        # W&B's run id: drawn once per directory (two directories of one config are two W&B runs)
+        self.wandb_id = wandb_id or run_id
 
     @property
     def metrics_file(self) -> Path:
@@ -72,7 +75,7 @@ class RunDir:
                     f"trainer.resume: {path} already holds this run; use trainer.resume=auto to continue it "
                     "or another run_name for a fresh run"
                 )
-            return cls(path, run_id, True)
+            return cls(path, run_id, True, prior.get("wandb_id"))
         if resume == "must":
             raise ConfigError(f"trainer.resume=must: {path} holds no run to resume")
         if path.exists():
@@ -84,8 +87,9 @@ class RunDir:
                 )
         path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(cfg)))
-        atomic_write_json(run_json, {"run_id": run_id, "identity": ident})
-        return cls(path, run_id, False)
+        wandb_id = uuid.uuid4().hex[:16]
+        atomic_write_json(run_json, {"run_id": run_id, "wandb_id": wandb_id, "identity": ident})
+        return cls(path, run_id, False, wandb_id)
 
     def discard(self) -> None:
         """Remove what :meth:`open` wrote for a fresh run whose set-up then failed, so the

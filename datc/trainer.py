@@ -44,7 +44,8 @@ from datc.credit.base import (
 from datc.credit.diagnostics import credit_metrics
 from datc.distributed import Dist, deepspeed_config, gathered, inference_config
 from datc.distributed import init as init_distributed
-from datc.logger import RunLogger
+from datc.export import save_final_policy
+from datc.logger import RunLogger, completions_of
 from datc.logprobs import entropy_from_logits, selective_log_softmax
 from datc.losses import AggNorm, aggregate, clipped_policy_loss
 from datc.metrics import pearson, within_group_corr
@@ -307,6 +308,7 @@ class Session:
     nonfinite: NonFiniteReport | None = None  # the last step's non-finite hits (datc.numerics)
     dist: Dist = dataclasses.field(default_factory=Dist)  # this process's rank (datc.distributed)
     engine: Any = None  # the policy's DeepSpeed engine (None = plain PyTorch)
+    completions: Any = None  # datc.logger.Completions of the last step before an eval (rank 0), for W&B
 
     def autocast(self):
         # No cast cache under DeepSpeed: ZeRO-3 re-partitions a weight between forward and
@@ -474,6 +476,9 @@ def _learn(s: Session, it: int, ro: Rollout, reuse: bool, t0: float) -> dict[str
     credit, bad_weight = uniform_nonfinite_weights(credit, mask, forced=bad_rm_grad)
     nf.add("weight", bad_weight)
     token_adv = advantages[:, None] * credit.weights  # (B, T)
+    if s.dist.is_main and ((it + 1) % t.eval_every == 0 or it + 1 == t.steps):  # shown at the coming eval
+        s.completions = completions_of(m.tok, [m.encoder.text(ex) for ex in ro.examples], ro.response_ids, mask, rewards,
+                                       advantages, credit.weights, c.logger.log_samples)
     # The credit inputs are spent: free generate's (B, T, V) logits and the RM gradients before
     # the update's own activations (at a real vocabulary they are the step's largest tensors).
     rm_grad = ro.logits = rm_out.grad = None  # noqa: F841
@@ -572,7 +577,7 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
     # Seeded after the set-up: a cold cache (prepare draws random numbers) and a warm one must
     # give the same run. Rank r samples its own responses (rank 0's stream is a lone run's).
     seed_everything(c.seed + 1_000_003 * dist.rank)
-    logger = RunLogger(run.path, run.metrics_file, c.logger, c.run_name, run.run_id, resolved) if dist.is_main else _NoLogger()
+    logger = RunLogger(run.path, run.metrics_file, c.logger, c.run_name, run.wandb_id, resolved) if dist.is_main else _NoLogger()
     eval_rows = list(s.assets.eval)[: t.eval_size]
 
     start, elapsed = 0, 0.0
@@ -598,6 +603,7 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
             metrics, samples = evaluate(c, s.m, eval_rows, s.assets.task, s.device)
         logger.log(metrics, step)
         logger.log_samples(samples, step)
+        logger.log_completions(s.completions, step)
 
     if start == 0:
         do_eval(0)
@@ -621,6 +627,7 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
         bar.set_postfix({k.split("/")[1]: f"{metrics[k]:.3f}" for k in ("reward/gold", "reward/rm_score", "loss/kl")
                          if k in metrics})
 
+    save_final_policy(s.engine or s.m.policy, s.m.tok, run.path / "final", dist)  # a Hugging Face checkpoint
     summary = None
     if dist.is_main:
         summary = _summary(c, run, s.assets, elapsed)
@@ -637,6 +644,8 @@ class _NoLogger:
     def log(self, *args: Any) -> None: ...
 
     def log_samples(self, *args: Any) -> None: ...
+
+    def log_completions(self, *args: Any) -> None: ...
 
     def finish(self, *args: Any) -> None: ...
 

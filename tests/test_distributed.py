@@ -165,7 +165,8 @@ def test_a_sweep_runs_through_the_submitit_launcher(cache_dir, tmp_path):
                           env=_env(cache_dir), capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     for seed in (0, 1):
-        summary = json.loads((tmp_path / f"keywords-tiny_gpt2-grpo-s{seed}" / "summary.json").read_text())
+        [run] = tmp_path.glob(f"keywords-tiny_gpt2-grpo-s{seed}-*")
+        summary = json.loads((run / "summary.json").read_text())
         assert summary["seed"] == seed and summary["steps"] == 1
 
 

@@ -112,8 +112,10 @@ def test_multirun_sweep_writes_one_directory_per_job(tmp_path):
                         f"hydra.sweep.dir={tmp_path}/sweep"], capture_output=True, text=True, timeout=900, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     done = sorted(p.parent.name for p in (tmp_path / "sweep").glob("*/summary.json"))
-    assert done == ["keywords-tiny_gpt2-datc-s0", "keywords-tiny_gpt2-datc-s1",
-                    "keywords-tiny_gpt2-grpo-s0", "keywords-tiny_gpt2-grpo-s1"]
+    # readable parts, then the config hash (datc.naming): one per job, as the jobs' configs differ
+    assert [n.rsplit("-", 1)[0] for n in done] == ["keywords-tiny_gpt2-datc-s0", "keywords-tiny_gpt2-datc-s1",
+                                                   "keywords-tiny_gpt2-grpo-s0", "keywords-tiny_gpt2-grpo-s1"]
+    assert len({n.rsplit("-", 1)[1] for n in done}) == 4
 
 
 @pytest.mark.slow
