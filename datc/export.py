@@ -92,7 +92,9 @@ def checkpoint_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
     return get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)
 
 
-def _load_into(model, state: dict[str, torch.Tensor]) -> None:
+def load_policy_weights(model, state: dict[str, torch.Tensor]) -> None:
+    """``state`` into ``model``: every key must match, except a tied LM head (the consolidated
+    ZeRO weights may hold it once, as the embedding)."""
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {k for k in missing if k.endswith("lm_head.weight") and model.config.tie_word_embeddings}
     if set(missing) - tied or unexpected:
@@ -121,7 +123,7 @@ def export_checkpoint(run_dir: str | Path, step: int | None = None, out: str | P
     c = validate(OmegaConf.load(run_dir / "config.yaml"))
     assets = ensure_assets(c)
     model = load_pretrained("causal_lm", assets.policy_path, "policy.path")  # the architecture; weights replaced
-    _load_into(model, checkpoint_state_dict(ckpt))
+    load_policy_weights(model, checkpoint_state_dict(ckpt))
     out = Path(out) if out is not None else run_dir / "export" / ckpt.name
     return save_pretrained_dir(model, load_tokenizer(assets.tokenizer_path), out)
 

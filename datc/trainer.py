@@ -565,6 +565,8 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
     t = c.trainer
     run, done = _open_run(dist, run_dir or c.run_dir, resolved, t.resume)
     if done is not None:  # this run already finished: nothing to redo
+        if dist.is_main and c.results_dir is not None:  # e.g. `make demo-results` after `make demo`
+            atomic_write_json(Path(c.results_dir) / f"{c.run_name}.json", done)
         return done
     torch.set_num_threads(t.threads)
     quiet_libraries()
