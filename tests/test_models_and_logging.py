@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -124,9 +125,13 @@ def test_datc_prepare_fills_the_cache_without_training(tmp_path):
 
     exe = shutil.which("datc-prepare", path=os.path.dirname(sys.executable))
     assert exe, "the datc-prepare console script is not installed"
-    r = subprocess.run([exe, "debug=fast", f"cache_dir={tmp_path}/cache"], capture_output=True, text=True, timeout=600,
-                       cwd=tmp_path)
+    r = subprocess.run([exe, "debug=fast", "trainer.progress=true", f"cache_dir={tmp_path}/cache"], capture_output=True,
+                       text=True, timeout=600, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
+    # Progress of the long steps: a bar each, with steps done, loss and time left (tqdm).
+    for bar, steps in (("prepare: warm start", 20), ("prepare: reward model", 20)):
+        assert re.search(rf"{bar}: 100%\S* {steps}/{steps} \[\d\d:\d\d<00:00, .*loss=\d", r.stderr), (bar, r.stderr[-1500:])
+    assert "prepare: reward-model samples: 100%" in r.stderr
     out = json.loads(r.stdout[r.stdout.index("{"):])
     assert os.path.isdir(out["policy"]) and os.path.isdir(out["reward"])
     assert "heldout_within_group_corr" in out["rm_report"]
