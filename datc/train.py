@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -29,8 +30,9 @@ def _run(cfg: DictConfig) -> float | None:
         print(f"datc-train: {e}", file=sys.stderr)
         sys.exit(2)
     final = summary["eval"]["final"]
-    print(f"run {summary['run_name']}: eval gold {summary['eval']['initial'].get('eval/gold')} -> {final.get('eval/gold')}, "
-          f"rm score {summary['eval']['initial'].get('eval/rm_score'):.3f} -> {final.get('eval/rm_score'):.3f}")
+    if os.environ.get("RANK", "0") == "0":  # rank 0 speaks for a multi-process run
+            print(f"run {summary['run_name']}: eval gold {summary['eval']['initial'].get('eval/gold')} -> {final.get('eval/gold')}, "
+              f"rm score {summary['eval']['initial'].get('eval/rm_score'):.3f} -> {final.get('eval/rm_score'):.3f}")
     return final.get("eval/gold")  # the sweep objective
 
 
