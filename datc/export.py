@@ -121,11 +121,15 @@ def export_checkpoint(run_dir: str | Path, step: int | None = None, out: str | P
         raise ExportError(f"{run_dir}: not a datc run directory (no config.yaml)")
     ckpt = _checkpoint_dir(run_dir, step)
     c = validate(OmegaConf.load(run_dir / "config.yaml"))
-    assets = ensure_assets(c)
-    model = load_pretrained("causal_lm", assets.policy_path, "policy.path")  # the architecture; weights replaced
+    if c.policy.path is not None:  # a given model: no data or cache needed
+        policy_path, tok_path = c.policy.path, c.policy.tokenizer or c.policy.path
+    else:
+        assets = ensure_assets(c)
+        policy_path, tok_path = assets.policy_path, assets.tokenizer_path
+    model = load_pretrained("causal_lm", policy_path, "policy.path")  # the architecture; weights replaced
     load_policy_weights(model, checkpoint_state_dict(ckpt))
     out = Path(out) if out is not None else run_dir / "export" / ckpt.name
-    return save_pretrained_dir(model, load_tokenizer(assets.tokenizer_path), out)
+    return save_pretrained_dir(model, load_tokenizer(tok_path), out)
 
 
 def main(argv: list[str] | None = None) -> int:

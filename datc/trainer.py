@@ -476,7 +476,7 @@ def _learn(s: Session, it: int, ro: Rollout, reuse: bool, t0: float) -> dict[str
     credit, bad_weight = uniform_nonfinite_weights(credit, mask, forced=bad_rm_grad)
     nf.add("weight", bad_weight)
     token_adv = advantages[:, None] * credit.weights  # (B, T)
-    if s.dist.is_main and ((it + 1) % t.eval_every == 0 or it + 1 == t.steps):  # shown at the coming eval
+    if s.dist.is_main and c.logger.name == "wandb" and ((it + 1) % t.eval_every == 0 or it + 1 == t.steps):  # for the eval's W&B table
         s.completions = completions_of(m.tok, [m.encoder.text(ex) for ex in ro.examples], ro.response_ids, mask, rewards,
                                        advantages, credit.weights, c.logger.log_samples)
     # The credit inputs are spent: free generate's (B, T, V) logits and the RM gradients before

@@ -49,6 +49,17 @@ def test_pretrained_paths_train_through_the_same_code(tmp_path, tok):
                             "reward=pretrained", f"reward.path={tmp_path}/reward", "credit=datc"))
     assert summary["eval"]["final"]["eval/rm_score"] is not None
     assert not (tmp_path / "cache" / "policy").exists()  # nothing was warm-started: the given model was used
+    # datc-export of the last checkpoint, from the given model's own architecture and tokenizer (no cache)
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from datc.export import export_checkpoint
+
+    exported = AutoModelForCausalLM.from_pretrained(export_checkpoint(tmp_path / "run")).eval()
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final").eval()
+    ids = torch.randint(4, 100, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(exported(input_ids=ids).logits, final(input_ids=ids).logits, rtol=0, atol=0)
 
 
 @pytest.mark.slow
