@@ -70,6 +70,11 @@ class RunLogger:
             print(f"W&B logging failed ({type(e).__name__}: {e}); training continues, metrics are in {self.metrics_file}",
                   file=sys.stderr)
         self._failed = True
+        if self._wandb is not None:  # close it, or the next wandb.init in this process returns this broken run
+            try:
+                self._wandb.finish(exit_code=1)
+            except Exception:
+                pass
         self._wandb = None
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
