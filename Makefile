@@ -12,7 +12,7 @@ CONSTRAINTS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,constraints/cpu.
 PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test lint bench clean-runs gpu-kit
+.PHONY: venv demo demo-results test lint bench clean-runs gpu-kit
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,11 @@ $(VENV)/.installed-bench: pyproject.toml $(CONSTRAINTS) | $(VENV)/.installed
 	$(BIN)/python -c "import torch, trl; print('torch', torch.__version__, 'trl', trl.__version__)"
 	touch $@
 
-demo: venv  ## the default experiment: GRPO on the dense task with a tiny GPT-2 (prepare step included)
+demo: venv  ## the default experiment: GRPO on the dense task with a tiny GPT-2 (prepare step included) -> runs/
 	$(BIN)/datc-train experiment=demo
+
+demo-results: venv  ## the demo, its summary also written to results/demo/ (refreshes the committed figure)
+	$(BIN)/datc-train experiment=demo results_dir=results/demo
 
 test: venv  ## the test suite, slow end-to-end tests included
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

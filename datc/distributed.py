@@ -163,11 +163,18 @@ def init(c: TrainConfig) -> Dist:
         return Dist()
     _export_env()
     import sys
+    import warnings
+
+    cpu = not torch.cuda.is_available()
+    if cpu:  # said, not detected: DeepSpeed's "Setting accelerator to CPU" warning is not repeated per rank
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    # DeepSpeed's ZeRO gathers call torch's all_gather_into_tensor, which torch now marks as
+    # deprecated: the warning is DeepSpeed's to act on, not the user's.
+    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
 
     import deepspeed
     import deepspeed.comm.torch  # noqa: F401  (the module; `deepspeed.comm.torch` as an attribute is torch)
 
-    cpu = not torch.cuda.is_available()
     if cpu:
         # DeepSpeed JIT-compiles a shared-memory all-reduce kernel when it starts on CPU (about a
         # minute with a C++ toolchain, a failure without one). gloo does the collectives instead.

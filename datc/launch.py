@@ -9,6 +9,11 @@ environment, so Hydra overrides pass through untouched) and sets ``OMP_NUM_THREA
 ``trainer.threads`` to the machine's cores divided among its processes unless they are given:
 the launcher leaves them unset, and oversubscribed CPU threads made a 2-process CPU run about
 80× slower. ``--dry-run`` prints the command instead of running it.
+
+Rank 0 speaks for the run: the launcher logs warnings only (not its per-process INFO lines,
+such as a ``CUDA_VISIBLE_DEVICES`` that means nothing on a CPU machine), and on a machine
+without CUDA ``DS_ACCELERATOR=cpu`` saves every process DeepSpeed's "Setting accelerator to
+CPU" warning.
 """
 
 from __future__ import annotations
@@ -63,8 +68,16 @@ def _stage(overrides: list[str]) -> int | None:
         raise SystemExit(f"datc-launch: {str(e).splitlines()[0]}") from None
 
 
-def build(args: argparse.Namespace, cpu_count: int | None = None, environ: dict[str, str] | None = None) -> Launch:
-    """The command and environment for ``args`` (pure: no process is started)."""
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def build(args: argparse.Namespace, cpu_count: int | None = None, environ: dict[str, str] | None = None,
+          cuda: bool | None = None) -> Launch:
+    """The command and environment for ``args`` (pure: no process is started). ``cpu_count``,
+    ``environ`` and ``cuda`` (whether this machine has a CUDA device) default to this machine's."""
     environ = dict(os.environ) if environ is None else environ
     overrides = [o for o in args.overrides if o != "--"]
     if args.nproc < 1:
@@ -80,7 +93,9 @@ def build(args: argparse.Namespace, cpu_count: int | None = None, environ: dict[
         overrides = [*overrides, f"trainer.threads={threads}"]
     if not multi:
         return Launch([sys.executable, "-m", "datc.train", *overrides], env)
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner"]
+    if "DS_ACCELERATOR" not in environ and not (_has_cuda() if cuda is None else cuda):
+        env["DS_ACCELERATOR"] = "cpu"  # said, not detected: no "Setting accelerator to CPU" warning per process
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--log_level", "warning"]
     if args.hostfile is not None:
         cmd += ["--hostfile", args.hostfile]
         if args.num_nodes is not None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from datc.config import ConfigError, TrainConfig
 from datc.data import load_prompts
@@ -66,14 +67,16 @@ def _pad_responses(tok, responses: list[list[int]], T: int) -> tuple[torch.Tenso
 
 
 def warm_start(policy, tok, task: Task, train_rows: list[dict], steps: int, lr: float, batch_size: int, max_new_tokens: int,
-               seed: int = PREP_SEED) -> list[float]:
+               seed: int = PREP_SEED, progress: bool = False) -> list[float]:
     """Supervised fine-tuning on the task's demonstrations (loss on response tokens only), so
-    the policy writes in-distribution text of mixed quality before RL."""
+    the policy writes in-distribution text of mixed quality before RL. ``progress``: a
+    progress bar (steps, loss, time left) on stderr."""
     rng = random.Random(seed)
     opt = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
     policy.train()
     losses = []
-    for _ in range(steps):
+    bar = tqdm(range(steps), desc="prepare: warm start", disable=not progress, mininterval=1.0)
+    for _ in bar:
         # Without replacement when the prompts allow it; a prompt set smaller than a batch repeats.
         examples = rng.sample(train_rows, batch_size) if len(train_rows) >= batch_size else rng.choices(train_rows, k=batch_size)
         prompt_ids, prompt_mask = encode_prompts(tok, examples, "prompt", "cpu")
@@ -87,20 +90,21 @@ def warm_start(policy, tok, task: Task, train_rows: list[dict], steps: int, lr: 
         loss.backward()
         opt.step()
         losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     policy.eval()
     return losses
 
 
 def _rm_pool(policy, tok, task: Task, rows: list[dict], samples_per_prompt: int, max_new_tokens: int,
              edits_per_sample: int = 0, perturbations: bool = False,
-             seed: int = PREP_SEED) -> list[tuple[dict, list[list[int]], torch.Tensor]]:
+             seed: int = PREP_SEED, progress: bool = False, desc: str = "") -> list[tuple[dict, list[list[int]], torch.Tensor]]:
     """Responses grouped by prompt, to train or test the reward model on: the warm policy's own
     samples (what RL starts from), local edits of them, and optionally the task's extreme
     perturbations (what RL may push towards).
     Returns ``[(example, [response ids], gold (n,)), ...]``, one entry per prompt."""
     rng = random.Random(seed + 1)
     groups = []
-    for i in range(0, len(rows), 64):
+    for i in tqdm(range(0, len(rows), 64), desc=desc, disable=not progress, mininterval=1.0):
         chunk = rows[i : i + 64]
         ro = sample_groups(policy, tok, chunk, samples_per_prompt, max_new_tokens)
         g, _ = gold_of(task, tok, ro.examples, ro.response_ids, ro.response_mask)
@@ -133,21 +137,23 @@ RM_GROUP = 8  # responses per prompt in a reward-model batch, and per prompt in 
 
 
 def train_reward_model(rm, policy, tok, task: Task, train_rows, eval_rows, rcfg, max_new_tokens: int,
-                       seed: int = PREP_SEED) -> dict[str, Any]:
+                       seed: int = PREP_SEED, progress: bool = False) -> dict[str, Any]:
     """Fit the gold reward on groups of responses to the same prompt. The loss is the MSE plus
     the MSE of the within-group deviations (prediction and gold each centred on their group's
     mean): GRPO only ever compares responses to one prompt, so that ranking is what the reward
-    model must get right. Reports the fit on fresh warm-policy samples of held-out prompts."""
+    model must get right. Reports the fit on fresh warm-policy samples of held-out prompts.
+    ``progress``: progress bars (sampling the pool; steps, loss, time left) on stderr."""
     torch.manual_seed(seed)
     pool = _rm_pool(policy, tok, task, train_rows[: rcfg.n_prompts], rcfg.samples_per_prompt, max_new_tokens,
-                    rcfg.edits_per_sample, rcfg.perturbations, seed)
+                    rcfg.edits_per_sample, rcfg.perturbations, seed, progress, "prepare: reward-model samples")
     rng = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(rm.parameters(), lr=rcfg.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / max(rcfg.steps, 1))
     rm.train()
     n_prompts = max(rcfg.batch_size // RM_GROUP, 1)
     losses = []
-    for _ in range(rcfg.steps):
+    bar = tqdm(range(rcfg.steps), desc="prepare: reward model", disable=not progress, mininterval=1.0)
+    for _ in bar:
         examples, responses, golds = [], [], []
         for p in torch.randint(len(pool), (n_prompts,), generator=rng).tolist():
             ex, resp, gold = pool[p]
@@ -166,6 +172,7 @@ def train_reward_model(rm, policy, tok, task: Task, train_rows, eval_rows, rcfg,
         opt.step()
         sched.step()
         losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
     rm.eval()
     # Held-out test: RM_GROUP samples of the warm policy per eval prompt, as GRPO will see them.
     test = _rm_pool(policy, tok, task, eval_rows[:64], RM_GROUP, max_new_tokens)
@@ -262,7 +269,7 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
             t0 = time.time()
             policy = build_causal_lm(cfg.policy.arch, tok, seed)
             losses = warm_start(policy, tok, task, list(train_ds), cfg.policy.warm_start.steps, cfg.policy.warm_start.lr,
-                                cfg.policy.warm_start.batch_size, cfg.trainer.max_new_tokens, seed)
+                                cfg.policy.warm_start.batch_size, cfg.trainer.max_new_tokens, seed, cfg.trainer.progress)
             with atomic_dir(policy_path) as tmp:
                 policy.save_pretrained(tmp)
                 tok.save_pretrained(tmp)
@@ -286,7 +293,7 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
             policy = load_pretrained("causal_lm", policy_path, "policy.path")
             rm = build_reward_model(cfg.reward.arch, tok, seed)
             rm_report = train_reward_model(rm, policy, tok, task, list(train_ds), list(eval_ds), cfg.reward.train,
-                                           cfg.trainer.max_new_tokens, seed)
+                                           cfg.trainer.max_new_tokens, seed, cfg.trainer.progress)
             rm_report["seconds"] = round(time.time() - t0, 1)
             with atomic_dir(reward_path) as tmp:
                 rm.save_pretrained(tmp)

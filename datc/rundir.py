@@ -20,6 +20,7 @@ import os
 import socket
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -180,11 +181,14 @@ def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 
 class RunDir:
-    def __init__(self, path: Path, run_id: str, resumable: bool, lock: RunLock | None = None) -> None:
+    def __init__(self, path: Path, run_id: str, resumable: bool, lock: RunLock | None = None,
+                 wandb_id: str | None = None) -> None:
         self.path = path
         self.run_id = run_id
         self.resumable = resumable  # the directory already held this run
         self.lock = lock  # None: opened read-only (a finished run in a directory we cannot write)
+        # W&B's run id: drawn once per directory (two directories of one config are two W&B runs)
+        self.wandb_id = wandb_id or run_id
 
     @property
     def metrics_file(self) -> Path:
@@ -243,7 +247,7 @@ class RunDir:
                     "or another run_name for a fresh run"
                 )
             _write_hydra_files(path, cfg)
-            return cls(path, run_id, True, lock)
+            return cls(path, run_id, True, lock, prior.get("wandb_id"))
         if resume == "must":
             raise ConfigError(f"trainer.resume=must: {path} holds no run to resume")
         others = [p.name for p in path.iterdir() if p.name not in IGNORED_FILES]
@@ -253,9 +257,10 @@ class RunDir:
                 "choose another run_name or run_dir"
             )
         atomic_write_text(path / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(cfg)))
-        atomic_write_json(run_json, {"run_id": run_id, "identity": ident})
+        wandb_id = uuid.uuid4().hex[:16]
+        atomic_write_json(run_json, {"run_id": run_id, "wandb_id": wandb_id, "identity": ident})
         _write_hydra_files(path, cfg)
-        return cls(path, run_id, False, lock)
+        return cls(path, run_id, False, lock, wandb_id)
 
     def discard(self) -> None:
         """Remove what :meth:`open` wrote for a fresh run whose set-up then failed, so the

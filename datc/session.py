@@ -58,6 +58,7 @@ class Session:
     nonfinite: NonFiniteReport | None = None  # the last step's non-finite hits (datc.numerics)
     dist: Dist = dataclasses.field(default_factory=Dist)  # this process's rank (datc.distributed)
     engine: Any = None  # the policy's DeepSpeed engine (None = plain PyTorch)
+    completions: Any = None  # datc.logger.Completions of the last step before an eval (rank 0), for W&B
 
     def autocast(self):
         # No cast cache under DeepSpeed: ZeRO-3 re-partitions a weight between forward and

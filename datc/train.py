@@ -48,8 +48,9 @@ def _run(cfg: DictConfig) -> float | None:
               "free space and run the same command again to resume", file=sys.stderr)
         sys.exit(2)
     ev = summary["eval"]
-    print(f"run {summary['run_name']}: eval gold {_num(ev['initial'].get('eval/gold'))} -> {_num(ev['final'].get('eval/gold'))}, "
-          f"rm score {_num(ev['initial'].get('eval/rm_score'))} -> {_num(ev['final'].get('eval/rm_score'))}")
+    if os.environ.get("RANK", "0") == "0":  # rank 0 speaks for a multi-process run
+        print(f"run {summary['run_name']}: eval gold {_num(ev['initial'].get('eval/gold'))} -> {_num(ev['final'].get('eval/gold'))}, "
+              f"rm score {_num(ev['initial'].get('eval/rm_score'))} -> {_num(ev['final'].get('eval/rm_score'))}")
     return ev["final"].get("eval/gold")  # the sweep objective
 
 

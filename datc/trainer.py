@@ -43,7 +43,8 @@ from datc.distributed import Dist
 from datc.distributed import init as init_distributed
 from datc.evaluation import evaluate
 from datc.lifecycle import GIT_COMMIT, NoLogger, finish, open_run, resolved_config, resume, save
-from datc.logger import RunLogger
+from datc.export import save_final_policy
+from datc.logger import RunLogger, completions_of
 from datc.logprobs import entropy_from_logits, selective_log_softmax
 from datc.losses import AggNorm, aggregate, clipped_policy_loss
 from datc.metrics import finite_mean, finite_std, within_group_corr
@@ -71,7 +72,7 @@ from datc.rollout import Rollout, cat_rollouts, sample_groups
 from datc.rundir import release_run_locks
 from datc.session import PromptSampler, Session, build_session
 from datc.signals import stop_if_requested, stop_requested, stop_signals
-from datc.utils import peak_rss_mb, quiet_libraries, seed_everything
+from datc.utils import atomic_write_json, peak_rss_mb, quiet_libraries, seed_everything
 
 __all__ = [  # the loop and the step's phases; the rest is re-exported from the modules that now hold it
     "GIT_COMMIT", "REUSE_LOGITS_MAX_ELEMENTS", "Credited", "CreditChunk", "Models", "PassPlan", "PromptSampler",
@@ -106,6 +107,8 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
     t = c.trainer
     run, done = open_run(dist, run_dir or c.run_dir, resolved, t.resume)
     if done is not None:  # this run already finished: nothing to redo
+        if dist.is_main and c.results_dir is not None:  # e.g. `make demo-results` after `make demo`
+            atomic_write_json(Path(c.results_dir) / f"{c.run_name}.json", done)
         return done
     torch.set_num_threads(t.threads)
     quiet_libraries()
@@ -118,7 +121,7 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
     # Seeded after the set-up: a cold cache (prepare draws random numbers) and a warm one must
     # give the same run. Rank r samples its own responses (rank 0's stream is a lone run's).
     seed_everything(c.seed + 1_000_003 * dist.rank)
-    logger = RunLogger(run.path, run.metrics_file, c.logger, c.run_name, run.run_id, resolved) if dist.is_main else NoLogger()
+    logger = RunLogger(run.path, run.metrics_file, c.logger, c.run_name, run.wandb_id, resolved) if dist.is_main else NoLogger()
     eval_rows = list(s.assets.eval)[: t.eval_size]
     start, elapsed = resume(s, run)
 
@@ -127,6 +130,7 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
             metrics, samples = evaluate(c, s.m, eval_rows, s.assets.task, s.device)
         logger.log(metrics, step)
         logger.log_samples(samples, step)
+        logger.log_completions(s.completions, step)
 
     stop_if_requested(stop_requested(dist), start, saved=False)  # a signal during the set-up
     if start == 0:
@@ -147,6 +151,7 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
                          if k in metrics})
         stop_if_requested(stopping and step < t.steps, step)  # the last step finishes the run instead
 
+    save_final_policy(s.engine or s.m.policy, s.m.tok, run.path / "final", dist)  # a Hugging Face checkpoint
     summary = None
     if dist.is_main:
         summary = finish(c, run, s.assets, elapsed)
@@ -197,6 +202,9 @@ def learn(s: Session, it: int, ro: Rollout, t0: float) -> dict[str, float]:
     t2 = time.perf_counter()
     ref_logps = reference_logps(s, ro)
     cr = assign_credit(s, it, ro, rw, plan)
+    if s.dist.is_main and s.c.logger.name == "wandb" and ((it + 1) % t.eval_every == 0 or it + 1 == t.steps):  # for the eval's W&B table
+        s.completions = completions_of(s.m.tok, [s.m.encoder.text(ex) for ex in ro.examples], ro.response_ids, rw.mask,
+                                       rw.rewards, rw.advantages, cr.credit.weights, s.c.logger.log_samples)
     # The credit inputs are spent: free generate's (B, T, V) logits and the RM gradients before
     # the update's own activations (at a real vocabulary they are the step's largest tensors).
     ro.logits = rw.rm_grad = None

@@ -2,17 +2,19 @@
 written to <out>/<data>-<policy>.{html,png}.
 
 The first ``--examples`` held-out prompts are sampled once (one group each) with the policy
-(the warm start, or with ``--run`` that run's latest checkpoint); from each group the responses
+(the warm start, or with ``--run`` that run's latest checkpoint, plain or DeepSpeed); from each group the responses
 with the highest and the lowest advantage are shown, so both signs of A appear. Every scheme
 weighs the *same* responses. One row per scheme, one cell per response token, coloured on a
 diverging scale centred at w = 1 (white; red above, blue below); the first row is the task's
 gold contribution per token, centred at 0 (red: the token raised the gold reward).
 
-With ``--run``, give the overrides the run was trained with (at least its ``policy=`` and
-``data=``): the checkpoint supplies only the policy's weights.
+With ``--run``, the run's own resolved config (``<run>/config.yaml``) says the policy, data,
+testbed assets and credit settings, so nothing has to be repeated; only plain fields may be
+overridden (e.g. ``cache_dir=...``). Without it, the Hydra overrides compose the config.
+Output goes to ``<run>/heatmaps`` (with ``--run``) or ``runs/heatmaps``, never into the checkout
+unless ``--out`` says so (the committed figures: ``--out results/four_settings/heatmaps``).
 
-    python scripts/heatmaps.py [--run RUN_DIR] [--examples 4] [--out results/four_settings/heatmaps]
-                               [--wandb] [hydra overrides ...]
+    python scripts/heatmaps.py [--run RUN_DIR] [--examples 4] [--out DIR] [--wandb] [overrides ...]
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 import html
 import io
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +34,6 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.colors import LinearSegmentedColormap, TwoSlopeNorm, to_hex, to_rgb
 from matplotlib.figure import Figure
 
-ROOT = Path(__file__).resolve().parents[1]
 SCHEMES = ["grpo", "datc", "datc_unsigned", "datc_identity", "datc_magnitude", "datc_shuffled",
            "rm_saliency", "prob_reweight", "entropy_top", "gcpo", "delta"]
 GOLD_ROW = "gold contribution"
@@ -190,9 +192,24 @@ def _tick(token: str) -> str:
     return token.replace("$", r"\$")  # a literal $, not matplotlib mathtext
 
 
+def _wrapped(text: str, width_in: float, fontsize: float) -> str:
+    """``text`` broken into lines that fit ``width_in`` inches at ``fontsize`` points (an
+    average glyph is about 0.6 em wide), so a long title is wrapped instead of clipped."""
+    chars = max(20, int(width_in * 72 / (0.6 * fontsize)))
+    return _tick("\n".join(textwrap.wrap(text, chars, break_long_words=True)))
+
+
 def render_png(responses: list[ShownResponse], title: str, scales: Scales) -> bytes:
+    """:func:`figure` as PNG bytes."""
+    buf = io.BytesIO()
+    figure(responses, title, scales).savefig(buf, format="png", dpi=110)
+    return buf.getvalue()
+
+
+def figure(responses: list[ShownResponse], title: str, scales: Scales) -> Figure:
     """One subplot per response: schemes × tokens (gold contribution on top, on its own
-    scale), token texts along x; one colourbar per scale. Rendered with Agg."""
+    scale), token texts along x; one colourbar per scale. Rendered with Agg; titles are wrapped
+    to the figure's width."""
     n_max = max(len(r.tokens) for r in responses)
     n_rows = 1 + len(responses[0].weights)
     width = min(60.0, 3.0 + 0.32 * n_max)  # inches; very long responses get narrow cells
@@ -216,17 +233,15 @@ def render_png(responses: list[ShownResponse], title: str, scales: Scales) -> by
         ax.set_xticks(range(n), [_tick(t) for t in r.tokens], rotation=90, fontsize=7)
         ax.set_yticks(range(first, R + 1), names, fontsize=7)
         gold = "n/a" if r.gold is None else f"{r.gold:.3f}"
-        ax.set_title(_tick(f"{r.prompt}  ({r.label}: A = {r.advantage:+.3f}, gold = {gold})"),
+        ax.set_title(_wrapped(f"{r.prompt}  ({r.label}: A = {r.advantage:+.3f}, gold = {gold})", width * 0.8, 8),
                      fontsize=8, loc="left")
     for norm, label in ((scales.weight, "weight w (white = 1)"),
                         (scales.gold, "gold contribution (white = 0)")):
         # explicit ticks: the default ones skip the short half of a lopsided scale
         fig.colorbar(ScalarMappable(norm, CMAP), ax=axes, label=label, fraction=0.03, pad=0.01,
                      ticks=scale_marks(norm), format="%.2f")
-    fig.suptitle(title)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    return buf.getvalue()
+    fig.suptitle(_wrapped(title, width, 12), fontsize=12)
+    return fig
 
 
 # ---- output -----------------------------------------------------------------------------------
@@ -251,45 +266,73 @@ def log_to_wandb(key: str, page: str, png: Path, out_dir: Path) -> None:
               file=sys.stderr)
 
 
+GROUPS = ("policy", "reward", "credit", "data", "trainer", "logger", "deepspeed", "experiment", "debug")
+
+
+def run_session(run_dir: Path, overrides: list[str]):
+    """The session of a run directory: its own resolved config (``config.yaml``), with plain
+    ``key=value`` overrides (not group choices: the run already made those), and the policy's
+    weights from its latest checkpoint. Returns (session, checkpoint directory)."""
+    from omegaconf import OmegaConf
+
+    from datc.checkpoint import latest_checkpoint
+    from datc.config import validate
+    from datc.export import checkpoint_state_dict, load_policy_weights
+    from datc.trainer import build_session
+
+    if not (run_dir / "config.yaml").exists():
+        raise SystemExit(f"--run {run_dir}: not a datc run directory (no config.yaml)")
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise SystemExit(f"--run {run_dir}: no complete checkpoint under {run_dir / 'checkpoints'}")
+    groups = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") in GROUPS]
+    if groups:
+        raise SystemExit(f"--run: {' '.join(groups)}: the run's own config ({run_dir / 'config.yaml'}) sets its groups; "
+                         "only plain fields can be overridden (e.g. cache_dir=...)")
+    cfg = OmegaConf.merge(OmegaConf.load(run_dir / "config.yaml"), OmegaConf.from_dotlist(list(overrides)))
+    s = build_session(validate(cfg))
+    load_policy_weights(s.m.policy, checkpoint_state_dict(ckpt))
+    torch.manual_seed(s.c.seed)  # after the build, as session_for: samples never depend on a warm cache
+    return s, ckpt
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", type=Path, help="run directory; the policy loads its last checkpoint")
     ap.add_argument("--examples", type=int, default=4, help="held-out prompts, one group each")
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "four_settings" / "heatmaps",
-                    help="output directory (default: results/four_settings/heatmaps)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="output directory (default: <run>/heatmaps with --run, else runs/heatmaps)")
     ap.add_argument("--wandb", action="store_true", help="also log to W&B (offline without a run)")
     ap.add_argument("overrides", nargs="*",
-                    help="Hydra overrides, e.g. policy=tiny_llama data=arithmetic")
+                    help="Hydra overrides without --run (e.g. policy=tiny_llama data=arithmetic); "
+                         "with --run only plain fields (e.g. cache_dir=...)")
     a = ap.parse_args(argv)
     if a.examples < 1:
         ap.error("--examples must be at least 1")
     torch.set_num_threads(1)
-    from datc.checkpoint import latest_checkpoint, load_checkpoint
     from datc.credit.analysis import session_for
     from datc.utils import atomic_write_bytes, atomic_write_text, quiet_libraries
 
     quiet_libraries()
-    s = session_for(list(a.overrides))
-    source = "warm-started policy"
     if a.run is not None:
-        ckpt = latest_checkpoint(a.run)
-        if ckpt is None:
-            raise SystemExit(f"--run {a.run}: no complete checkpoint under {a.run / 'checkpoints'}")
-        s.m.policy.load_state_dict(load_checkpoint(ckpt)["policy"])
-        source = f"checkpoint {ckpt}"
+        s, ckpt = run_session(a.run, list(a.overrides))
+        source = f"run {a.run.resolve().name}, step {int(ckpt.name.split('_')[1])}"
+        out = a.out or a.run / "heatmaps"
+    else:
+        s, source, out = session_for(list(a.overrides)), "warm-started policy", a.out or Path("runs") / "heatmaps"
     responses = shown_responses(s, a.examples)
     key = f"{s.c.data.name}-{s.c.policy.name}"
     title = f"Token credit on {key} ({source})"
     scales = scales_for(responses)
     page = render_html(responses, title, scales)
-    html_path, png_path = a.out / f"{key}.html", a.out / f"{key}.png"
+    html_path, png_path = out / f"{key}.html", out / f"{key}.png"
     atomic_write_text(html_path, page)
     atomic_write_bytes(png_path, render_png(responses, title, scales))
     print(html_path)
     print(png_path)
     if a.wandb:
-        log_to_wandb(key, page, png_path, a.out)
+        log_to_wandb(key, page, png_path, out)
 
 
 if __name__ == "__main__":

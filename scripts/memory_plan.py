@@ -1,7 +1,8 @@
 """Per-GPU memory plan of the paper presets under DeepSpeed ZeRO-2 and ZeRO-3, written to
-results/memory/presets.{md,json}.
+<out>/presets.{md,json} (default runs/memory; the committed tables are regenerated on purpose
+with ``--out results/memory``).
 
-    python scripts/memory_plan.py [--presets qwen3_ultrafeedback ...] [--gpu-gib 80] [--credit datc]
+    python scripts/memory_plan.py [--presets qwen3_ultrafeedback ...] [--gpu-gib 80] [--credit datc] [--out DIR]
 
 Everything is read from the composed config (parameter counts from the ``arch`` blocks, built on
 the ``meta`` device; batch sizes, lengths and ZeRO stage from ``trainer``/``data``/``deepspeed``).
@@ -18,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
 PRESETS = ("qwen3_ultrafeedback", "qwen3_hh_rlhf", "llama32_ultrafeedback", "llama32_hh_rlhf")
 GPU_COUNTS = (1, 2, 4, 8)
 FIT_COUNTS = (1, 2, 4, 8, 16)
@@ -418,7 +418,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--gpu-gib", type=float, default=80.0, help="device memory, GiB")
     ap.add_argument("--reserve-gib", type=float, default=4.0, help="kept free for CUDA context and fragmentation")
     ap.add_argument("--credit", default="datc", help="credit scheme (configs/credit/); the presets are run with datc")
-    ap.add_argument("--out", default=str(ROOT / "results" / "memory"), help="directory of presets.md and presets.json")
+    ap.add_argument("--out", default="runs/memory",
+                    help="directory of presets.md and presets.json (default runs/memory, git-ignored; "
+                         "--out results/memory refreshes the committed tables)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides applied to every preset")
     a = ap.parse_args(argv)
     from datc.atomic import atomic_write_json, atomic_write_text

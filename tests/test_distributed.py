@@ -83,7 +83,7 @@ def test_two_processes_match_one_on_the_same_global_batch(cache_dir, tmp_path, s
 
 def _launch_cmd(*overrides, nproc=2):
     return build(Namespace(nproc=nproc, hostfile=None, num_nodes=None, master_addr=None, master_port=29777, threads=None,
-                           dry_run=False, overrides=list(overrides)), cpu_count=2, environ={})
+                           dry_run=False, overrides=list(overrides)), cpu_count=2, environ={}, cuda=False)
 
 
 def test_zero3_save_and_resume_equals_an_uninterrupted_run(cache_dir, tmp_path):
@@ -91,11 +91,30 @@ def test_zero3_save_and_resume_equals_an_uninterrupted_run(cache_dir, tmp_path):
                  f"cache_dir={cache_dir}", "trainer.keep_checkpoints=3"]
     full = tmp_path / "full"
     launch = _launch_cmd(*overrides, f"run_dir={full}")
-    assert launch.argv[1:4] == ["-m", "deepspeed.launcher.runner", "--num_nodes"]
+    assert launch.argv[1:4] == ["-m", "deepspeed.launcher.runner", "--log_level"]
     proc = subprocess.run(launch.argv, env={**_env(cache_dir), **launch.env}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    # Rank 0 speaks: one summary line, none of DeepSpeed's per-process CPU or launcher chatter.
+    assert [ln.split(":")[0].rsplit("-", 1)[0] for ln in proc.stdout.splitlines() if ln.startswith("run ")] == [
+        "run keywords-tiny_gpt2-datc-s0"], proc.stdout
+    for noise in ("Setting accelerator to CPU", "CUDA_VISIBLE_DEVICES", "all_gather_into_tensor"):
+        assert noise not in proc.stdout + proc.stderr, noise
     ckpts = sorted(p.name for p in (full / "checkpoints").iterdir() if p.is_dir())
     assert ckpts == ["step_0000002", "step_0000004"]
+    # The trained policy as a Hugging Face checkpoint: gathered from the ZeRO-3 shards at the end
+    # of the run (final/), and consolidated from the last checkpoint's shards by datc-export.
+    from transformers import AutoModelForCausalLM
+
+    from datc.export import export_checkpoint
+
+    exported = AutoModelForCausalLM.from_pretrained(export_checkpoint(full, 4, tmp_path / "exported")).eval()
+    final = AutoModelForCausalLM.from_pretrained(full / "final").eval()
+    ids = torch.randint(4, 100, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(exported(input_ids=ids).logits, final(input_ids=ids).logits, rtol=0, atol=0)
+    warm = AutoModelForCausalLM.from_pretrained(_warm_policy(cache_dir)).eval()
+    with torch.no_grad():
+        assert not torch.equal(warm(input_ids=ids).logits, final(input_ids=ids).logits)  # it trained
     assert {p.name for p in (full / "checkpoints" / "step_0000002").glob("rank_*.pt")} == {"rank_00000.pt", "rank_00001.pt"}
 
     # The same run, "killed" after its step-2 checkpoint: what it had written then, and no more.
@@ -117,21 +136,26 @@ def test_zero3_save_and_resume_equals_an_uninterrupted_run(cache_dir, tmp_path):
         assert rb == pytest.approx(ra, rel=1e-6, abs=1e-9)
 
 
+def _warm_policy(cache_dir) -> str:
+    [path] = (Path(cache_dir) / "policy").glob("tiny_gpt2-keywords-*")
+    return str(path)
+
+
 def test_launch_command_lines():
     one = _launch_cmd("credit=datc", nproc=1)
     assert one.argv[1:] == ["-m", "datc.train", "credit=datc", "trainer.threads=2"]
     assert one.env == {"OMP_NUM_THREADS": "2"}
 
     two = _launch_cmd("deepspeed=zero3", "credit=datc")
-    assert two.argv[1:] == ["-m", "deepspeed.launcher.runner", "--num_nodes", "1", "--num_gpus", "2",
+    assert two.argv[1:] == ["-m", "deepspeed.launcher.runner", "--log_level", "warning", "--num_nodes", "1", "--num_gpus", "2",
                             "--master_port", "29777", "--no_local_rank", "--module", "datc.train",
                             "deepspeed=zero3", "credit=datc", "trainer.threads=1"]
-    assert two.env == {"OMP_NUM_THREADS": "1"}
+    assert two.env == {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}  # a CPU machine: said, not detected
 
     nodes = build(Namespace(nproc=8, hostfile="hosts", num_nodes=2, master_addr="10.0.0.1", master_port=29500,
                             threads=4, dry_run=False, overrides=["deepspeed=zero2", "trainer.threads=6"]),
-                  cpu_count=64, environ={"OMP_NUM_THREADS": "3"})
-    assert nodes.argv[1:] == ["-m", "deepspeed.launcher.runner", "--hostfile", "hosts", "--num_nodes", "2",
+                  cpu_count=64, environ={"OMP_NUM_THREADS": "3"}, cuda=True)
+    assert nodes.argv[1:] == ["-m", "deepspeed.launcher.runner", "--log_level", "warning", "--hostfile", "hosts", "--num_nodes", "2",
                               "--num_gpus", "8", "--master_addr", "10.0.0.1", "--master_port", "29500",
                               "--no_local_rank", "--module", "datc.train", "deepspeed=zero2", "trainer.threads=6"]
     assert nodes.env == {}  # the user's OMP_NUM_THREADS and trainer.threads are kept
@@ -165,7 +189,8 @@ def test_a_sweep_runs_through_the_submitit_launcher(cache_dir, tmp_path):
                           env=_env(cache_dir), capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     for seed in (0, 1):
-        summary = json.loads((tmp_path / f"keywords-tiny_gpt2-grpo-s{seed}" / "summary.json").read_text())
+        [run] = tmp_path.glob(f"keywords-tiny_gpt2-grpo-s{seed}-*")
+        summary = json.loads((run / "summary.json").read_text())
         assert summary["seed"] == seed and summary["steps"] == 1
 
 

@@ -4,6 +4,7 @@ deterministic and complete, and the credit-accuracy script still runs on them.""
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import re
@@ -16,7 +17,8 @@ from datc.config import validate
 from datc.credit import CREDIT_SCHEMES
 from datc.credit.analysis import credit_inputs, scheme_outputs
 from datc.credit.base import NEEDS
-from datc.trainer import build_session
+from datc.rundir import RunDir
+from datc.trainer import _resolved, build_session
 from scripts import credit_accuracy, heatmaps
 from tests.test_train_e2e import cfg_for
 
@@ -86,21 +88,49 @@ def test_datc_colours_weights_above_and_below_one_apart(shown, page):
     assert int(lo[5:7], 16) > int(lo[1:3], 16)  # below 1: blue
 
 
-def test_script_writes_html_and_png_from_a_checkpoint(session, cache_dir, tmp_path, capsys):
+def test_script_reads_the_runs_own_config_and_writes_into_the_run(cache_dir, tmp_path, capsys):
+    # A tiny-Llama debug run: nothing repeated on the command line. Without the run's own config
+    # the script built a GPT-2 (a state_dict error) or the full testbed's assets (silently).
     run = tmp_path / "run"
-    save_checkpoint(run, 1, {"policy": session.m.policy.state_dict()}, keep=1)
-    out = tmp_path / "heatmaps"
-    heatmaps.main(["--run", str(run), "--examples", "1", "--out", str(out), "debug=fast",
-                   f"cache_dir={cache_dir}"])
-    page, png = out / "keywords-tiny_gpt2.html", out / "keywords-tiny_gpt2.png"
+    cfg = cfg_for(cache_dir, run, "policy=tiny_llama")
+    RunDir.open(run, _resolved(cfg), "auto")  # config.yaml and run.json, as a run writes them
+    trained = build_session(validate(cfg))
+    with torch.no_grad():
+        for p in trained.m.policy.parameters():
+            p.add_(0.01)  # "trained": weights other than the warm start's
+    save_checkpoint(run, 1, {"policy": trained.m.policy.state_dict()}, keep=1)
+
+    s, ckpt = heatmaps.run_session(run, [])
+    assert (s.c.policy.name, s.c.policy.warm_start.steps) == ("tiny_llama", 20)  # debug=fast's own warm start
+    assert s.assets.policy_path == trained.assets.policy_path
+    for name, p in s.m.policy.state_dict().items():
+        assert torch.equal(p, trained.m.policy.state_dict()[name]), name
+
+    heatmaps.main(["--run", str(run), "--examples", "1"])
+    out = run / "heatmaps"  # the default: inside the run, not in the checkout
+    page, png = out / "keywords-tiny_llama.html", out / "keywords-tiny_llama.png"
     assert str(page) in capsys.readouterr().out
-    assert "checkpoint" in page.read_text()
+    assert "step 1" in page.read_text()
     data = png.read_bytes()
     assert len(data) > 1000 and data.startswith(PNG_MAGIC)
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
-    with pytest.raises(SystemExit):
-        heatmaps.main(["--run", str(tmp_path / "none"), "--out", str(out), "debug=fast",
-                       f"cache_dir={cache_dir}"])
+    with pytest.raises(SystemExit, match="no config.yaml"):
+        heatmaps.main(["--run", str(tmp_path / "none")])
+    with pytest.raises(SystemExit, match="only plain fields"):
+        heatmaps.main(["--run", str(run), "policy=tiny_gpt2"])
+
+
+def test_png_titles_fit_the_figure(shown):
+    long = [dataclasses.replace(r, prompt=r.prompt + " and a much longer prompt" * 6) for r in shown]
+    title = "Token credit on keywords-tiny_gpt2 (run keywords-tiny_gpt2-grpo-s0-ca33da, step 80)" + " extra" * 20
+    fig = heatmaps.figure(long, title, heatmaps.scales_for(long))
+    fig.canvas.draw()
+    box = fig.bbox
+    texts = [fig._suptitle, *(ax._left_title for ax in fig.axes if ax._left_title.get_text())]
+    assert len(texts) >= 1 + len(long)
+    for t in texts:
+        ext = t.get_window_extent()
+        assert box.x0 - 1 <= ext.x0 and ext.x1 <= box.x1 + 1, (t.get_text()[:40], ext, box)
 
 
 def test_credit_inputs_are_complete_and_scheme_outputs_deterministic(session):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -48,6 +49,17 @@ def test_pretrained_paths_train_through_the_same_code(tmp_path, tok):
                             "reward=pretrained", f"reward.path={tmp_path}/reward", "credit=datc"))
     assert summary["eval"]["final"]["eval/rm_score"] is not None
     assert not (tmp_path / "cache" / "policy").exists()  # nothing was warm-started: the given model was used
+    # datc-export of the last checkpoint, from the given model's own architecture and tokenizer (no cache)
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from datc.export import export_checkpoint
+
+    exported = AutoModelForCausalLM.from_pretrained(export_checkpoint(tmp_path / "run")).eval()
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final").eval()
+    ids = torch.randint(4, 100, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(exported(input_ids=ids).logits, final(input_ids=ids).logits, rtol=0, atol=0)
 
 
 @pytest.mark.slow
@@ -112,8 +124,10 @@ def test_multirun_sweep_writes_one_directory_per_job(tmp_path):
                         f"hydra.sweep.dir={tmp_path}/sweep"], capture_output=True, text=True, timeout=900, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     done = sorted(p.parent.name for p in (tmp_path / "sweep").glob("*/summary.json"))
-    assert done == ["keywords-tiny_gpt2-datc-s0", "keywords-tiny_gpt2-datc-s1",
-                    "keywords-tiny_gpt2-grpo-s0", "keywords-tiny_gpt2-grpo-s1"]
+    # readable parts, then the config hash (datc.naming): one per job, as the jobs' configs differ
+    assert [n.rsplit("-", 1)[0] for n in done] == ["keywords-tiny_gpt2-datc-s0", "keywords-tiny_gpt2-datc-s1",
+                                                   "keywords-tiny_gpt2-grpo-s0", "keywords-tiny_gpt2-grpo-s1"]
+    assert len({n.rsplit("-", 1)[1] for n in done}) == 4
 
 
 @pytest.mark.slow
@@ -122,9 +136,13 @@ def test_datc_prepare_fills_the_cache_without_training(tmp_path):
 
     exe = shutil.which("datc-prepare", path=os.path.dirname(sys.executable))
     assert exe, "the datc-prepare console script is not installed"
-    r = subprocess.run([exe, "debug=fast", f"cache_dir={tmp_path}/cache"], capture_output=True, text=True, timeout=600,
-                       cwd=tmp_path)
+    r = subprocess.run([exe, "debug=fast", "trainer.progress=true", f"cache_dir={tmp_path}/cache"], capture_output=True,
+                       text=True, timeout=600, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
+    # Progress of the long steps: a bar each, with steps done, loss and time left (tqdm).
+    for bar, steps in (("prepare: warm start", 20), ("prepare: reward model", 20)):
+        assert re.search(rf"{bar}: 100%\S* {steps}/{steps} \[\d\d:\d\d<00:00, .*loss=\d", r.stderr), (bar, r.stderr[-1500:])
+    assert "prepare: reward-model samples: 100%" in r.stderr
     out = json.loads(r.stdout[r.stdout.index("{"):])
     assert os.path.isdir(out["policy"]) and os.path.isdir(out["reward"])
     assert "heldout_within_group_corr" in out["rm_report"]

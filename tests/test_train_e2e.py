@@ -153,8 +153,8 @@ def test_an_interrupted_sweep_reruns_only_what_is_missing(cache_dir, tmp_path):
     env = {**os.environ, "DATC_CACHE": str(cache_dir)}
     cmd = [sys.executable, "-m", "datc.train", "-m", "debug=fast", "seed=0,1", f"hydra.sweep.dir={tmp_path}/sweep"]
     assert subprocess.run(cmd, capture_output=True, timeout=900, env=env).returncode == 0
-    done = tmp_path / "sweep" / "keywords-tiny_gpt2-grpo-s0"
-    lost = tmp_path / "sweep" / "keywords-tiny_gpt2-grpo-s1"
+    [done] = (tmp_path / "sweep").glob("keywords-tiny_gpt2-grpo-s0-*")
+    [lost] = (tmp_path / "sweep").glob("keywords-tiny_gpt2-grpo-s1-*")
     kept_mtime = (done / "metrics.jsonl").stat().st_mtime_ns
     # Simulate a sweep killed during its second job, after the first checkpoint.
     (lost / "summary.json").unlink()
