@@ -8,9 +8,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from datc.config import validate
-from datc.rundir import RunDir
+from datc.lifecycle import resolved_config as _resolved
+from datc.rundir import RunDir, release_run_locks
 from datc.train import CONFIG_DIR
-from datc.trainer import _resolved
 
 
 def _name(*overrides: str) -> str:
@@ -41,9 +41,11 @@ def test_the_name_hash_follows_the_run_identity(tmp_path):
     b = RunDir.open(tmp_path / "b", _resolved(cfg), "auto")
     assert a.run_id == b.run_id  # the same config ...
     assert a.wandb_id != b.wandb_id  # ... in two directories: two W&B runs
+    a.lock.release()  # the run in "a" ends (its process would release the lock on exit)
     again = RunDir.open(tmp_path / "a", _resolved(cfg), "auto")
     assert again.resumable and again.wandb_id == a.wandb_id  # a resumed run continues its W&B run
     assert json.loads((tmp_path / "a" / "run.json").read_text())["wandb_id"] == a.wandb_id
+    release_run_locks()
 
 
 @pytest.mark.parametrize("preset", ["qwen3_ultrafeedback", "llama32_hh_rlhf"])
