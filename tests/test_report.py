@@ -404,3 +404,29 @@ def test_cli(runs_root, tmp_path):
         timeout=120,
     )
     assert empty.returncode != 0 and "no runs found" in empty.stderr
+
+
+def test_unfinished_runs_and_non_object_summaries_are_warned_and_skipped(tmp_path):
+    root = tmp_path / "runs"
+    write_summary(root, summary("keywords", "tiny_gpt2", "grpo", 0, 0.3))
+    half = root / "half-finished"  # a run killed before its end: run.json and metrics, no summary
+    half.mkdir()
+    (half / "run.json").write_text('{"run_id": "x", "identity": {}}')
+    (half / "metrics.jsonl").write_text('{"step": 1}\n')
+    write_summary(root, [1, 2, 3], "a-list")
+    loaded = load_run_dirs([root])
+    assert [r.credit for r in loaded.runs] == ["grpo"]  # the list is not an "unknown" run
+    assert any("half-finished" in w and "unfinished" in w for w in loaded.warnings)
+    assert any("a-list" in w and "not a run summary" in w for w in loaded.warnings)
+
+
+def test_out_under_a_file_is_one_line_exit_2(runs_root, tmp_path, capsys):
+    from datc.report import main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(SystemExit) as e:
+        main([str(runs_root), "--out", str(blocker / "out")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("datc-compare: --out") and "Traceback" not in "".join(err)

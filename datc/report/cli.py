@@ -88,5 +88,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not unique.runs:
         sources = [*args.roots, *([args.wandb_project] if args.wandb_project else [])]
         raise SystemExit(f"datc-compare: no runs found in {', '.join(map(str, sources))}")
-    for path in write_outputs(build_report(unique.runs, args.baseline), args.out, warns):
+    try:
+        written = write_outputs(build_report(unique.runs, args.baseline), args.out, warns)
+    except (FileExistsError, NotADirectoryError, PermissionError) as e:
+        print(f"datc-compare: --out {args.out}: cannot write there ({e.strerror or e})", file=sys.stderr)
+        raise SystemExit(2) from e
+    for path in written:
         print(path)

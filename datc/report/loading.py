@@ -162,7 +162,9 @@ def run_from_summary(summary: Any, source: str, mtime: float, default_name: str)
 
 def load_run_dirs(roots: Sequence[str | Path]) -> LoadResult:
     """Every ``summary.json`` found recursively under ``roots`` (a file found under two
-    overlapping roots is read once). Unreadable files and missing roots are warned about."""
+    overlapping roots is read once). Unreadable files, summaries that are not a JSON object,
+    missing roots and run directories without a summary (unfinished or killed runs) are warned
+    about and skipped."""
     runs: list[Run] = []
     warns: list[str] = []
     seen: set[Path] = set()
@@ -170,6 +172,9 @@ def load_run_dirs(roots: Sequence[str | Path]) -> LoadResult:
         if not root.is_dir():
             warns.append(f"{root}: not a directory, skipped")
             continue
+        for run_json in sorted(root.glob("**/run.json")):
+            if not (run_json.parent / "summary.json").exists():
+                warns.append(f"{run_json.parent}: no summary.json (an unfinished run), skipped")
         for path in sorted(root.glob("**/summary.json")):
             if path.resolve() in seen:
                 continue
@@ -179,6 +184,9 @@ def load_run_dirs(roots: Sequence[str | Path]) -> LoadResult:
                 mtime = path.stat().st_mtime
             except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
                 warns.append(f"{path}: unreadable ({type(e).__name__}: {e}), skipped")
+                continue
+            if not isinstance(summary, dict):
+                warns.append(f"{path}: not a run summary (a JSON {type(summary).__name__}, not an object), skipped")
                 continue
             runs.append(run_from_summary(summary, str(path), mtime, path.parent.name))
     return LoadResult(runs, warns)
