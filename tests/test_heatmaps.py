@@ -18,7 +18,8 @@ from datc.credit import CREDIT_SCHEMES
 from datc.credit.analysis import credit_inputs, scheme_outputs
 from datc.credit.base import NEEDS
 from datc.rundir import RunDir
-from datc.trainer import _resolved, build_session
+from datc.lifecycle import resolved_config as _resolved
+from datc.trainer import build_session
 from scripts import credit_accuracy, heatmaps
 from tests.test_train_e2e import cfg_for
 
