@@ -430,3 +430,20 @@ def test_out_under_a_file_is_one_line_exit_2(runs_root, tmp_path, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("datc-compare: --out") and "Traceback" not in "".join(err)
+
+
+def test_every_scheme_has_its_own_style_and_the_baseline_stands_out(tmp_path):
+    from datc.report.plots import _styles
+
+    schemes = ["grpo", "datc", "datc_unsigned", "datc_identity", "datc_magnitude", "datc_shuffled",
+               "rm_saliency", "prob_reweight", "entropy_top", "gcpo", "delta"]
+    root = tmp_path / "runs"
+    for s in schemes:
+        write_summary(root, summary("keywords", "tiny_gpt2", s, 0, 0.3))
+    report = build_report(load_run_dirs([root]).runs, "grpo")
+    styles = _styles(report)
+    assert styles["grpo"]["color"] == "black" and styles["grpo"]["linewidth"] > max(
+        st["linewidth"] for s, st in styles.items() if s != "grpo")
+    others = [(tuple(st["color"]), st["marker"]) for s, st in styles.items() if s != "grpo"]
+    assert len(set(c for c, _ in others)) == len(others)  # 10 schemes, 10 colours (tab10 repeated one)
+    assert len(set(m for _, m in others)) == len(others)

@@ -17,11 +17,32 @@ from datc.report.loading import UNIFORM_CREDIT
 from datc.report.statistics import Report, curve_band, group_runs
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+SCHEME_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p", "d", "H", "8")
+# tab20 without its two greys (indices 14, 15), so no scheme is mistaken for the black baseline
+_PALETTE = [i for i in range(20) if i not in (14, 15)]
+
+
+class Style(dict):
+    """Per-scheme ``color``, ``marker``, ``linewidth``, ``zorder``: the baseline black, thick and
+    on top; every other scheme its own colour and marker (18 colours, then repeats in another
+    marker)."""
+
+
+def _styles(report: Report) -> dict[str, Style]:
+    cmap = matplotlib.colormaps["tab20"]
+    out, i = {}, 0
+    for s in report.schemes:
+        if s == report.baseline:
+            out[s] = Style(color="black", marker="o", linewidth=2.6, zorder=5)
+            continue
+        out[s] = Style(color=cmap(_PALETTE[i % len(_PALETTE)]), marker=SCHEME_MARKERS[i % len(SCHEME_MARKERS)],
+                       linewidth=1.4, zorder=3)
+        i += 1
+    return out
 
 
 def _colors(report: Report) -> dict[str, Any]:
-    cmap = matplotlib.colormaps["tab10"]
-    return {s: cmap(i % 10) for i, s in enumerate(report.schemes)}
+    return {s: st["color"] for s, st in _styles(report).items()}
 
 
 def _figure(width: float, height: float) -> Figure:
@@ -39,7 +60,7 @@ def _png(fig: Figure) -> bytes:
 def plot_gold_curves(report: Report) -> bytes:
     """One subplot per setting, one line per scheme: mean gold over seeds by step, with the
     95% t-interval shaded where at least 2 seeds were evaluated at that step."""
-    settings, colors, groups = report.settings, _colors(report), group_runs(report.runs)
+    settings, styles, groups = report.settings, _styles(report), group_runs(report.runs)
     ncols = 1 if len(settings) == 1 else 2
     nrows = math.ceil(len(settings) / ncols)
     fig = _figure(5.5 * ncols, 3.6 * nrows)
@@ -49,8 +70,10 @@ def plot_gold_curves(report: Report) -> bytes:
             band = curve_band(groups[(row.data, row.policy, row.scheme)])
             if band is None:
                 continue
-            c = colors[row.scheme]
-            ax.plot(band.steps, band.mean, color=c, label=f"{row.scheme} (n={int(band.n.max())})")
+            st = styles[row.scheme]
+            c = st["color"]
+            ax.plot(band.steps, band.mean, color=c, marker=st["marker"], markersize=4, linewidth=st["linewidth"],
+                    zorder=st["zorder"], label=f"{row.scheme} (n={int(band.n.max())})")
             ax.fill_between(
                 band.steps,
                 band.mean - band.half_width,
@@ -64,7 +87,7 @@ def plot_gold_curves(report: Report) -> bytes:
                 0.5, 0.5, "no eval curve recorded", ha="center", va="center", transform=ax.transAxes
             )
         else:
-            ax.legend(fontsize="small")
+            ax.legend(fontsize="x-small", ncols=2 if len(ax.lines) > 6 else 1)
         ax.set(title=setting, xlabel="step", ylabel="held-out gold")
     for ax in axes[len(settings) :]:
         ax.set_visible(False)
@@ -75,8 +98,9 @@ def plot_gold_curves(report: Report) -> bytes:
 
 
 def plot_credit_accuracy(report: Report) -> bytes:
-    """Grouped bars: settings along x, one bar per scheme (uniform-credit schemes left out),
-    height = mean credit accuracy over seeds, error bar = 95% t half-width (none for n = 1)."""
+    """One panel per setting (two columns), one horizontal bar per scheme (uniform-credit schemes
+    left out): mean credit accuracy over seeds, error bar = 95% t half-width (none for n = 1).
+    Horizontal bars keep every scheme's name readable whatever the number of schemes."""
     rows = [
         r
         for r in report.rows
@@ -85,37 +109,31 @@ def plot_credit_accuracy(report: Report) -> bytes:
     settings = [s for s in report.settings if any(r.setting == s for r in rows)]
     schemes = [s for s in report.schemes if any(r.scheme == s for r in rows)]
     colors = _colors(report)
-    fig = _figure(max(6.0, 1.2 + 0.6 * len(settings) * max(len(schemes), 1)), 4.0)
-    ax = fig.subplots()
-    width = 0.8 / max(len(schemes), 1)
-    for i, scheme in enumerate(schemes):
-        ivs = {r.setting: r.cells["credit_accuracy"] for r in rows if r.scheme == scheme}
-        xs = [j + (i - (len(schemes) - 1) / 2) * width for j, s in enumerate(settings) if s in ivs]
-        present = [ivs[s] for s in settings if s in ivs]
-        ax.bar(
-            xs,
-            [iv.mean for iv in present],
-            width,
-            color=colors[scheme],
-            label=scheme,
-            yerr=[np.nan if iv.half_width is None else iv.half_width for iv in present],
+    ncols = 1 if len(settings) <= 1 else 2
+    nrows = max(1, math.ceil(len(settings) / ncols))
+    fig = _figure(5.5 * ncols, 0.9 + (0.3 * max(len(schemes), 1) + 0.8) * nrows)
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax, setting in zip(axes, settings, strict=False):
+        ivs = {r.scheme: r.cells["credit_accuracy"] for r in rows if r.setting == setting}
+        present = [s for s in schemes if s in ivs]
+        ys = list(range(len(present)))[::-1]  # the first scheme at the top
+        ax.barh(
+            ys,
+            [ivs[s].mean for s in present],
+            color=[colors[s] for s in present],
+            xerr=[np.nan if ivs[s].half_width is None else ivs[s].half_width for s in present],
             capsize=3,
         )
+        ax.set_yticks(ys, present)
+        ax.axvline(0, color="black", linewidth=0.8)
+        ax.set(title=setting, xlabel="credit accuracy (Spearman ρ)")
     if not rows:
-        ax.text(
-            0.5,
-            0.5,
-            "no credit accuracy recorded",
-            ha="center",
-            va="center",
-            transform=ax.transAxes,
+        axes[0].text(
+            0.5, 0.5, "no credit accuracy recorded", ha="center", va="center", transform=axes[0].transAxes
         )
-    else:
-        ax.legend(fontsize="small")
-    ax.axhline(0, color="black", linewidth=0.8)
-    ax.set_xticks(range(len(settings)), settings)
-    ax.set_ylabel("credit accuracy (Spearman ρ)")
-    ax.set_title(
+    for ax in axes[max(len(settings), 1) :]:
+        ax.set_visible(False)
+    fig.suptitle(
         "Credit accuracy: mean over seeds ± 95% t-interval "
         f"({', '.join(sorted(UNIFORM_CREDIT))}: undefined)"
     )
@@ -125,7 +143,8 @@ def plot_credit_accuracy(report: Report) -> bytes:
 def plot_rm_vs_gold(report: Report) -> bytes:
     """One point per run: final RM score (y) against final held-out gold (x), coloured by scheme,
     marker by setting, with y = x. Points above the line are runs the RM over-rates."""
-    colors = _colors(report)
+    styles = _styles(report)
+    colors = {s: st["color"] for s, st in styles.items()}
     markers = {s: MARKERS[i % len(MARKERS)] for i, s in enumerate(report.settings)}
     runs = [r for r in report.runs if r.final_gold is not None and r.final_rm_score is not None]
     fig = _figure(6.5, 5.0)
@@ -137,7 +156,9 @@ def plot_rm_vs_gold(report: Report) -> bytes:
             color=colors[run.credit],
             marker=markers[run.setting],
             alpha=0.8,
+            s=60 if run.credit == report.baseline else 30,
             edgecolors="none",
+            zorder=styles[run.credit]["zorder"],
         )
     if runs:
         vals = [v for r in runs for v in (r.final_gold, r.final_rm_score)]
