@@ -31,20 +31,37 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "real_model" / "rollout_stats")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args(args)
-    from datc.credit.analysis import session_for
+    from hydra import compose, initialize_config_dir
+
+    from datc.chat import prompt_encoder
+    from datc.config import validate
+    from datc.data import load_prompts
+    from datc.models import load_pretrained
+    from datc.prepare import ensure_assets, materialize_gguf
     from datc.rollout import sample_groups
+    from datc.tokenizer import load_tokenizer
+    from datc.train import CONFIG_DIR
     from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
 
     quiet_libraries()
-    s = session_for(a.overrides)
-    c, t, m = s.c, s.c.trainer, s.m
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        c = validate(compose(config_name="train", overrides=a.overrides))
+    torch.set_num_threads(c.trainer.threads)
+    # The policy only: a GGUF preset needs no reward model here; a testbed one needs its warm start.
+    path = materialize_gguf(c.policy, Path(c.cache_dir)) if c.policy.gguf_file else ensure_assets(c).policy_path
+    tok = load_tokenizer(path)
+    policy = load_pretrained("causal_lm", path, "policy.path").eval()
+    encoder = prompt_encoder(c, tok)
+    train_rows = load_prompts(c.data, c.cache_dir)[0]
+    torch.manual_seed(c.seed)
+    t = c.trainer
     per_batch = t.batch_size // t.num_generations
     ents, pis, lens, trunc = [], [], [], []
     for b in range(a.batches):
-        examples = [s.assets.train[i] for i in range(b * per_batch, (b + 1) * per_batch)]
+        examples = [train_rows[i] for i in range(b * per_batch, (b + 1) * per_batch)]
         with torch.no_grad():
-            ro = sample_groups(m.policy, m.tok, examples, t.num_generations, t.max_new_tokens, t.temperature, t.top_p,
-                               c.data.prompt_field, keep_logits=True, encoder=m.encoder)
+            ro = sample_groups(policy, tok, examples, t.num_generations, t.max_new_tokens, t.temperature, t.top_p,
+                               c.data.prompt_field, keep_logits=True, encoder=encoder)
         logp = torch.log_softmax(ro.logits.float() / t.temperature, -1)  # (B, T, V) the sampling distribution
         ent = -(logp.exp() * logp).sum(-1)  # (B, T) nats
         pi_y = logp.gather(-1, ro.response_ids[..., None]).squeeze(-1).exp()  # (B, T)
@@ -54,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         lens.append(mask.sum(-1).cpu())
         trunc.append(ro.truncated.cpu())
     ent, pi, ln, tr = torch.cat(ents), torch.cat(pis), torch.cat(lens).float(), torch.cat(trunc).float()
+    sample = tok.decode(ro.response_ids[0][ro.response_mask[0]])
     result = {
         "command": "python scripts/rollout_stats.py " + " ".join(args),
         "setting": f"{c.data.name}-{c.policy.name}", "responses": int(ln.numel()), "tokens": int(ent.numel()),
@@ -63,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         "pi_y": {**quantiles(pi), "frac_above_0.9": float((pi > 0.9).float().mean()),
                  "frac_below_0.1": float((pi < 0.1).float().mean())},
         "length": {**quantiles(ln), "truncated_frac": float(tr.mean())},
+        "example": {"prompt": ro.examples[0][c.data.prompt_field], "response": sample},
     }
     name = result["setting"]
     atomic_write_json(a.out / f"{name}.json", result)
@@ -73,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
           f"| entropy (nats) | {e['q25']:.3f} | {e['median']:.3f} | {e['q75']:.3f} | {e['mean']:.3f} | above 1 nat: {e['frac_above_1']:.3f} |",
           f"| pi_y | {p['q25']:.3f} | {p['median']:.3f} | {p['q75']:.3f} | {p['mean']:.3f} | >0.9: {p['frac_above_0.9']:.3f}, <0.1: {p['frac_below_0.1']:.3f} |",
           f"| length (tokens) | {L['q25']:.1f} | {L['median']:.1f} | {L['q75']:.1f} | {L['mean']:.1f} | truncated: {L['truncated_frac']:.3f} |"]
+    md += ["", f"A sample: {result['example']['prompt']!r} → {result['example']['response']!r}"]
     atomic_write_text(a.out / f"{name}.md", "\n".join(md) + "\n")
     print("\n".join(md))
 
