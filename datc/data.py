@@ -31,7 +31,7 @@ def testbed_data_dir(cache_dir: str, task: str, train_size: int, eval_size: int,
         for split, n in (("train", train_size), ("eval", eval_size)):
             with open(tmp / f"{split}.jsonl", "w") as f:
                 for _ in range(n):
-                    f.write(json.dumps(t.make_example(rng)) + "\n")
+                    f.write(json.dumps(t.make_split_example(rng, split)) + "\n")
     return out
 
 

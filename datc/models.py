@@ -63,13 +63,20 @@ def build_reward_model(arch: dict[str, Any], tokenizer, seed: int) -> PreTrained
     return AutoModelForSequenceClassification.from_config(_model_config(arch, tokenizer, num_labels=1))
 
 
-def load_pretrained(kind: str, path: str, field: str, dtype: torch.dtype | None = None) -> PreTrainedModel:
+def load_pretrained(kind: str, path: str, field: str, dtype: torch.dtype | None = None, gguf_file: str | None = None,
+                    num_labels: int | None = None) -> PreTrainedModel:
     """Load a policy (``kind="causal_lm"``) or a reward model (``kind="reward"``) by hub id or
     local directory. Offline, a hub id that is not cached fails at once with a message naming
-    the field to set to a local copy."""
+    the field to set to a local copy. ``gguf_file`` (a file in ``path``) is de-quantized by
+    transformers' GGUF reader (needs the ``gguf`` package); ``num_labels=1`` loads a causal LM's
+    checkpoint as a reward model with a new one-output head."""
     cls = AutoModelForCausalLM if kind == "causal_lm" else AutoModelForSequenceClassification
     kwargs: dict[str, Any] = {"dtype": dtype} if dtype is not None else {}
-    config = from_hub(AutoConfig.from_pretrained, path, field, "model")
+    if gguf_file is not None:
+        kwargs["gguf_file"] = gguf_file
+    extra = {"num_labels": num_labels} if num_labels is not None else {}
+    config = from_hub(AutoConfig.from_pretrained, path, field, "model", **({"gguf_file": gguf_file} if gguf_file else {}),
+                      **extra)
     if getattr(config, "activation_function", None) == "gelu_new":  # GPT-2's tanh-approximate GELU:
         config.activation_function = "gelu_pytorch_tanh"  # the same formula as one fused kernel (5-15% of a testbed step)
     model = from_hub(cls.from_pretrained, path, field, "model", config=config, **kwargs)

