@@ -42,8 +42,8 @@ from datc.credit.diagnostics import credit_metrics
 from datc.distributed import Dist
 from datc.distributed import init as init_distributed
 from datc.evaluation import evaluate
-from datc.lifecycle import GIT_COMMIT, NoLogger, finish, open_run, resolved_config, resume, save
 from datc.export import save_final_policy
+from datc.lifecycle import GIT_COMMIT, NoLogger, finish, open_run, resolved_config, resume, save
 from datc.logger import RunLogger, completions_of
 from datc.logprobs import entropy_from_logits, selective_log_softmax
 from datc.losses import AggNorm, aggregate, clipped_policy_loss

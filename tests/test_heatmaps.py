@@ -17,8 +17,8 @@ from datc.config import validate
 from datc.credit import CREDIT_SCHEMES
 from datc.credit.analysis import credit_inputs, scheme_outputs
 from datc.credit.base import NEEDS
-from datc.rundir import RunDir
 from datc.lifecycle import resolved_config as _resolved
+from datc.rundir import RunDir
 from datc.trainer import build_session
 from scripts import credit_accuracy, heatmaps
 from tests.test_train_e2e import cfg_for
