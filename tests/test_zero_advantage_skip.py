@@ -36,7 +36,7 @@ def forced(monkeypatch):
     NaN reward, and a group of identical responses; records each reward phase's result and the
     rows each reward-model call differentiates."""
     real_score, real_sample, real_reward = trainer_mod.score, trainer_mod.sample_groups, trainer_mod.reward
-    seen = {"rewarded": [], "grad_rows": []}
+    seen = {"rewarded": [], "grad_rows": [], "rm_grad": [], "split_same": False}
 
     def score_(rm, inputs, mask, with_grad=False, batch_size=64, grad_rows=None):
         out = real_score(rm, inputs, mask, with_grad, batch_size, grad_rows)
@@ -46,6 +46,8 @@ def forced(monkeypatch):
             return out
         s = out.scores.clone()
         s[TIED], s[NAN_ROW] = 0.25, math.nan
+        if seen["split_same"]:  # as a reward model that is not batch-invariant could
+            s[SAME.start] += 0.5
         return dataclasses.replace(out, scores=s)
 
     def sample_(*a, **k):
@@ -58,7 +60,7 @@ def forced(monkeypatch):
     def reward_(*a, **k):
         rw = real_reward(*a, **k)
         seen["rewarded"].append(rw)
-        seen.setdefault("rm_grad", []).append(rw.rm_grad)  # the step drops rw.rm_grad once the credit is made
+        seen["rm_grad"].append(rw.rm_grad)  # the step drops rw.rm_grad once the credit is made
         return rw
 
     monkeypatch.setattr(trainer_mod, "score", score_)
@@ -114,6 +116,18 @@ def test_the_update_is_the_same_with_the_skip_on_or_off(cache, tmp_path, forced,
         assert off_rows.all() and not on_rows[SAME].any() and on_rows[:SAME.start].all() and on_rows[SAME.stop:].all()
         g_on, g_off = forced["rm_grad"]
         assert torch.equal(g_on[on.credited], g_off[off.advantages != 0])
+
+
+@pytest.mark.slow
+def test_identical_responses_whose_rewards_still_differ_get_their_gradient_afterwards(cache, tmp_path, forced):
+    forced["split_same"] = True  # the group of identical responses is scored unequally: A != 0
+    _same_update(cache, tmp_path, "credit=datc")
+    on, off = forced["rewarded"]
+    assert on.credited[SAME].all() and int((on.advantages == 0).sum()) == ZERO_ADV - 4
+    on_rows, repaired, off_rows = forced["grad_rows"]
+    assert not on_rows[SAME].any() and repaired.shape == (4,) and off_rows.all()  # a second call for those 4 rows
+    g_on, g_off = forced["rm_grad"]
+    assert g_on[SAME].any() and torch.equal(g_on[on.credited], g_off[on.credited])
 
 
 @pytest.mark.slow
