@@ -407,7 +407,7 @@ class Credited:
 
     credit: CreditOutput  # weights (B, T), scores (B, T) or None, fallback (B,) bool; non-finite weights repaired
     token_adv: Tensor  # (B, T) Â = A · w, the loss's per-token advantages
-    old_logps: Tensor | None  # (B, T) the rollout policy's log-probs when a pass was made, else None
+    old_logps: Tensor | None  # (B, T) the rollout policy's log-probs when a pass was made (None on-policy if rows were skipped), else None
     entropy: Tensor | None  # (B, T) its entropies (nats) when known, else None
 
 
