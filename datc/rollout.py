@@ -25,10 +25,11 @@ class Rollout:
     examples: list[dict[str, Any]]  # the prompt row of each response, length B
     logits: Tensor | None = None  # (B, T, V) generate's raw logits at each response position, if kept
 
-    def select(self, rows: slice) -> Rollout:
-        """The responses ``rows`` (e.g. one rank's share of whole groups)."""
+    def select(self, rows: slice | Tensor) -> Rollout:
+        """The responses ``rows``, a slice (e.g. one rank's share of whole groups) or (k,) long indices."""
+        examples = self.examples[rows] if isinstance(rows, slice) else [self.examples[i] for i in rows.tolist()]
         return Rollout(self.prompt_ids[rows], self.prompt_mask[rows], self.response_ids[rows], self.response_mask[rows],
-                       self.truncated[rows], self.examples[rows], None if self.logits is None else self.logits[rows])
+                       self.truncated[rows], examples, None if self.logits is None else self.logits[rows])
 
     @property
     def input_ids(self) -> Tensor:  # (B, P + T)

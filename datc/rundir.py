@@ -31,7 +31,8 @@ from datc.utils import atomic_write_json, atomic_write_text, config_hash
 
 # Settings that change how a run is executed or reported, not what it computes.
 NON_IDENTITY = {"run_dir", "run_name", "results_dir", "cache_dir", "logger"}
-NON_IDENTITY_TRAINER = {"resume", "progress", "threads", "device"}
+# (skip_zero_advantage leaves out only work whose result the loss multiplies by A = 0)
+NON_IDENTITY_TRAINER = {"resume", "progress", "threads", "device", "skip_zero_advantage"}
 LOCK_FILE = ".lock"
 IGNORED_FILES = {".hydra", "train.log", "wandb", LOCK_FILE}
 

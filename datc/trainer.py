@@ -197,7 +197,7 @@ def learn(s: Session, it: int, ro: Rollout, t0: float) -> dict[str, float]:
     # the sampler's logits are reused exactly when the rollout kept them (train_step asks for them by the plan)
     plan = pass_plan(t, s.scheme.needs, s.m.vocab_size)._replace(reuse=ro.logits is not None)
     t1 = time.perf_counter()
-    rw = reward(s, ro, loss_mask(t, ro), with_grad=RM_GRAD in s.scheme.needs)
+    rw = reward(s, ro, loss_mask(t, ro), with_grad=RM_GRAD in s.scheme.needs, skip_zero=skips_zero_advantage(s))
     s.nonfinite = rw.nonfinite
     t2 = time.perf_counter()
     ref_logps = reference_logps(s, ro)
@@ -213,6 +213,17 @@ def learn(s: Session, it: int, ro: Rollout, t0: float) -> dict[str, float]:
                    s.engine, s.dist)
     t4 = time.perf_counter()
     return step_metrics(s, ro, rw, cr, stats, (t0, t1, t2, t3, t4))
+
+
+def skips_zero_advantage(s: Session) -> bool:
+    """Whether this step's credit phases leave out the responses with ``A = 0``
+    (``trainer.skip_zero_advantage``). Their ``Â = A · w`` is 0 whatever their weights, so
+    leaving them out changes nothing, provided the other responses' weights do not depend on
+    them: only for a ``row_separable`` scheme (per-response weights, no draws shared across
+    rows), never for one whose weights compare responses (``delta``, ``entropy_top``: batch-wide
+    centroids, quantiles and normalizers must see the whole batch), which is computed in full.
+    Off under ZeRO-3 with several ranks, where every rank must run as many forwards as the others."""
+    return s.c.trainer.skip_zero_advantage and s.scheme.row_separable and not s.m.synced_gpus
 
 
 # ---- rollout: G samples per prompt ------------------------------------------------------------
@@ -255,18 +266,38 @@ class Rewarded:
     gold_contrib: Tensor | None  # (B, T) per-token gold contribution, 0 on padding; or None
     rule_metrics: dict[str, float]  # reward/rule_<name>: mean of each rule's term
     nonfinite: NonFiniteReport  # hits at the reward, advantage and rm_grad stages
+    credited: Tensor  # (B,) bool, the responses the credit phases work on: all, or those with A != 0 (skip_zero)
+
+    def select(self, rows: Tensor) -> Rewarded:
+        """Responses ``rows`` (k,) long; the rule metrics and the non-finite report stay the step's."""
+        def pick(x):
+            return None if x is None else x[rows.to(x.device)]
+
+        return Rewarded(pick(self.scores), pick(self.rewards), pick(self.advantages), pick(self.mask),
+                        pick(self.rm_grad), pick(self.bad_rm_grad), pick(self.gold), pick(self.gold_contrib),
+                        self.rule_metrics, self.nonfinite, pick(self.credited))
 
 
-def reward(s: Session, ro: Rollout, mask: Tensor, with_grad: bool, shaped: bool = True) -> Rewarded:
+def reward(s: Session, ro: Rollout, mask: Tensor, with_grad: bool, shaped: bool = True,
+           skip_zero: bool = False) -> Rewarded:
     """Score the responses with the frozen reward model (and, ``with_grad``, its gradient with
     respect to its input embeddings), add the rules, and turn rewards into group advantages,
     with the non-finite guards of :mod:`datc.numerics` (reward, advantage, rm_grad stages).
 
     ``shaped=False``: the reward is the reward model's score alone (no ``reward.scale``, no
-    rules), as the credit analysis judges credit against the model it differentiates."""
+    rules), as the credit analysis judges credit against the model it differentiates.
+
+    ``skip_zero`` (``trainer.skip_zero_advantage``, for a ``row_separable`` scheme): the credit
+    will work only on the responses with ``A != 0`` (``credited``), so only they need the
+    gradient. A backward needs its forward's graph, and ``A`` is known only once every response
+    is scored; rather than a second forward, the backward is skipped for the groups whose
+    responses are all the same token ids (identical inputs: equal rewards, ``A = 0``), and any
+    response that still gets ``A != 0`` has its gradient computed afterwards. Other responses
+    with ``A = 0`` (rewards tied by value, non-finite rewards) keep theirs, unused."""
     c, t, m = s.c, s.c.trainer, s.m
     inp = m.score_inputs(ro)
-    rm_out = score(m.rm, inp, ro.response_mask, with_grad=with_grad, batch_size=t.micro_batch_size)
+    grad_rows = ~identical_groups(ro, t.num_generations) if skip_zero and with_grad else None
+    rm_out = score(m.rm, inp, ro.response_mask, with_grad=with_grad, batch_size=t.micro_batch_size, grad_rows=grad_rows)
     gold, gold_contrib = (gold_of(s.assets.task, m.tok, ro.examples, ro.response_ids, ro.response_mask)
                           if s.assets.task is not None else (None, None))
     rewards = c.reward.scale * rm_out.scores if shaped else rm_out.scores
@@ -283,9 +314,23 @@ def reward(s: Session, ro: Rollout, mask: Tensor, with_grad: bool, shaped: bool 
     advantages = group_advantages(finite_rewards, t.num_generations, t.scale_rewards)
     advantages, bad_adv = zero_nonfinite_advantages(advantages, dropped=bad_reward)
     nf.add("advantage", bad_adv)
-    rm_grad, bad_rm_grad = zero_nonfinite_rm_grad(rm_out.grad)
+    credited = advantages != 0 if skip_zero else torch.ones_like(advantages, dtype=torch.bool)
+    rm_grad = rm_out.grad
+    if grad_rows is not None and (missing := credited & ~grad_rows).any():  # an RM that is not batch-invariant
+        rows = missing.nonzero().squeeze(-1)
+        rm_grad[rows] = score(m.rm, inp.select(rows), ro.response_mask[rows], with_grad=True,
+                              batch_size=t.micro_batch_size).grad
+    rm_grad, bad_rm_grad = zero_nonfinite_rm_grad(rm_grad)
     nf.add("rm_grad", bad_rm_grad)
-    return Rewarded(rm_out.scores, rewards, advantages, mask, rm_grad, bad_rm_grad, gold, gold_contrib, rule_metrics, nf)
+    return Rewarded(rm_out.scores, rewards, advantages, mask, rm_grad, bad_rm_grad, gold, gold_contrib, rule_metrics, nf,
+                    credited)
+
+
+def identical_groups(ro: Rollout, num_generations: int) -> Tensor:
+    """(B,) bool: True for the responses of each group whose responses are all the same token ids."""
+    ids = torch.where(ro.response_mask, ro.response_ids, -1).view(-1, num_generations, ro.response_ids.shape[1])
+    same = (ids == ids[:, :1]).all(-1).all(-1)  # (groups,)
+    return same.repeat_interleave(num_generations)
 
 
 def reference_logps(s: Session, ro: Rollout) -> Tensor | None:
@@ -314,7 +359,7 @@ def credit_row_slices(s: Session, plan: PassPlan, B: int) -> list[slice]:
     logits gets them one micro-batch of rows at a time, so the (B, T, V) logits are never all
     held (at a real vocabulary, the largest tensor); any other scheme sees the whole batch."""
     needs = s.scheme.needs
-    rows = s.c.trainer.micro_batch_size if s.scheme.row_local and POLICY_LOGITS in needs and not plan.reuse else B
+    rows = s.c.trainer.micro_batch_size if s.scheme.row_local and POLICY_LOGITS in needs and not plan.reuse else max(B, 1)
     return [slice(i, i + rows) for i in range(0, B, rows)]
 
 
@@ -362,29 +407,67 @@ class Credited:
 
     credit: CreditOutput  # weights (B, T), scores (B, T) or None, fallback (B,) bool; non-finite weights repaired
     token_adv: Tensor  # (B, T) Â = A · w, the loss's per-token advantages
-    old_logps: Tensor | None  # (B, T) the rollout policy's log-probs when a pass was made, else None
+    old_logps: Tensor | None  # (B, T) the rollout policy's log-probs when a pass was made (None on-policy if rows were skipped), else None
     entropy: Tensor | None  # (B, T) its entropies (nats) when known, else None
 
 
 def assign_credit(s: Session, it: int, ro: Rollout, rw: Rewarded, plan: PassPlan) -> Credited:
-    """The scheme's token weights, chunk by chunk (:func:`credit_row_slices`), then the
-    ``weight`` stage's guard: a response with a non-finite weight (or a zeroed rm_grad row) gets
-    ``w = 1``. Random schemes draw from a generator seeded by (seed, step)."""
+    """The scheme's token weights for the responses ``rw.credited`` (every response unless the
+    zero-advantage skip applies, :func:`skips_zero_advantage`), chunk by chunk
+    (:func:`credit_row_slices`); a skipped response gets ``w = 1`` (:func:`_with_skipped`). Then
+    the ``weight`` stage's guard: a response with a non-finite weight (or a zeroed rm_grad row)
+    gets ``w = 1``. Random schemes draw from a generator seeded by (seed, step)."""
     generator = torch.Generator().manual_seed(s.c.seed * 1_000_003 + it)
+    keep = rw.credited.nonzero().squeeze(-1)  # (k,) the responses whose credit is computed
+    skipping = len(keep) < len(rw.credited)
+    ro_c, rw_c = (ro.select(keep), rw.select(keep)) if skipping else (ro, rw)
     parts, old_parts, ent_parts = [], [], []
-    for rows in credit_row_slices(s, plan, ro.response_ids.shape[0]):
-        chunk = credit_inputs(s, ro, rw, rows, plan, generator)
+    for rows in credit_row_slices(s, plan, len(keep)):
+        chunk = credit_inputs(s, ro_c, rw_c, rows, plan, generator)
         parts.append(compute_credit(s.scheme, chunk.batch, s.credit_params))
         old_parts.append(chunk.old_logps)
         ent_parts.append(chunk.entropy)
         chunk = None  # this chunk's credit inputs (its (b, T, V) logits) are spent
-    credit = _cat_credit(parts)
-    old_logps = torch.cat(old_parts) if old_parts[0] is not None else None
-    entropy = torch.cat(ent_parts) if ent_parts[0] is not None else None
+    credit = _cat_credit(parts) if parts else None
+    old_logps = torch.cat(old_parts) if parts and old_parts[0] is not None else None
+    entropy = torch.cat(ent_parts) if parts and ent_parts[0] is not None else None
+    if skipping:
+        credit, old_logps, entropy = _with_skipped(s, ro, rw, plan, keep, credit, old_logps, entropy)
     credit, bad_weight = uniform_nonfinite_weights(credit, rw.mask, forced=rw.bad_rm_grad)
     rw.nonfinite.add("weight", bad_weight)
     token_adv = rw.advantages[:, None] * credit.weights  # (B, T)
     return Credited(credit, token_adv, old_logps, entropy)
+
+
+def _with_skipped(s: Session, ro: Rollout, rw: Rewarded, plan: PassPlan, keep: Tensor, credit: CreditOutput | None,
+                  old_logps: Tensor | None, entropy: Tensor | None) -> tuple[CreditOutput, Tensor | None, Tensor | None]:
+    """The whole batch's credit, old log-probs and entropies from those of the credited rows
+    ``keep`` (None when there are none). A skipped response (``A = 0``) gets ``w = 1`` on its
+    valid tokens and score 0, marked as a fallback, as DATC itself treats a zero advantage.
+
+    On-policy the loss's old log-probs are the current ones, for every response (as on-policy
+    without a pass: ratio 1), and ``rollout/entropy`` comes from the update's forward of the same
+    policy. Otherwise the loss needs them: one no-grad pass over the skipped responses (no
+    logits kept) gives their old log-probs and entropies."""
+    B, T = rw.mask.shape
+    by_scores = s.scheme.output == "scores"
+    whole = CreditOutput(rw.mask.float(), rw.mask.new_zeros(B, T, dtype=torch.float32) if by_scores else None,
+                         torch.ones(B, dtype=torch.bool, device=rw.mask.device),
+                         "per_response" if by_scores else s.scheme.normalization)
+    if credit is not None:
+        whole.weights[keep], whole.fallback[keep] = credit.weights, credit.fallback
+        if by_scores:
+            whole.scores = whole.scores.to(credit.scores.dtype).index_copy(0, keep, credit.scores)
+    if plan.on_policy:
+        return whole, None, None
+    t = s.c.trainer
+    skipped = (~rw.credited).nonzero().squeeze(-1)
+    logps, ent, _ = rollout_policy_pass(s.m.policy, ro.select(skipped), t.temperature, t.micro_batch_size, False)
+    old_all, ent_all = logps.new_empty(B, T), ent.new_empty(B, T)
+    old_all[skipped], ent_all[skipped] = logps, ent
+    if old_logps is not None:  # off-policy, the credited rows' pass made them too
+        old_all[keep], ent_all[keep] = old_logps, entropy
+    return whole, old_all, ent_all
 
 
 def _cat_credit(parts: list) -> Any:
@@ -519,6 +602,7 @@ def step_metrics(s: Session, ro: Rollout, rw: Rewarded, cr: Credited, stats: dic
         "rollout/response_len": float(ro.response_mask.float().sum(-1).mean()),
         "rollout/truncated_frac": float(ro.truncated.float().mean()),
         "rollout/entropy": rollout_entropy,
+        "credit/skipped_frac": float((~rw.credited).float().mean()),  # responses left out of the credit (A = 0)
         **{f"loss/{k}": v for k, v in stats.items()},
         **credit_metrics(cr.credit, rw.advantages, rw.mask, rw.gold_contrib),
         **rw.nonfinite.metrics(),

@@ -46,6 +46,7 @@ def credit_scheme(
     normalization: Normalization = "per_response",
     params: type = NoParams,
     row_local: bool = False,
+    row_separable: bool = False,
 ) -> Callable[[Callable], CreditScheme]:
     """Wrap a function as a :class:`CreditScheme` without registering it (for ``_target_``)."""
     needs = frozenset(needs)
@@ -56,7 +57,8 @@ def credit_scheme(
         raise ValueError(f"scheme {name!r}: output must be 'scores' or 'weights', got {output!r}")
 
     def deco(fn: Callable) -> CreditScheme:
-        return CreditScheme(name, fn, needs, output, normalization, params, (fn.__doc__ or "").strip(), row_local)
+        return CreditScheme(name, fn, needs, output, normalization, params, (fn.__doc__ or "").strip(), row_local,
+                            row_separable)
 
     return deco
 

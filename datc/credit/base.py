@@ -101,6 +101,14 @@ class CreditScheme:
     # micro-batch of rows at a time and never hold all (B, T, V) policy logits. Never for schemes
     # that compare responses (global normalization, batch statistics).
     row_local: bool = False
+    # True when a response's output is a function of that response's rows alone, random draws
+    # included: leaving other responses out of the batch changes it not at all. The trainer then
+    # computes credit only for the responses with a non-zero advantage
+    # (trainer.skip_zero_advantage; the others get w = 1, moot since A = 0). Implies row_local.
+    # False for schemes that compare responses (their batch-wide statistics must see every
+    # response, so they are computed in full) and for ones that draw random numbers for the rows
+    # in turn (datc_shuffled: a left-out row would shift the others' draws).
+    row_separable: bool = False
 
     def make_params(self, fields: dict[str, Any]) -> Any:
         """Build the params dataclass from config fields; unknown fields are a clear error."""

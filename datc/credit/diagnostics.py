@@ -47,37 +47,46 @@ def credit_accuracy(signed_scores: Tensor, gold_contrib: Tensor, mask: Tensor) -
     return float(r.mean())
 
 
+WEIGHT_KEYS = ("weight_mean", "weight_std", "weight_min", "weight_max", "frac_above_1", "ess")
+SCORE_KEYS = ("score_mean", "score_std", "score_p10", "score_p50", "score_p90")
+
+
 def credit_metrics(out: CreditOutput, advantages: Tensor, mask: Tensor, gold_contrib: Tensor | None) -> dict[str, float]:
     """Weight statistics over valid tokens, the effective sample size of each response's
     weights (``(Σw)² / (T Σw²)``, 1 for uniform), the fraction of tokens above 1, the fallback
-    rate among responses with a non-zero advantage (a zero advantage makes weights moot) and,
-    on tasks with gold contributions, credit accuracy."""
+    rate and, on tasks with gold contributions, credit accuracy.
+
+    All of them over the responses with a non-zero advantage only: a zero advantage makes a
+    response's weights moot (``Â = 0``), and the trainer may not even compute them
+    (``trainer.skip_zero_advantage``), so the figures are the same with the skip on or off, and
+    for every scheme. NaN where no such response has a valid token (e.g. every group tied)."""
     w = out.weights
-    mk = mask.bool()
+    mk = mask.bool() & (advantages != 0)[:, None]  # (B, T) the tokens whose weights matter
     valid = w[mk]
+    metrics = {f"credit/{k}": math.nan for k in WEIGHT_KEYS + (SCORE_KEYS if out.scores is not None else ())}
+    metrics["credit/fallback_frac"] = _fallback_frac(out, advantages)
+    if gold_contrib is not None:
+        signed = (out.scores if out.scores is not None else w) * torch.sign(advantages)[:, None]
+        metrics["credit/accuracy"] = credit_accuracy(signed, gold_contrib, mk)
     if valid.numel() == 0:
-        return {"credit/fallback_frac": _fallback_frac(out, advantages)}
+        return metrics
     wf = w * mk
     n = mk.sum(-1).clamp(min=1)
     ess = (wf.sum(-1) ** 2 / (n * (wf**2).sum(-1)).clamp(min=1e-12))[mk.any(-1)]
-    metrics = {
+    metrics.update({
         "credit/weight_mean": float(valid.mean()),
         "credit/weight_std": float(valid.std()) if valid.numel() > 1 else 0.0,
         "credit/weight_min": float(valid.min()),
         "credit/weight_max": float(valid.max()),
         "credit/frac_above_1": float((valid > 1 + 1e-6).float().mean()),
         "credit/ess": float(ess.mean()),
-        "credit/fallback_frac": _fallback_frac(out, advantages),
-    }
+    })
     if out.scores is not None:
         s = out.scores[mk]
         metrics["credit/score_mean"] = float(s.mean())
         metrics["credit/score_std"] = float(s.std()) if s.numel() > 1 else 0.0
         q = torch.quantile(s.double(), torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64, device=s.device))
         metrics.update({"credit/score_p10": float(q[0]), "credit/score_p50": float(q[1]), "credit/score_p90": float(q[2])})
-    if gold_contrib is not None:
-        signed = (out.scores if out.scores is not None else w) * torch.sign(advantages)[:, None]
-        metrics["credit/accuracy"] = credit_accuracy(signed, gold_contrib, mk)
     return metrics
 
 

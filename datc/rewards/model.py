@@ -21,6 +21,11 @@ class RMInputs:
     response_pos: Tensor  # (B, T) long: position in the RM input of response token t (valid where response_mask)
     mapped: Tensor | None = None  # (B, T) bool: tokens with a position (chat templates may leave the EOS without one)
 
+    def select(self, rows: Tensor) -> RMInputs:
+        """The inputs of responses ``rows`` (k,) long, padding kept as it is."""
+        return RMInputs(self.input_ids[rows], self.attention_mask[rows], self.response_pos[rows],
+                        None if self.mapped is None else self.mapped[rows])
+
 
 def build_rm_inputs(prefix_ids: Tensor, prefix_mask: Tensor, response_ids: Tensor, response_mask: Tensor, pad_id: int) -> RMInputs:
     """Splice the sampled response ids after the reward model's prompt prefix, never
@@ -56,10 +61,33 @@ def rm_forward(rm, inputs_embeds: Tensor, attention_mask: Tensor) -> Tensor:
     return s if s.dtype == torch.float64 else s.float()  # bf16/fp16 scores are upcast
 
 
-def score(rm, inputs: RMInputs, response_mask: Tensor, with_grad: bool = False, batch_size: int = 64) -> RMScore:
+def score(rm, inputs: RMInputs, response_mask: Tensor, with_grad: bool = False, batch_size: int = 64,
+          grad_rows: Tensor | None = None) -> RMScore:
     """Score responses with the frozen reward model; with ``with_grad`` the same forward is
     followed by one backward to ``inputs_embeds`` only (no parameter gradients), returning
-    ``g_t = ∂R/∂h_t`` for every response token. Run in chunks of ``batch_size`` rows."""
+    ``g_t = ∂R/∂h_t`` for every response token. Run in chunks of ``batch_size`` rows.
+
+    ``grad_rows`` (B,) bool: with ``with_grad``, only these responses get the backward; the
+    others are scored by a no-grad forward and get a zero gradient (None: every response)."""
+    if not with_grad or grad_rows is None or bool(grad_rows.all()):
+        return _score(rm, inputs, response_mask, with_grad, batch_size)
+    scores = torch.empty(response_mask.shape[0], dtype=torch.float32, device=response_mask.device)
+    grad = None
+    for want, rows in ((True, grad_rows.nonzero().squeeze(-1)), (False, (~grad_rows).nonzero().squeeze(-1))):
+        if rows.numel() == 0:
+            continue
+        out = _score(rm, inputs.select(rows), response_mask[rows], want, batch_size)
+        scores[rows] = out.scores
+        if want:
+            grad = out.grad.new_zeros((*response_mask.shape, out.grad.shape[-1]))
+            grad[rows] = out.grad
+    if grad is None:  # no response wanted it: the gradient is 0 everywhere
+        d = rm.get_input_embeddings().weight.shape[-1]
+        grad = torch.zeros(*response_mask.shape, d, device=response_mask.device)
+    return RMScore(scores, grad)
+
+
+def _score(rm, inputs: RMInputs, response_mask: Tensor, with_grad: bool, batch_size: int) -> RMScore:
     emb = rm.get_input_embeddings()
     scores, grads = [], []
     for i in range(0, inputs.input_ids.shape[0], batch_size):

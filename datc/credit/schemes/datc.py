@@ -82,7 +82,8 @@ def datc_token_scores(batch: CreditBatch, params: DATCParams) -> Tensor:
 
 
 @register_credit(
-    "datc", needs={RM_GRAD, RM_EMBEDDING, POLICY_LOGITS}, output="scores", params=DATCParams, row_local=True
+    "datc", needs={RM_GRAD, RM_EMBEDDING, POLICY_LOGITS}, output="scores", params=DATCParams, row_local=True,
+    row_separable=True,
 )
 def datc(batch: CreditBatch, params: DATCParams) -> Tensor:
     """DATC: the reward force in logit space, projected on the signed GRPO displacement."""

@@ -29,6 +29,7 @@ class DATCIdentityParams(DATCParams):
     needs={RM_GRAD, RM_EMBEDDING, POLICY_LOGITS},
     output="scores",
     row_local=True,  # per-token scores, per-response weights: computed a micro-batch of rows at a time
+    row_separable=True,  # and no draws: only the responses with A != 0 need credit
     params=DATCIdentityParams,
 )
 def datc_identity(batch: CreditBatch, params: DATCIdentityParams) -> Tensor:

@@ -38,6 +38,7 @@ class MagnitudeParams(WeightParams):
     needs={RM_GRAD, RM_EMBEDDING, POLICY_LOGITS},
     output="scores",
     row_local=True,  # per-token scores, per-response weights: computed a micro-batch of rows at a time
+    row_separable=True,  # and no draws: only the responses with A != 0 need credit
     params=MagnitudeParams,
 )
 def datc_magnitude(batch: CreditBatch, params: MagnitudeParams) -> Tensor:

@@ -39,6 +39,8 @@ def permute_valid(x: Tensor, mask: Tensor, generator: torch.Generator | None) ->
     needs={RM_GRAD, RM_EMBEDDING, POLICY_LOGITS},
     output="scores",
     row_local=True,  # per-token scores, per-response weights: computed a micro-batch of rows at a time
+    # not row_separable: the permutations are drawn for the rows in turn, so leaving out the rows
+    # with A = 0 would give the others other permutations
     params=DATCParams,
 )
 def datc_shuffled(batch: CreditBatch, params: DATCParams) -> Tensor:

@@ -79,7 +79,8 @@ def guidance_scores(logps_neg: Tensor, logps: Tensor, delta_clip: float, score_c
     return (delta.exp() - delta - 1.0).clamp(max=score_clip)
 
 
-@register_credit("gcpo", needs={OLD_LOGPS, PROMPTS, LOGPS_UNDER}, output="scores", params=GCPOParams)
+@register_credit("gcpo", needs={OLD_LOGPS, PROMPTS, LOGPS_UNDER}, output="scores", params=GCPOParams,
+                 row_local=True, row_separable=True)  # per-token scores (each row under its own x-), per-response weights
 def gcpo(batch: CreditBatch, params: GCPOParams) -> Tensor:
     """How far a negative guidance prompt moves each sampled token's log-prob (k3 divergence)."""
     logps_neg = batch.logps_under(negative_prompts(batch.prompts, params.template))

@@ -29,7 +29,7 @@ class ProbReweightParams:
 
 
 @register_credit("prob_reweight", needs={OLD_LOGPS}, output="weights", normalization="none",
-                 params=ProbReweightParams)
+                 params=ProbReweightParams, row_local=True, row_separable=True)  # per token
 def prob_reweight(batch: CreditBatch, params: ProbReweightParams) -> Tensor:
     """``α π_old(y_t) + 1 - α`` on valid tokens, 0 on padding. (B, T)"""
     w = params.alpha * batch.old_logps.exp() + (1.0 - params.alpha)

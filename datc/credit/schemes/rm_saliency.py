@@ -17,7 +17,8 @@ from datc.credit.schemes.datc import flat_valid, scatter_valid
 from datc.credit.weights import WeightParams
 
 
-@register_credit("rm_saliency", needs={RM_GRAD, RM_EMBEDDING}, output="scores", params=WeightParams)
+@register_credit("rm_saliency", needs={RM_GRAD, RM_EMBEDDING}, output="scores", params=WeightParams,
+                 row_local=True, row_separable=True)  # per-token scores, per-response weights
 def rm_saliency(batch: CreditBatch, params: WeightParams) -> Tensor:
     """Reward-model gradient-times-input saliency of each sampled token."""
     g, y, rows = flat_valid(batch)

@@ -1,0 +1,215 @@
+"""``trainer.skip_zero_advantage``: a response with ``A = 0`` gets ``Â = A · w = 0`` whatever its
+weights, so a row-separable scheme's credit (and the reward model's backward for a group of
+identical responses) is left out for it, and the update is the same bit for bit. Schemes whose
+weights compare responses are computed in full."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+import datc.trainer as trainer_mod
+from datc.config import ConfigError, validate
+from datc.credit import CREDIT_SCHEMES, credit_scheme
+from datc.credit.base import CreditOutput
+from datc.credit.diagnostics import credit_metrics
+from datc.rewards.model import build_rm_inputs, score
+from datc.trainer import build_session, train_step
+from tests.test_train_e2e import cfg_for
+
+B, G = 16, 4  # four groups: tied by value, one non-finite reward, identical responses, ordinary
+TIED, NAN_ROW, SAME = slice(0, 4), 4, slice(8, 12)
+ZERO_ADV = 4 + 1 + 4  # responses with A = 0 in that batch
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("skip_cache")
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    """Every step's batch holds a group tied by value (its responses differ), a response with a
+    NaN reward, and a group of identical responses; records each reward phase's result and the
+    rows each reward-model call differentiates."""
+    real_score, real_sample, real_reward = trainer_mod.score, trainer_mod.sample_groups, trainer_mod.reward
+    seen = {"rewarded": [], "grad_rows": [], "rm_grad": [], "split_same": False}
+
+    def score_(rm, inputs, mask, with_grad=False, batch_size=64, grad_rows=None):
+        out = real_score(rm, inputs, mask, with_grad, batch_size, grad_rows)
+        if with_grad:
+            seen["grad_rows"].append(torch.ones(len(mask), dtype=torch.bool) if grad_rows is None else grad_rows)
+        if len(mask) != B:  # a call on some rows only (none here: the RM is batch-invariant on CPU)
+            return out
+        s = out.scores.clone()
+        s[TIED], s[NAN_ROW] = 0.25, math.nan
+        if seen["split_same"]:  # as a reward model that is not batch-invariant could
+            s[SAME.start] += 0.5
+        return dataclasses.replace(out, scores=s)
+
+    def sample_(*a, **k):
+        ro = real_sample(*a, **k)
+        for x in (ro.response_ids, ro.response_mask, ro.truncated, ro.logits):
+            if x is not None:
+                x[SAME] = x[SAME.start]
+        return ro
+
+    def reward_(*a, **k):
+        rw = real_reward(*a, **k)
+        seen["rewarded"].append(rw)
+        seen["rm_grad"].append(rw.rm_grad)  # the step drops rw.rm_grad once the credit is made
+        return rw
+
+    monkeypatch.setattr(trainer_mod, "score", score_)
+    monkeypatch.setattr(trainer_mod, "sample_groups", sample_)
+    monkeypatch.setattr(trainer_mod, "reward", reward_)
+    return seen
+
+
+def _step(cache, tmp_path, skip, *overrides):
+    c = validate(cfg_for(cache, tmp_path / "unused", "trainer.warmup_steps=0", f"trainer.batch_size={B}",
+                         f"trainer.num_generations={G}", f"trainer.mini_batch_size={B}", f"trainer.micro_batch_size={B}",
+                         f"trainer.skip_zero_advantage={str(skip).lower()}", *overrides))
+    s = build_session(c)
+    torch.manual_seed(123)
+    metrics = train_step(s, 0)
+    return metrics, {n: p.detach().clone() for n, p in s.m.policy.named_parameters()}
+
+
+def _same_update(cache, tmp_path, *overrides):
+    """One step with the skip on and one with it off, from the same state and seed: the same
+    parameters and loss, bit for bit, and the same logged figures (but the skipped fraction and
+    the rollout entropy, which on-policy comes from the update's forward when rows were skipped)."""
+    m_on, p_on = _step(cache, tmp_path, True, *overrides)
+    m_off, p_off = _step(cache, tmp_path, False, *overrides)
+    assert m_on["loss/total"] == m_off["loss/total"]
+    for n, p in p_off.items():
+        assert torch.equal(p_on[n], p), n
+    assert m_off["credit/skipped_frac"] == 0.0
+    for k, v in m_off.items():
+        if k.startswith("perf/") or k == "credit/skipped_frac" or (isinstance(v, float) and math.isnan(v)):
+            continue
+        assert m_on[k] == (pytest.approx(v, rel=1e-6) if k == "rollout/entropy" else v), k
+    return m_on, m_off
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", [
+    ("credit=datc",),  # on-policy, credit from generate's logits
+    ("credit=datc", "trainer.reuse_rollout_logits=never", "trainer.micro_batch_size=4"),  # a pass, in row chunks
+    ("credit=datc", "trainer.epochs=2"),  # off-policy: the skipped rows' old log-probs from their own pass
+    ("credit=rm_saliency",),
+    ("credit=prob_reweight", "trainer.epochs=2"),
+    ("credit=gcpo",),
+], ids=lambda o: "-".join(x.split("=")[1] for x in o))
+def test_the_update_is_the_same_with_the_skip_on_or_off(cache, tmp_path, forced, overrides):
+    m_on, m_off = _same_update(cache, tmp_path, *overrides)
+    on, off = forced["rewarded"]
+    assert torch.equal(on.advantages, off.advantages) and m_off["credit/weight_std"] > 0
+    assert torch.equal(on.credited, off.advantages != 0) and off.credited.all()
+    assert m_on["credit/skipped_frac"] == ZERO_ADV / B
+    if "credit=rm_saliency" in overrides or "credit=datc" in overrides:  # the schemes that read the RM gradient
+        on_rows, off_rows = forced["grad_rows"]
+        assert off_rows.all() and not on_rows[SAME].any() and on_rows[:SAME.start].all() and on_rows[SAME.stop:].all()
+        g_on, g_off = forced["rm_grad"]
+        assert torch.equal(g_on[on.credited], g_off[off.advantages != 0])
+
+
+@pytest.mark.slow
+def test_identical_responses_whose_rewards_still_differ_get_their_gradient_afterwards(cache, tmp_path, forced):
+    forced["split_same"] = True  # the group of identical responses is scored unequally: A != 0
+    _same_update(cache, tmp_path, "credit=datc")
+    on, off = forced["rewarded"]
+    assert on.credited[SAME].all() and int((on.advantages == 0).sum()) == ZERO_ADV - 4
+    on_rows, repaired, off_rows = forced["grad_rows"]
+    assert not on_rows[SAME].any() and repaired.shape == (4,) and off_rows.all()  # a second call for those 4 rows
+    g_on, g_off = forced["rm_grad"]
+    assert g_on[SAME].any() and torch.equal(g_on[on.credited], g_off[on.credited])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["delta", "entropy_top", "datc_shuffled"])
+def test_schemes_that_are_not_row_separable_are_computed_in_full(cache, tmp_path, forced, name):
+    assert not CREDIT_SCHEMES.get(name).row_separable
+    m_on, _ = _same_update(cache, tmp_path, f"credit={name}")
+    on, _ = forced["rewarded"]
+    assert m_on["credit/skipped_frac"] == 0.0 and on.credited.all() and (on.advantages == 0).sum() == ZERO_ADV
+    assert all(rows.all() for rows in forced["grad_rows"])
+
+
+@pytest.mark.slow
+def test_skipped_fraction_is_the_fraction_of_zero_advantages(cache, tmp_path, forced):
+    m, _ = _step(cache, tmp_path, True, "credit=datc")
+    (rw,) = forced["rewarded"]
+    assert m["credit/skipped_frac"] == float((rw.advantages == 0).float().mean()) == ZERO_ADV / B
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", [("credit=datc",), ("credit=datc", "trainer.epochs=2"), ("credit=gcpo",)],
+                         ids=lambda o: "-".join(x.split("=")[1] for x in o))
+def test_a_batch_without_any_advantage_skips_everything(cache, tmp_path, monkeypatch, overrides):
+    real = trainer_mod.score
+    monkeypatch.setattr(trainer_mod, "score", lambda *a, **k: dataclasses.replace(out := real(*a, **k),
+                                                                                   scores=torch.full_like(out.scores, 0.3)))
+    calls = []
+    real_credit = trainer_mod.compute_credit
+    monkeypatch.setattr(trainer_mod, "compute_credit", lambda *a: calls.append(1) or real_credit(*a))
+    m_on, m_off = _same_update(cache, tmp_path, *overrides)
+    assert len(calls) == 1  # the skip-off step's only: the skip-on step computed no credit at all
+    assert m_on["credit/skipped_frac"] == 1.0 and m_on["reward/advantage_abs"] == 0.0
+    assert math.isnan(m_on["credit/weight_std"]) and m_on["credit/fallback_frac"] == 0.0  # no response whose credit matters
+    assert math.isfinite(m_on["loss/total"]) and math.isfinite(m_on["rollout/entropy"])
+
+
+def test_the_reward_model_differentiates_only_the_rows_asked_for(tok, reward_model):
+    g = torch.Generator().manual_seed(0)
+    prefix = torch.randint(5, 40, (6, 3), generator=g)
+    resp = torch.randint(5, 40, (6, 5), generator=g)
+    rmask = torch.arange(5)[None, :] < torch.tensor([5, 3, 4, 1, 5, 2])[:, None]
+    inputs = build_rm_inputs(prefix, torch.ones_like(prefix, dtype=torch.bool), resp, rmask, tok.pad_token_id)
+    full = score(reward_model, inputs, rmask, with_grad=True, batch_size=4)
+    rows = torch.tensor([True, False, True, True, False, False])
+    part = score(reward_model, inputs, rmask, with_grad=True, batch_size=4, grad_rows=rows)
+    torch.testing.assert_close(part.scores, full.scores, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(part.grad[rows], full.grad[rows], rtol=1e-6, atol=1e-7)
+    assert not part.grad[~rows].any()
+    none = score(reward_model, inputs, rmask, with_grad=True, batch_size=4, grad_rows=torch.zeros(6, dtype=torch.bool))
+    assert none.grad.shape == full.grad.shape and not none.grad.any()
+
+
+def test_credit_diagnostics_ignore_responses_without_advantage():
+    w = torch.tensor([[2.0, 0.0, 1.0], [1.0, 1.0, 1.0], [5.0, 0.0, 0.0]])
+    scores = torch.tensor([[3.0, 1.0, 2.0], [0.0, 0.0, 0.0], [9.0, 9.0, 9.0]])
+    out = CreditOutput(w, scores, torch.tensor([False, True, False]), "per_response")
+    mask = torch.ones(3, 3, dtype=torch.bool)
+    with_zero = credit_metrics(out, torch.tensor([1.0, 0.0, 0.0]), mask, None)
+    alone = credit_metrics(dataclasses.replace(out, weights=w[:1], scores=scores[:1], fallback=out.fallback[:1]),
+                           torch.tensor([1.0]), mask[:1], None)
+    assert with_zero == alone and with_zero["credit/weight_max"] == 2.0 and with_zero["credit/score_p50"] == 2.0
+    none = credit_metrics(out, torch.zeros(3), mask, None)
+    assert none.keys() == alone.keys() and math.isnan(none["credit/weight_mean"]) and none["credit/fallback_frac"] == 0.0
+
+
+def test_row_separable_schemes_are_the_verified_ones():
+    separable = {n for n in CREDIT_SCHEMES.names() if CREDIT_SCHEMES.get(n).row_separable}
+    assert separable == {"grpo", "datc", "datc_identity", "datc_magnitude", "datc_unsigned", "rm_saliency",
+                         "prob_reweight", "gcpo"}
+    assert all(CREDIT_SCHEMES.get(n).row_local for n in separable)
+    assert not credit_scheme("mine")(lambda batch, params: batch.response_mask.float()).row_separable  # conservative
+
+
+def test_the_option_is_a_validated_bool_that_names_no_other_run():
+    from hydra import compose, initialize_config_dir
+
+    from datc.paths import CONFIG_DIR
+
+    assert validate(cfg_for("c", "r")).trainer.skip_zero_advantage is True
+    with pytest.raises(ConfigError, match="skip_zero_advantage"):
+        validate(cfg_for("c", "r", "trainer.skip_zero_advantage=maybe"))
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        names = {compose(config_name="train", overrides=[f"trainer.skip_zero_advantage={v}"]).run_name
+                 for v in ("true", "false")}
+    assert len(names) == 1  # how the step runs, not what it computes: a run resumes across it
