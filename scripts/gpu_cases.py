@@ -27,18 +27,6 @@ for _k, _v in {"PYTORCH_NVML_BASED_CUDA_CHECK": "1", "HF_HUB_OFFLINE": "1", "HF_
 
 FAMILIES = {"qwen3": ("qwen3_ultrafeedback", "chatml"), "llama32": ("llama32_ultrafeedback", "llama3")}
 
-# Chat formats of the two families (ChatML as in Qwen3, Llama 3's header format), over a
-# word-level vocabulary: (template, special tokens, eos = end of turn, pad).
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-LLAMA3 = ("<|begin_of_text|>{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
-          "{{ m['content'] }}<|eot_id|>{% endfor %}"
-          "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
-FORMATS = {
-    "chatml": (CHATML, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>", "<|endoftext|>"),
-    "llama3": (LLAMA3, ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-                        "<|finetune_right_pad_id|>"], "<|eot_id|>", "<|finetune_right_pad_id|>"),
-}
 
 
 # =============================================================================================
@@ -63,7 +51,10 @@ def chat_tokenizer(fmt: str, vocab_size: int, out: Path):
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    template, specials, eos, pad = FORMATS[fmt]
+    from datc.chat_formats import FORMATS  # the chat formats the tests use too
+
+    f = FORMATS[fmt]
+    template, specials, eos, pad = f.template, (f.pad, *f.specials), f.eos, f.pad
     vocab = {t: i for i, t in enumerate([*specials, "<unk>", "user", "assistant", "system"])}
     while len(vocab) < vocab_size:
         vocab[f"w{len(vocab)}"] = len(vocab)

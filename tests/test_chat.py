@@ -24,6 +24,7 @@ from datc.chat import (
     splice_rm_inputs,
     template_parts,
 )
+from datc.chat_formats import FORMATS
 from datc.config import ConfigError, validate
 from datc.models import build_causal_lm, build_reward_model
 from datc.tokenizer import build_testbed_tokenizer, load_tokenizer
@@ -31,21 +32,10 @@ from datc.train import CONFIG_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Two chat formats of the kind the presets' checkpoints use (ChatML as in Qwen3, the header
-# format of Llama 3), written for the testbed's word-level vocabulary.
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-LLAMA3 = ("<|begin_of_text|>{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
-          "{{ m['content'] }}<|eot_id|>{% endfor %}"
-          "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
-FORMATS = {
-    "chatml": (CHATML, ["<|im_start|>", "<|im_end|>"], "<|im_end|>"),
-    "llama3": (LLAMA3, ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"], "<|eot_id|>"),
-}
 
 
 def chat_tokenizer(tmp_path, fmt: str):
-    template, specials, eos = FORMATS[fmt]
+    template, specials, eos = FORMATS[fmt].template, list(FORMATS[fmt].specials), FORMATS[fmt].eos
     tok = load_tokenizer(build_testbed_tokenizer(tmp_path / f"base-{fmt}"))
     tok.add_special_tokens({"additional_special_tokens": specials})
     tok.add_tokens(["user", "assistant", "system"])
