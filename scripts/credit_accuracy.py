@@ -3,8 +3,9 @@ results/credit_accuracy/<data>-<policy>.{json,md} (or to ``--out``).
 
 Rollouts come from the warm-started policy (early training, where credit matters most), or
 from a checkpoint; every scheme scores the *same* batches. Reported per scheme: credit accuracy
-(mean per-response Spearman between ``sign(A)·s`` and the gold per-token contribution) and the
-mean weight of tokens whose gold contribution agrees with the advantage's sign
+(mean per-response Spearman between ``sign(A)·s`` and the gold per-token contribution, with a
+95% t-interval over responses, and its paired difference to ``datc``'s on the same responses) and
+the mean weight of tokens whose gold contribution agrees with the advantage's sign
 (``sign(A)·c > 0``: the tokens that earned the response its advantage), is zero, or disagrees.
 
     python scripts/credit_accuracy.py [--batches 8] [--out results/credit_accuracy]
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     schemes = [n for n in a.schemes.split(",") if n]
     torch.set_num_threads(1)
     from datc.credit.analysis import credit_inputs, scheme_outputs, session_for
-    from datc.credit.diagnostics import credit_accuracy
+    from datc.credit.diagnostics import credit_accuracy_rows
     from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
 
     quiet_libraries()
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("credit accuracy needs a testbed task (data.task): it compares the "
                          "schemes' scores with the task's gold contributions")
     c, t = s.c, s.c.trainer
-    acc: dict[str, list[float]] = {n: [] for n in schemes}
+    acc: dict[str, list[torch.Tensor]] = {n: [] for n in schemes}  # per response, NaN where undefined
     wsum = {n: {"agree": 0.0, "neutral": 0.0, "disagree": 0.0} for n in schemes}
     count = {"agree": 0, "neutral": 0, "disagree": 0}
     for b in range(a.batches):
@@ -66,9 +67,10 @@ def main(argv: list[str] | None = None) -> None:
             count[k] += int(g.sum())
         for name, out in scheme_outputs(inputs, schemes).items():
             judged = out.scores if out.scores is not None else out.weights
-            acc[name].append(credit_accuracy(judged * torch.sign(adv)[:, None], contrib, mask))
+            acc[name].append(credit_accuracy_rows(judged * torch.sign(adv)[:, None], contrib, mask))
             for k, g in groups.items():
                 wsum[name][k] += float(out.weights[g].sum())
+    rows = {n: torch.cat(v) for n, v in acc.items()}
     result = {
         "command": "python scripts/credit_accuracy.py " + " ".join(args),
         "setting": f"{c.data.name}-{c.policy.name}", "batches": a.batches,
@@ -76,7 +78,9 @@ def main(argv: list[str] | None = None) -> None:
         "rm_within_group_corr": (s.assets.rm_report or {}).get("heldout_within_group_corr"),
         "tokens": count,
         "schemes": {
-            n: {"credit_accuracy": _mean(acc[n]),
+            n: {"credit_accuracy": _mean(rows[n]), "interval95": _interval(rows[n]),
+                "responses": int((~rows[n].isnan()).sum()),
+                "minus_datc": (_interval(rows[n] - rows["datc"], centre=True) if "datc" in rows and n != "datc" else None),
                 "mean_weight": {k: (wsum[n][k] / count[k] if count[k] else None) for k in count}}
             for n in schemes
         },
@@ -85,19 +89,36 @@ def main(argv: list[str] | None = None) -> None:
     lines = [f"# Credit accuracy on {result['setting']} (warm-started policy, {a.batches} batches "
              f"of {t.batch_size})", "",
              f"Command: `{result['command']}`. Tokens by `sign(A)·gold contribution`: {count}.", "",
-             "| scheme | credit accuracy | mean w, agree | mean w, neutral | mean w, disagree |",
-             "|---|---|---|---|---|"]
+             "Credit accuracy: mean over responses (where defined) ± half its 95% t-interval; "
+             "minus datc: the paired difference on the responses where both are defined.", "",
+             "| scheme | credit accuracy | minus datc | mean w, agree | mean w, neutral | mean w, disagree |",
+             "|---|---|---|---|---|---|"]
     for n, r in result["schemes"].items():
         w = r["mean_weight"]
-        lines.append(f"| {n} | {_fmt(r['credit_accuracy'])} | {_fmt(w['agree'])} | "
+        lines.append(f"| {n} | {_pm(r['credit_accuracy'], r['interval95'])} | {_pm(*(r['minus_datc'] or (None, None)))} | "
+                     f"{_fmt(w['agree'])} | "
                      f"{_fmt(w['neutral'])} | {_fmt(w['disagree'])} |")
     atomic_write_text(a.out / f"{result['setting']}.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
-def _mean(xs: list[float]) -> float | None:
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    return sum(xs) / len(xs) if xs else None
+def _mean(x: torch.Tensor) -> float | None:
+    x = x[~x.isnan()]
+    return float(x.mean()) if len(x) else None
+
+
+def _interval(x: torch.Tensor, centre: bool = False):
+    """Half the width of the 95% t-interval of the mean of ``x``'s defined entries (None below 2);
+    with ``centre``, (mean, half width)."""
+    from scipy.stats import t as student_t
+
+    x = x[~x.isnan()]
+    half = float(student_t.ppf(0.975, len(x) - 1) * x.std() / math.sqrt(len(x))) if len(x) >= 2 else None
+    return (_mean(x), half) if centre else half
+
+
+def _pm(mean: float | None, half: float | None) -> str:
+    return "n/a" if mean is None else _fmt(mean) if half is None else f"{mean:.3f} ± {half:.3f}"
 
 
 def _fmt(x: float | None) -> str:

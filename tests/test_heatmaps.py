@@ -156,4 +156,7 @@ def test_credit_accuracy_script_runs_on_the_shared_helpers(cache_dir, tmp_path):
     assert sorted(result["schemes"]) == sorted(credit_accuracy.SCHEMES)
     assert result["batches"] == 1 and sum(result["tokens"].values()) > 0
     md = (tmp_path / "keywords-tiny_gpt2.md").read_text()
-    assert "| scheme | credit accuracy | mean w, agree | mean w, neutral | mean w, disagree |" in md
+    assert "| scheme | credit accuracy | minus datc | mean w, agree | mean w, neutral | mean w, disagree |" in md
+    ident = result["schemes"]["datc_identity"]  # an interval over responses, a paired difference to datc
+    assert ident["responses"] >= 2 and ident["interval95"] > 0 and len(ident["minus_datc"]) == 2
+    assert result["schemes"]["datc"]["minus_datc"] is None

@@ -24,7 +24,16 @@ def credit_accuracy(signed_scores: Tensor, gold_contrib: Tensor, mask: Tensor) -
     """Mean over responses of the Spearman correlation between ``sign(A)·s`` and each token's
     gold contribution, over the response's valid tokens. Responses where either is constant
     (e.g. a zero advantage, or no token that matters) are skipped; NaN if none is left, which
-    is the case for constant weights such as GRPO's: its accuracy is undefined, not zero.
+    is the case for constant weights such as GRPO's: its accuracy is undefined, not zero."""
+    r = credit_accuracy_rows(signed_scores, gold_contrib, mask)
+    ok = ~r.isnan()
+    return float(r[ok].mean()) if ok.any() else math.nan
+
+
+def credit_accuracy_rows(signed_scores: Tensor, gold_contrib: Tensor, mask: Tensor) -> Tensor:
+    """Per response (float64, shape ``(B,)``): the Spearman correlation between ``sign(A)·s``
+    and the gold contributions over its valid tokens; NaN where it is undefined (fewer than 2
+    tokens, a constant row, a non-finite score).
 
     Vectorized over responses: Pearson correlation of average ranks, which is exactly
     ``scipy.stats.spearmanr`` (tested against it)."""
@@ -41,10 +50,8 @@ def credit_accuracy(signed_scores: Tensor, gold_contrib: Tensor, mask: Tensor) -
     dg = torch.where(mk, rg - mean_g[:, None], torch.zeros_like(rg))
     cov, vs, vg = (ds * dg).sum(-1), (ds * ds).sum(-1), (dg * dg).sum(-1)
     ok = finite & (n >= 2) & (vs > 0) & (vg > 0)  # a constant row has zero rank variance
-    if not ok.any():
-        return math.nan
-    r = cov[ok] / (vs[ok] * vg[ok]).sqrt()
-    return float(r.mean())
+    r = cov / (vs * vg).sqrt().clamp(min=torch.finfo(torch.float64).tiny)
+    return torch.where(ok, r.double(), torch.full_like(r.double(), math.nan))
 
 
 WEIGHT_KEYS = ("weight_mean", "weight_std", "weight_min", "weight_max", "frac_above_1", "ess")

@@ -3,7 +3,7 @@ import math
 import torch
 
 from datc.credit.base import CreditOutput
-from datc.credit.diagnostics import credit_accuracy, credit_metrics
+from datc.credit.diagnostics import credit_accuracy, credit_accuracy_rows, credit_metrics
 
 
 def test_credit_accuracy_hand_values():
@@ -59,3 +59,6 @@ def test_credit_accuracy_equals_scipy_spearman_with_ties_masks_and_constant_rows
         want.append(spearmanr(a, b).statistic)
     got = credit_accuracy(s, gold, mask)
     assert math.isclose(got, float(np.mean(want)), rel_tol=1e-12, abs_tol=1e-12)
+    rows = credit_accuracy_rows(s, gold, mask)  # the same, response by response, NaN where skipped
+    assert rows.shape == (B,) and rows[:3].isnan().all()
+    assert np.allclose(rows[~rows.isnan()].numpy(), want, rtol=1e-12, atol=1e-12)
