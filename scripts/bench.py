@@ -5,12 +5,15 @@ Same work on both sides: the testbed's tiny policy (warm-started) and its frozen
 the same prompts, group size, response budget, sampling (temperature, top-p, no top-k),
 AdamW settings and schedule, clip range, KL coefficient (``beta``, so both run the reference
 model) and loss aggregation (``token-mean`` = TRL ``loss_type="dapo"``), one optimizer step per
-rollout batch (on-policy: neither recomputes old log-probs), plain PyTorch on the CPU.
+rollout batch (on-policy: neither recomputes old log-probs) in micro-batches of
+``trainer.micro_batch_size`` (TRL ``per_device_train_batch_size``, the rest accumulated: TRL
+``gradient_accumulation_steps`` = ``steps_per_generation``), plain PyTorch on the CPU. Prompts
+reach TRL as this project renders them: as conversations where the policy has a chat template.
 
 1. Same loss: one rollout batch from the shared warm policy goes through both trainers' own
-   code (TRL's padding, reference pass, reward call, advantages and ``compute_loss``; this
-   project's ``train_step``); the loss, the gradient norm, the rewards and the advantages must
-   agree within ``--tol`` or the run stops.
+   code (TRL's prompt rendering, padding, reference pass, reward call, advantages and
+   ``compute_loss`` per micro-batch; this project's ``train_step``); the loss, the gradient norm,
+   the rewards, the advantages and the prompt ids must agree (within ``--tol``) or the run stops.
 2. Throughput: TRL, ``credit=grpo`` and ``credit=datc`` in blocks of ``--steps`` measured steps
    (after ``--warmup``), each block from the warm policy, the order rotated over ``--repeats``
    so that noise falls on all of them alike. Samples/s, response tokens/s, step time and its
@@ -29,6 +32,7 @@ import argparse
 import contextlib
 import copy
 import cProfile
+import dataclasses
 import datetime
 import functools
 import io
@@ -136,10 +140,15 @@ def perturb_(model, scale: float, seed: int) -> None:
 # ---- this project's side ----------------------------------------------------------------------
 
 
-def datc_session(overrides: list[str]):
+def datc_session(overrides: list[str], max_new_tokens: int | None = None):
+    """This project's session; ``max_new_tokens`` (not None) replaces the response budget after
+    the build, so the cache (keyed by the configured budget) is not prepared again."""
     from datc.credit.analysis import session_for
 
-    return session_for(overrides)
+    s = session_for(overrides)
+    if max_new_tokens is not None:
+        s.c.trainer.max_new_tokens = max_new_tokens
+    return s
 
 
 @contextlib.contextmanager
@@ -162,12 +171,10 @@ def run_datc_block(overrides: list[str], steps: int, warmup: int, seed: int, max
                    force_length: bool = False) -> list[dict[str, float]]:
     from datc.trainer import train_step
 
-    s = datc_session(overrides)
-    if max_new_tokens is not None:  # a longer budget without re-preparing the cache (keyed by it)
-        s.c.trainer.max_new_tokens = max_new_tokens
+    s = datc_session(overrides, max_new_tokens)  # another budget without re-preparing the cache (keyed by it)
     torch.manual_seed(seed)
     rows = []
-    with forced_length(max_new_tokens if force_length else None):
+    with forced_length(s.c.trainer.max_new_tokens if force_length else None):
         for it in range(warmup + steps):
             t0 = time.perf_counter()
             m = train_step(s, it)
@@ -183,28 +190,55 @@ def run_datc_block(overrides: list[str], steps: int, warmup: int, seed: int, max
 
 
 class RMReward:
-    """TRL reward function around the frozen testbed reward model. It scores the sampled token
-    ids as they are (prompt ids with BOS, completion ids up to and including EOS), through this
-    project's ``build_rm_inputs`` and ``score``, so both trainers get the same rewards.
+    """TRL reward function around the frozen reward model. It scores the sampled token ids as
+    they are: the prompt rendered as this project renders it (``encoder``, a
+    :class:`datc.chat.PromptEncoder`: the text with BOS on the testbed, the chat template on a
+    real model; default: the text as it is) followed by the completion ids up to and including
+    EOS, through this project's reward-model inputs (``datc.chat.RewardInputs``) and ``score``,
+    so both trainers get the same rewards.
 
     TRL's built-in path for a model object would decode the completions, concatenate prompt and
-    completion text and re-tokenize without special tokens: with the word-level testbed
-    tokenizer that drops BOS and EOS and glues the prompt's last word to the completion's first,
-    so the reward model would see other inputs than the ones it was trained on."""
+    completion text (or render prompt and completion messages with the chat template) and
+    re-tokenize without special tokens: with the word-level testbed tokenizer that drops BOS and
+    EOS and glues the prompt's last word to the completion's first, so the reward model would see
+    other inputs than the ones it was trained on; with a BPE tokenizer, re-tokenized text need not
+    give back the sampled ids."""
 
-    __name__ = "testbed_rm"
+    __name__ = "rm_score"
 
-    def __init__(self, rm, tok, micro_batch_size: int) -> None:
-        self.rm, self.tok, self.micro = rm, tok, micro_batch_size
+    def __init__(self, rm, tok, micro_batch_size: int, encoder=None, rm_tok=None, rm_chat_template: bool = False) -> None:
+        from datc.chat import PromptEncoder, RewardInputs
+
+        # TRL hands over the prompt column as it is: a text, or (conversational) a list of messages
+        enc = PromptEncoder(tok) if encoder is None else dataclasses.replace(encoder, field="prompt", prompt_format="text")
+        self.rm, self.tok, self.micro, self.encoder = rm, tok, micro_batch_size, enc
+        self.inputs = RewardInputs(rm_tok if rm_tok is not None else tok, enc, rm_chat_template)
 
     def __call__(self, prompts, completions, completion_ids, **kwargs) -> list[float]:
-        from datc.rewards.model import build_rm_inputs, score
-        from datc.rollout import encode_prompts
+        from datc.rewards.model import score
 
-        p_ids, p_mask = encode_prompts(self.tok, [{"prompt": p} for p in prompts], "prompt", torch.device("cpu"))
+        rows = [{"prompt": p} for p in prompts]
+        p_ids, p_mask = self.encoder.encode(rows, torch.device("cpu"))
         r_ids, r_mask = pad_completions(completion_ids, self.tok.pad_token_id)
-        inp = build_rm_inputs(p_ids, p_mask, r_ids, r_mask, self.tok.pad_token_id)
+        inp = self.inputs(p_ids, p_mask, r_ids, r_mask, rows)
         return score(self.rm, inp, r_mask, batch_size=self.micro).scores.tolist()
+
+
+def trl_prompt(encoder, example: dict[str, Any]) -> str | list[dict[str, str]]:
+    """A prompt row as TRL takes it: with a chat template, the conversation (TRL renders it with
+    the tokenizer's template, generation prompt added, as :class:`datc.chat.PromptEncoder`
+    does); otherwise the prompt text (TRL tokenizes it with the tokenizer's special tokens, as
+    this project does)."""
+    return encoder.messages(example) if encoder.chat_template else encoder.text(example)
+
+
+def trl_dataset(session):
+    """The session's training prompts as TRL's dataset (the prompt column as :func:`trl_prompt`
+    gives it; the testbed's rows as they are)."""
+    train, enc = session.assets.train, session.m.encoder
+    if not enc.chat_template and enc.prompt_format == "text" and enc.field == "prompt":
+        return train
+    return train.map(lambda ex: {"prompt": trl_prompt(enc, ex)}, keep_in_memory=True)  # no cache file per block
 
 
 def _timed_trainer_class():
@@ -266,20 +300,29 @@ def _timed_trainer_class():
 
 def build_trl(session, steps: int, seed: int, max_new_tokens: int | None = None, force_length: bool = False,
               out_dir: str | None = None):
-    """A TRL ``GRPOTrainer`` configured like ``session``'s trainer, on the same assets."""
+    """A TRL ``GRPOTrainer`` configured like ``session``'s trainer, on the same assets: the same
+    policy checkpoint loaded the same way, the same reward model, the prompts as
+    :func:`trl_dataset` gives them; ``trainer.micro_batch_size`` is TRL's
+    ``per_device_train_batch_size``, accumulated over ``batch_size / micro_batch_size`` micro-batches
+    (``gradient_accumulation_steps`` = ``steps_per_generation``: one generation of the whole batch
+    and one optimizer step per rollout, as here)."""
     from trl import GRPOConfig
 
+    from datc.chat import prompt_encoder
     from datc.models import freeze, load_pretrained
     from datc.tokenizer import load_tokenizer
 
-    t, a = session.c.trainer, session.assets
+    c, t, a = session.c, session.c.trainer, session.assets
     if t.loss_agg != "token-mean" or t.epochs != 1 or t.mini_batch_size != t.batch_size:
         raise SystemExit("scripts/bench.py compares the on-policy token-mean setting (TRL loss_type='dapo')")
+    if t.batch_size % t.micro_batch_size or t.generation_batch_size not in (None, t.batch_size):
+        raise SystemExit("scripts/bench.py needs micro-batches that divide the batch and one sampling call per batch")
     T = max_new_tokens or t.max_new_tokens
+    accum = t.batch_size // t.micro_batch_size
     TimedGRPOTrainer, StepClock = _timed_trainer_class()
     args = GRPOConfig(
         output_dir=out_dir or tempfile.mkdtemp(prefix="bench-trl-"),
-        per_device_train_batch_size=t.batch_size, gradient_accumulation_steps=1, steps_per_generation=1,
+        per_device_train_batch_size=t.micro_batch_size, gradient_accumulation_steps=accum, steps_per_generation=accum,
         num_generations=t.num_generations, num_iterations=1, max_completion_length=T,
         temperature=t.temperature, top_p=t.top_p, top_k=0, beta=t.beta, epsilon=t.epsilon_low,
         epsilon_high=t.epsilon_high, loss_type="dapo", scale_rewards=t.scale_rewards,
@@ -300,8 +343,10 @@ def build_trl(session, steps: int, seed: int, max_new_tokens: int | None = None,
     policy = load_pretrained("causal_lm", a.policy_path, "policy.path")
     rm = freeze(load_pretrained("reward", a.reward_path, "reward.path"))
     tok = load_tokenizer(a.tokenizer_path)
-    trainer = TimedGRPOTrainer(model=policy, reward_funcs=[RMReward(rm, tok, t.micro_batch_size)], args=args,
-                               train_dataset=a.train, processing_class=tok)
+    rm_tok = load_tokenizer(a.reward_path, "reward.path") if c.reward.path is not None else tok
+    reward = RMReward(rm, tok, t.micro_batch_size, prompt_encoder(c, tok), rm_tok, c.reward.chat_template)
+    trainer = TimedGRPOTrainer(model=policy, reward_funcs=[reward], args=args, train_dataset=trl_dataset(session),
+                               processing_class=tok)
     clock = StepClock(trainer)
     trainer.add_callback(clock)
     return trainer, clock
@@ -324,37 +369,51 @@ def run_trl_block(session, steps: int, warmup: int, seed: int, **kw) -> list[dic
 # ---- 1. the same loss on the same batch -------------------------------------------------------
 
 
-def same_loss_check(overrides: list[str], tol: float) -> dict[str, Any]:
+SAME_LOSS = ("loss", "grad_norm", "reward_mean", "advantage_abs", "kl", "tokens")  # the check's figures, in table order
+
+
+def same_loss_check(overrides: list[str], tol: float, perturb: float = 0.02, max_new_tokens: int | None = None,
+                    force_length: bool = False) -> dict[str, Any]:
     """First step, on-policy, same weights: one rollout batch sampled once from the policy
-    goes through TRL's pipeline (with generation replaced by that batch) and through this
-    project's ``train_step`` (with sampling replaced by it). Both policies get the same small
-    perturbation first, so the reference (the warm policy) differs and the KL term counts.
-    Returns both sides' figures."""
+    goes through TRL's pipeline (with generation replaced by that batch: its prompt rendering,
+    padding, reference pass, reward call and advantages, then ``compute_loss`` and the backward
+    per micro-batch as its ``training_step`` does them) and through this project's
+    ``train_step`` (with sampling replaced by it). Both policies get the same small
+    perturbation (``perturb``) first, so the reference (the warm policy) differs and the KL term
+    counts. Returns both sides' figures, and whether both rendered the prompts to the same ids."""
     import datc.trainer as tr
     from datc.rollout import sample_groups
 
-    s = datc_session(overrides + ["credit=grpo"])
+    s = datc_session([*overrides, "credit=grpo"], max_new_tokens)
     t = s.c.trainer
-    trainer, _ = build_trl(s, 1, s.c.seed)
-    perturb_(s.m.policy, 0.02, 7)
-    perturb_(trainer.model, 0.02, 7)
+    trainer, _ = build_trl(s, 1, s.c.seed, max_new_tokens, force_length)
+    perturb_(s.m.policy, perturb, 7)
+    perturb_(trainer.model, perturb, 7)
     examples = [s.assets.train[i] for i in s.sampler.indices(0)]
     torch.manual_seed(1234)
     ro = sample_groups(s.m.policy, s.m.tok, examples, t.num_generations, t.max_new_tokens, t.temperature, t.top_p,
-                       s.c.data.prompt_field)
+                       s.c.data.prompt_field, encoder=s.m.encoder, min_new_tokens=t.max_new_tokens if force_length else 0)
     lists = [ro.response_ids[i, : int(ro.response_mask[i].sum())].tolist() for i in range(len(ro.examples))]
 
-    # TRL: its own padding, reference pass, reward call, advantages and loss, on this batch.
+    # TRL: its own prompt rendering, padding, reference pass, reward call, advantages and loss, on this batch.
+    from trl.trainer.utils import split_tensor_dict
+
     trainer._generate_single_turn = lambda *a, **k: (copy.deepcopy(lists), None)
     trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1
-    inputs = trainer._generate_and_score_completions([dict(ex) for ex in ro.examples])
-    loss = trainer.compute_loss(trainer.model, inputs)
-    loss.backward()
+    accum = trainer.args.gradient_accumulation_steps
+    trainer.current_gradient_accumulation_steps = accum
+    inputs = trainer._generate_and_score_completions([{**ex, "prompt": trl_prompt(s.m.encoder, ex)} for ex in ro.examples])
+    losses, kls = [], []
+    for micro in split_tensor_dict(inputs, trainer.args.steps_per_generation):
+        loss = trainer.compute_loss(trainer.model, micro)  # TRL's dapo loss of a micro-batch, already scaled for accumulation
+        loss.backward()
+        losses.append(float(loss.detach()))
+        kls.append((trainer._metrics["train"]["kl"][-1], float(micro["completion_mask"].sum())))
     grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
-    trl = {"loss": float(loss.detach()), "grad_norm": float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))),
+    trl = {"loss": sum(losses), "grad_norm": float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))),
            "reward_mean": trainer._metrics["train"]["reward"][-1], "advantage_abs": float(inputs["advantages"].abs().mean()),
-           "kl": trainer._metrics["train"]["kl"][-1], "tokens": float(inputs["completion_mask"].sum())}
+           "kl": sum(k * n for k, n in kls) / max(sum(n for _, n in kls), 1.0), "tokens": float(inputs["completion_mask"].sum())}
+    same_prompts = unpadded(inputs["prompt_ids"], inputs["prompt_mask"]) == unpadded(ro.prompt_ids, ro.prompt_mask)
 
     # This project: train_step on the same batch (sampling replaced; the loss is read before the step).
     orig = tr.sample_groups
@@ -365,19 +424,27 @@ def same_loss_check(overrides: list[str], tol: float) -> dict[str, Any]:
         tr.sample_groups = orig
     ours = {"loss": m["loss/total"], "grad_norm": m["loss/grad_norm"], "reward_mean": m["reward/total"],
             "advantage_abs": m["reward/advantage_abs"], "kl": m["loss/kl"], "tokens": float(ro.response_mask.sum())}
-    agree = {k: close(trl[k], ours[k], tol) for k in trl}
-    return {"tolerance": tol, "trl": trl, "datc": ours, "agree": agree, "ok": all(agree.values())}
+    agree = {k: close(trl[k], ours[k], tol) for k in SAME_LOSS}
+    return {"tolerance": tol, "trl": trl, "datc": ours, "agree": agree, "same_prompt_ids": same_prompts,
+            "prompt_tokens": float(ro.prompt_mask.sum()) / len(ro.examples), "perturb": perturb,
+            "ok": all(agree.values()) and same_prompts}
+
+
+def unpadded(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+    """Each row's ids where its mask is set (padding, left or right, left out)."""
+    return [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]
 
 
 # ---- 3. peak memory, each side alone in a fresh process ---------------------------------------
 
 
-def memory_child(who: str, overrides: list[str], steps: int) -> dict[str, float]:
+def memory_child(who: str, overrides: list[str], steps: int, max_new_tokens: int | None = None,
+                 force_length: bool = False) -> dict[str, float]:
     """Run ``steps`` steps of one side; peak resident memory of the whole process (models,
     libraries and all) and its growth over the set-up (the training steps' working memory)."""
     if who == "trl":
-        s = datc_session(overrides)
-        trainer, _ = build_trl(s, steps, s.c.seed)
+        s = datc_session(overrides, max_new_tokens)
+        trainer, _ = build_trl(s, steps, s.c.seed, max_new_tokens, force_length)
         del s
         base = peak_rss_mb()
         with contextlib.redirect_stdout(io.StringIO()):
@@ -385,19 +452,21 @@ def memory_child(who: str, overrides: list[str], steps: int) -> dict[str, float]
     else:
         from datc.trainer import train_step
 
-        s = datc_session([*overrides, f"credit={who}"])
+        s = datc_session([*overrides, f"credit={who}"], max_new_tokens)
         base = peak_rss_mb()
-        for it in range(steps):
-            train_step(s, it)
+        with forced_length(s.c.trainer.max_new_tokens if force_length else None):
+            for it in range(steps):
+                train_step(s, it)
     peak = peak_rss_mb()
     return {"peak_rss_mb": peak, "setup_rss_mb": base, "step_growth_mb": peak - base}
 
 
-def peak_memory(overrides: list[str], steps: int, threads: int) -> dict[str, dict[str, float]]:
+def peak_memory(overrides: list[str], steps: int, threads: int, child_args: tuple[str, ...] = ()) -> dict[str, dict[str, float]]:
+    """Each side alone in a fresh process; ``child_args``: the scale's options (budget, lengths)."""
     out = {}
     for who in CONTESTANTS:
-        cmd = [sys.executable, str(Path(__file__)), "--memory-child", who, "--steps", str(steps),
-               "--threads", str(threads), *overrides]
+        cmd = [sys.executable, str(Path(__file__)), "--memory-child", who, "--memory-steps", str(steps),
+               "--threads", str(threads), *child_args, *overrides]
         res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         if res.returncode != 0:
             raise RuntimeError(f"memory run of {who} failed:\n{res.stderr[-3000:]}")
@@ -408,10 +477,14 @@ def peak_memory(overrides: list[str], steps: int, threads: int) -> dict[str, dic
 # ---- 4. scaling -------------------------------------------------------------------------------
 
 
-def scaling(overrides: list[str], lengths: list[int], groups: list[int], steps: int, warmup: int, seed: int) -> dict:
+def scaling(overrides: list[str], lengths: list[int], groups: list[int], steps: int, warmup: int, seed: int,
+            max_new_tokens: int | None = None, force_length: bool = False) -> dict:
     """Median step time (s) of this project (credit=grpo) and TRL, one block each per point,
-    interleaved. Lengths: responses forced to the budget. Groups: 8 prompts per step."""
+    interleaved. Lengths: responses forced to the budget. Groups: 8 prompts per step, the
+    scale's budget and lengths (micro-batches: the whole batch where the scale has no smaller
+    ones)."""
     base = datc_session(overrides)
+    t = base.c.trainer
     out: dict[str, list[dict]] = {"length": [], "group": []}
     for i, T in enumerate(lengths):
         row = {"max_new_tokens": T}
@@ -420,16 +493,18 @@ def scaling(overrides: list[str], lengths: list[int], groups: list[int], steps: 
                 rows = run_trl_block(base, steps, warmup, seed, max_new_tokens=T, force_length=True)
             else:
                 rows = run_datc_block([*overrides, "credit=grpo"], steps, warmup, seed, max_new_tokens=T, force_length=True)
-            row[who] = block_summary(rows, base.c.trainer.batch_size)
+            row[who] = block_summary(rows, t.batch_size)
         out["length"].append(row)
+    work = {"max_new_tokens": max_new_tokens, "force_length": force_length}
     for i, G in enumerate(groups):
+        micro = 8 * G if t.micro_batch_size == t.batch_size else math.gcd(t.micro_batch_size, 8 * G)
         ov = [*overrides, f"trainer.num_generations={G}", f"trainer.batch_size={8 * G}",
-              f"trainer.mini_batch_size={8 * G}", f"trainer.micro_batch_size={8 * G}"]
+              f"trainer.mini_batch_size={8 * G}", f"trainer.micro_batch_size={micro}"]
         s = datc_session(ov)
         row = {"num_generations": G, "batch_size": 8 * G}
         for who in (("grpo", "trl") if i % 2 == 0 else ("trl", "grpo")):
-            rows = (run_trl_block(s, steps, warmup, seed) if who == "trl"
-                    else run_datc_block([*ov, "credit=grpo"], steps, warmup, seed))
+            rows = (run_trl_block(s, steps, warmup, seed, **work) if who == "trl"
+                    else run_datc_block([*ov, "credit=grpo"], steps, warmup, seed, **work))
             row[who] = block_summary(rows, 8 * G)
         out["group"].append(row)
     return out
@@ -438,24 +513,26 @@ def scaling(overrides: list[str], lengths: list[int], groups: list[int], steps: 
 # ---- 5. profile of this project's step --------------------------------------------------------
 
 
-def profile_datc(overrides: list[str], steps: int, credit: str = "grpo") -> dict[str, Any]:
+def profile_datc(overrides: list[str], steps: int, credit: str = "grpo", warm: int = 2, max_new_tokens: int | None = None,
+                 force_length: bool = False) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     from datc.trainer import train_step
 
-    s = datc_session([*overrides, f"credit={credit}"])
-    for it in range(2):
-        train_step(s, it)
-    pr = cProfile.Profile()
-    pr.enable()
-    for it in range(2, 2 + steps):
-        train_step(s, it)
-    pr.disable()
-    buf = io.StringIO()
-    pstats.Stats(pr, stream=buf).sort_stats("cumulative").print_stats(30)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for it in range(2 + steps, 2 + 2 * steps):
+    s = datc_session([*overrides, f"credit={credit}"], max_new_tokens)
+    with forced_length(s.c.trainer.max_new_tokens if force_length else None):
+        for it in range(warm):
             train_step(s, it)
+        pr = cProfile.Profile()
+        pr.enable()
+        for it in range(warm, warm + steps):
+            train_step(s, it)
+        pr.disable()
+        buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats("cumulative").print_stats(30)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for it in range(warm + steps, warm + 2 * steps):
+                train_step(s, it)
     ops = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
     return {"steps": steps, "credit": credit, "cprofile_cumulative": _strip_paths(buf.getvalue()), "torch_ops": ops}
 
@@ -470,16 +547,18 @@ def _strip_paths(text: str) -> str:
 # ---- main -------------------------------------------------------------------------------------
 
 
-def measure(overrides: list[str], steps: int, warmup: int, repeats: int, seed: int) -> dict[str, Any]:
-    s = datc_session(overrides)
+def measure(overrides: list[str], steps: int, warmup: int, repeats: int, seed: int, max_new_tokens: int | None = None,
+            force_length: bool = False) -> dict[str, Any]:
+    s = datc_session(overrides, max_new_tokens)
     B = s.c.trainer.batch_size
+    work = {"max_new_tokens": max_new_tokens, "force_length": force_length}
     blocks: dict[str, list[dict]] = {k: [] for k in CONTESTANTS}
     for r in range(repeats):
         for who in rotated_order(CONTESTANTS, r):
             if who == "trl":
-                rows = run_trl_block(s, steps, warmup, seed + r)
+                rows = run_trl_block(s, steps, warmup, seed + r, **work)
             else:
-                rows = run_datc_block([*overrides, f"credit={who}"], steps, warmup, seed + r)
+                rows = run_datc_block([*overrides, f"credit={who}"], steps, warmup, seed + r, **work)
             blocks[who].append(block_summary(rows, B))
             print(f"repeat {r} {who}: {blocks[who][-1]['samples_per_s']:.1f} samples/s, "
                   f"step {blocks[who][-1]['step_s'] * 1000:.1f} ms", file=sys.stderr)
@@ -540,7 +619,7 @@ def render(res: dict[str, Any]) -> str:
         f"**credit=datc / credit=grpo step time: {sp(rc)}**", "",
         f"## Same loss on the same batch (first step, on-policy, tolerance {sl['tolerance']:g} relative)", "",
         "| quantity | TRL | datc | agree |", "|---|---|---|---|",
-        *[f"| {k} | {sl['trl'][k]:.7g} | {sl['datc'][k]:.7g} | {'yes' if sl['agree'][k] else 'NO'} |" for k in sl["trl"]],
+        *[f"| {k} | {sl['trl'][k]:.7g} | {sl['datc'][k]:.7g} | {'yes' if sl['agree'][k] else 'NO'} |" for k in SAME_LOSS],
         "",
     ]
     sc = res.get("scaling")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from datc.chat import PromptEncoder, RewardInputs
 from datc.rewards.model import build_rm_inputs, score
 from datc.rollout import encode_prompts, sample_groups
 from scripts.bench import (
@@ -16,7 +17,10 @@ from scripts.bench import (
     perturb_,
     rotated_order,
     spread,
+    trl_prompt,
+    unpadded,
 )
+from tests.test_chat import chat_tokenizer
 
 
 def test_spread_of_a_few_figures():
@@ -86,3 +90,39 @@ def test_trl_reward_function_scores_what_the_trainer_scores(tok, policy, reward_
     # the prompts are re-encoded exactly as the rollout encoded them (BOS, left padding)
     ids, _ = encode_prompts(tok, ro.examples, "prompt", torch.device("cpu"))
     assert torch.equal(ids, ro.prompt_ids)
+
+
+def test_trl_reward_function_scores_chat_prompts_as_the_trainer_does(tmp_path):
+    """With a chat template TRL hands the reward function each prompt as its messages; the
+    wrapper renders them as the rollout did and splices the sampled ids after them."""
+    from datc.models import build_causal_lm, build_reward_model
+    from tests.conftest import ARCHS
+
+    tok = chat_tokenizer(tmp_path, "chatml")
+    policy = build_causal_lm(ARCHS["llama"], tok, 0).eval()
+    rm = build_reward_model(ARCHS["llama"], tok, 1).eval()
+    enc = PromptEncoder(tok, "prompt", "text", chat_template=True)
+    torch.manual_seed(0)
+    examples = [{"prompt": "write about music"}, {"prompt": "write about the ocean and the city"}]
+    ro = sample_groups(policy, tok, examples, 2, 5, encoder=enc)
+    expected = score(rm, RewardInputs(tok, enc)(ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask,
+                                                ro.examples), ro.response_mask).scores
+    lists = [ro.response_ids[i, : int(ro.response_mask[i].sum())].tolist() for i in range(len(ro.examples))]
+    prompts = [trl_prompt(enc, ex) for ex in ro.examples]
+    assert prompts[0] == [{"role": "user", "content": "write about music"}]
+    got = RMReward(rm, tok, 3, enc)(prompts, None, lists)
+    torch.testing.assert_close(torch.tensor(got), expected, rtol=1e-5, atol=1e-6)
+    # TRL renders the conversation with the same template and generation prompt
+    trl_ids = tok.apply_chat_template(prompts, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    assert [list(x) for x in trl_ids] == unpadded(ro.prompt_ids, ro.prompt_mask)
+
+
+def test_trl_prompt_is_the_text_without_a_chat_template(tok):
+    enc = PromptEncoder(tok, "prompt", "text")
+    assert trl_prompt(enc, {"prompt": "write about music :"}) == "write about music :"
+
+
+def test_unpadded_drops_left_and_right_padding():
+    ids = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 0]])
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 0]])
+    assert unpadded(ids, mask) == [[5, 6], [7, 8, 9]]
