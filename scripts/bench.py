@@ -1,29 +1,47 @@
-"""This project's GRPO trainer against TRL's ``GRPOTrainer`` on the same work, written to
-results/bench/trl.{json,md} (``make bench``; needs the ``bench`` extra, which installs trl).
+"""This project's GRPO trainer against TRL's ``GRPOTrainer`` on the same work, at two scales:
+the testbed (``--scale testbed``, the default: results/bench/trl.{json,md}; ``make bench``) and
+a real model (``--scale real``: results/bench/trl_real.{json,md}). Needs the ``bench`` extra,
+which installs trl.
 
-Same work on both sides: the testbed's tiny policy (warm-started) and its frozen reward model,
-the same prompts, group size, response budget, sampling (temperature, top-p, no top-k),
-AdamW settings and schedule, clip range, KL coefficient (``beta``, so both run the reference
-model) and loss aggregation (``token-mean`` = TRL ``loss_type="dapo"``), one optimizer step per
-rollout batch (on-policy: neither recomputes old log-probs) in micro-batches of
-``trainer.micro_batch_size`` (TRL ``per_device_train_batch_size``, the rest accumulated: TRL
-``gradient_accumulation_steps`` = ``steps_per_generation``), plain PyTorch on the CPU. Prompts
-reach TRL as this project renders them: as conversations where the policy has a chat template.
+Same work on both sides: the same policy checkpoint (loaded by both through ``load_pretrained``)
+and frozen reward model, the same prompts after the same prompt rendering (the chat template,
+where the policy has one), group size, response budget, sampling (temperature, top-p, no
+top-k), AdamW settings and schedule, clip range, KL coefficient (``beta``, so both run the
+reference model), loss aggregation (``token-mean`` = TRL ``loss_type="dapo"``) and micro-batches
+(``trainer.micro_batch_size`` = TRL ``per_device_train_batch_size``, the rest accumulated: TRL
+``gradient_accumulation_steps`` = ``steps_per_generation``), one optimizer step per rollout
+batch (on-policy: neither recomputes old log-probs), plain PyTorch on the CPU.
 
-1. Same loss: one rollout batch from the shared warm policy goes through both trainers' own
-   code (TRL's prompt rendering, padding, reference pass, reward call, advantages and
-   ``compute_loss`` per micro-batch; this project's ``train_step``); the loss, the gradient norm,
-   the rewards, the advantages and the prompt ids must agree (within ``--tol``) or the run stops.
+Scales:
+
+- ``testbed``: the tiny GPT-2 (warm-started) and its reward model on the keywords task,
+  8 prompts x 8 responses of up to 16 tokens.
+- ``real``: the ``experiment=real_smollm2`` preset: SmolLM2-135M-Instruct with its ChatML
+  template, the reward model made from it (``reward=smollm2_rm``), the reviews task; 8 prompts
+  x 4 responses, micro-batches of 8, and responses forced to 48 tokens on both sides
+  (``min_new_tokens``; ``--natural-length`` lets them end at EOS within the 48). The budget is
+  set after the session is built, so the cached reward model (keyed by the preset's budget) is
+  reused. Fewer, shorter blocks by default (a step takes minutes on a CPU), no length or group
+  sweeps (``--scaling`` runs them).
+
+1. Same loss: one rollout batch from the shared (slightly perturbed) policy goes through both
+   trainers' own code (TRL's prompt rendering, padding, reference pass, reward call,
+   advantages and ``compute_loss`` per micro-batch; this project's ``train_step``); the loss,
+   the gradient norm, the rewards, the advantages and the prompt ids must agree (within
+   ``--tol``) or the run stops.
 2. Throughput: TRL, ``credit=grpo`` and ``credit=datc`` in blocks of ``--steps`` measured steps
    (after ``--warmup``), each block from the warm policy, the order rotated over ``--repeats``
    so that noise falls on all of them alike. Samples/s, response tokens/s, step time and its
    breakdown (rollout / reward / reference + advantages + credit / update).
 3. Peak memory: each side alone in a fresh process (peak resident set, VmHWM).
 4. Scaling: step time against the response length (responses forced to the full budget on both
-   sides with ``min_new_tokens``) and against the group size (8 prompts per step).
+   sides with ``min_new_tokens``) and against the group size (8 prompts per step); and, once
+   both scales have results, the ratios of the testbed next to the real model's (a section of
+   both markdown files; ``--combine`` re-renders them from the JSON files alone).
 5. Profile: where this project's step spends its time (cProfile, torch ops).
 
-    python scripts/bench.py [--steps 10] [--warmup 2] [--repeats 5] [--threads 1] [hydra overrides ...]
+    python scripts/bench.py [--scale testbed|real] [--steps N] [--warmup N] [--repeats N] [--threads 1] [hydra overrides ...]
+    python scripts/bench.py --combine   # re-render trl.md and trl_real.md from their JSON files
 """
 
 from __future__ import annotations
@@ -48,6 +66,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +96,64 @@ NOTES = [
     "- Peak RSS: each trainer alone in a fresh process, `--memory-steps` steps; growth = peak minus "
     "the resident set after loading models and building the trainer.",
 ]
+
+
+NOTES_REAL = [
+    "- Same passes on both sides, per step: one sampling run with the KV cache over the whole batch, one "
+    "reference-model forward (beta > 0) and one reward-model forward in chunks of `trainer.micro_batch_size`, "
+    "the policy's forward and backward in micro-batches of that size accumulated into one AdamW step (TRL: "
+    "`per_device_train_batch_size` = the micro-batch, `gradient_accumulation_steps` = `steps_per_generation` = "
+    "batch / micro-batch, so one generation and one optimizer step per rollout); on-policy, neither recomputes "
+    "old log-probs.",
+    "- Prompts: TRL gets each prompt as one user message (a conversational dataset) and renders it with the "
+    "tokenizer's chat template (`apply_chat_template(add_generation_prompt=True)`), as this project's "
+    "`PromptEncoder` does; the same-loss check compares the prompt ids of both sides.",
+    "- Response length: with `min_new_tokens` equal to the budget on both sides (EOS banned before it), every "
+    "response has exactly the budget's tokens, so both sides sample, score and train on the same number of "
+    "tokens whatever their random draws (`--natural-length`: responses end at their EOS).",
+    "- Set on TRL to match this project: `gradient_checkpointing=False` (TRL's GRPOConfig default is "
+    "True: a second forward in the backward) and `use_bias_correction_kl=False` (TRL 1.16's default "
+    "multiplies the k3 KL by the ratio: the same value on-policy, another gradient). The same-loss "
+    "check compares gradient norms, so it would catch either.",
+    "- TRL's reward function is a callable around the same reward model that scores the sampled ids after the "
+    "rendered prompt ids (`RMReward` in scripts/bench.py), as this project's reward phase does: TRL's built-in "
+    "path for a model object decodes the completions and re-tokenizes text, which need not give back the "
+    "sampled ids.",
+    "- Work this project does that TRL does not: the reviews task's gold (the AFINN lexicon over the sampled "
+    "tokens) and, for credit=datc, the credit diagnostics, every step. Work TRL does that this project does "
+    "not: decoding completions to text for the reward functions and its logs, and the Trainer's per-step "
+    "bookkeeping.",
+    "- Peak RSS: each trainer alone in a fresh process, `--memory-steps` steps; growth = peak minus "
+    "the resident set after loading models and building the trainer.",
+]
+
+
+@dataclass(frozen=True)
+class Scale:
+    """One scale of the benchmark: its Hydra overrides, output files, work and targets."""
+
+    name: str
+    title: str  # for the side-by-side table
+    overrides: tuple[str, ...]  # before the command line's
+    stem: str  # results/bench/<stem>.json, <stem>.md, <stem>_profile.txt
+    max_new_tokens: int | None  # set on both sides after the session is built (None: the config's)
+    force_length: bool  # responses forced to the budget with min_new_tokens on both sides
+    perturb: float  # noise scale of the same-loss check's perturbation (moves the policy off its reference)
+    datc_target: float  # the issue's target for credit=datc / credit=grpo step time
+    defaults: dict[str, Any]  # command-line defaults
+    notes: tuple[str, ...]  # the markdown's notes
+
+
+GRPO_TARGET = 1.5  # the issue's target for credit=grpo / TRL samples per second, at both scales
+SCALES = {
+    "testbed": Scale("testbed", "testbed (tiny GPT-2, keywords)", (), "trl", None, False, 0.02, 1.10,
+                     {"steps": 10, "warmup": 2, "repeats": 5, "memory_steps": 4, "profile_steps": 5, "scaling": True,
+                      "lengths": [8, 16, 32], "groups": [4, 8, 16]}, tuple(NOTES)),
+    "real": Scale("real", "real model (SmolLM2-135M-Instruct, reviews)", ("experiment=real_smollm2",), "trl_real", 48,
+                  True, 0.002, 1.05,
+                  {"steps": 2, "warmup": 1, "repeats": 3, "memory_steps": 1, "profile_steps": 1, "scaling": False,
+                   "lengths": [32, 48, 64], "groups": [4, 8]}, tuple(NOTES_REAL)),
+}
 
 
 # ---- small pure helpers (tested in tests/test_bench.py) ----------------------------------------
@@ -579,19 +656,27 @@ def _git(*args: str) -> str:
         return ""
 
 
-def render(res: dict[str, Any]) -> str:
+TESTBED_TARGETS = {"grpo_over_trl_samples_per_s": GRPO_TARGET, "datc_over_grpo_step_s": SCALES["testbed"].datc_target}
+
+
+def render(res: dict[str, Any], other: dict[str, Any] | None = None) -> str:
+    """One scale's results as markdown; with ``other`` (the other scale's results) a section puts
+    both scales' ratios side by side."""
     th = res["throughput"]
     med = th["median_over_repeats"]
     r, rc, rd = th["grpo_over_trl_samples_per_s"], th["datc_over_grpo_step_s"], th["datc_over_trl_samples_per_s"]
     mem = res.get("memory", {})
     sl = res["same_loss"]
+    real = res.get("scale", "testbed") != "testbed"
+    targets = res.get("targets", TESTBED_TARGETS)
+    gt, dt = targets["grpo_over_trl_samples_per_s"], targets["datc_over_grpo_step_s"]
     names = {"trl": f"TRL GRPOTrainer {res['machine']['trl']}", "grpo": "datc credit=grpo", "datc": "datc credit=datc"}
 
     def sp(x):
         return f"{x['median']:.2f} (min {x['min']:.2f}, max {x['max']:.2f}; quartiles {x['q1']:.2f} to {x['q3']:.2f})"
 
     lines = [
-        "# This project's GRPO against TRL's GRPOTrainer", "",
+        "# This project's GRPO against TRL's GRPOTrainer" + (f": {SCALES[res['scale']].title}" if real else ""), "",
         f"Command: `{res['command']}`  ",
         f"Commit {res['commit']}, {res['date']}; torch {res['machine']['torch']}, transformers "
         f"{res['machine']['transformers']}, trl {res['machine']['trl']}; {res['threads']} torch thread(s), "
@@ -622,28 +707,40 @@ def render(res: dict[str, Any]) -> str:
         *[f"| {k} | {sl['trl'][k]:.7g} | {sl['datc'][k]:.7g} | {'yes' if sl['agree'][k] else 'NO'} |" for k in SAME_LOSS],
         "",
     ]
+    if real:
+        lines += [f"Prompt ids after the chat template: {'the same' if sl['same_prompt_ids'] else 'NOT the same'} on both "
+                  f"sides ({sl['prompt_tokens']:.1f} tokens per prompt). Both policies were moved off their reference by "
+                  f"the same Gaussian noise (scale {sl['perturb']:g}) so that the KL term and its gradient count.", ""]
     sc = res.get("scaling")
     if sc:
+        lengths = ("responses forced to the budget with `min_new_tokens` on both sides" if res.get("force_length")
+                   else "natural lengths")
         lines += ["## Scaling: median step time (ms)", "",
                   "Response length (responses forced to the budget with `min_new_tokens` on both sides; "
                   f"{res['work_batch']} responses per step):", "",
                   "| max_new_tokens | datc credit=grpo | TRL | TRL / datc |", "|---|---|---|---|",
                   *[f"| {x['max_new_tokens']} | {x['grpo']['step_s'] * 1000:.1f} | {x['trl']['step_s'] * 1000:.1f} | "
                     f"{x['trl']['step_s'] / x['grpo']['step_s']:.2f} |" for x in sc["length"]],
-                  "", "Group size (8 prompts per step, natural lengths):", "",
+                  "", f"Group size (8 prompts per step, {lengths}):", "",
                   "| num_generations | responses | datc credit=grpo | TRL | TRL / datc |", "|---|---|---|---|---|",
                   *[f"| {x['num_generations']} | {x['batch_size']} | {x['grpo']['step_s'] * 1000:.1f} | "
                     f"{x['trl']['step_s'] * 1000:.1f} | {x['trl']['step_s'] / x['grpo']['step_s']:.2f} |" for x in sc["group"]],
                   ""]
+    if other is not None:
+        tb, rl = (other, res) if real else (res, other)
+        lines += side_by_side(tb, rl)
     g, d, t = med["grpo"], med["datc"], med["trl"]
     extra = {p: (d[f"{p}_s"] - g[f"{p}_s"]) * 1000 for p in (*PHASES, "other")}
+    # by how much a target is missed (the testbed's lines as they were: the figure alone)
+    short = f"; {gt - r['median']:.2f} short" if real and r["median"] < gt else ""
+    over = f"; {rc['median'] - dt:.2f} over" if real and rc["median"] > dt else ""
     lines += [
         "## Targets", "",
-        f"- credit=grpo at least 1.5x TRL's samples/s: **{'met' if r['median'] >= 1.5 else 'not met'}** "
-        f"({r['median']:.2f}x). Per phase, TRL minus datc (ms): "
+        f"- credit=grpo at least {gt:g}x TRL's samples/s: **{'met' if r['median'] >= gt else 'not met'}** "
+        f"({r['median']:.2f}x{short}). Per phase, TRL minus datc (ms): "
         + ", ".join(f"{p} {(t[f'{p}_s'] - g[f'{p}_s']) * 1000:+.1f}" for p in (*PHASES, "other")) + ".",
-        f"- credit=datc at most 1.10x the step time of credit=grpo: **{'met' if rc['median'] <= 1.10 else 'not met'}** "
-        f"({rc['median']:.2f}x). What credit=datc adds (ms): reward {extra['reward']:+.1f} (the reward model's backward "
+        f"- credit=datc at most {dt:.2f}x the step time of credit=grpo: **{'met' if rc['median'] <= dt else 'not met'}** "
+        f"({rc['median']:.2f}x{over}). What credit=datc adds (ms): reward {extra['reward']:+.1f} (the reward model's backward "
         f"to its inputs), ref + adv + credit {extra['prep']:+.1f} (the credit scores), other {extra['other']:+.1f} "
         f"(after the update: credit diagnostics and metrics), rollout {extra['rollout']:+.1f}, update {extra['update']:+.1f}.",
         f"- Profile of this project's credit=grpo step: `{res.get('profile_file', 'trl_profile.txt')}`.", "",
@@ -653,77 +750,195 @@ def render(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _short_work(res: dict[str, Any]) -> str:
+    """The work per step without the settings both scales share: prompts, responses, tokens."""
+    return res["work"].split(", temperature")[0]
+
+
+def _verdict(x: float, target: float, at_least: bool) -> str:
+    """Whether a ratio meets its target, and by how much it misses."""
+    if (x >= target) if at_least else (x <= target):
+        return f"met ({x:.2f} against {target:.2f})"
+    return f"**not met** ({x:.2f} against {target:.2f}: {abs(x - target):.2f} {'short' if at_least else 'over'})"
+
+
+def side_by_side(tb: dict[str, Any], rl: dict[str, Any]) -> list[str]:
+    """The testbed's and the real model's figures and ratios next to each other: how each
+    ratio moves from the testbed's scale to the real one."""
+    cols = (tb, rl)
+
+    def med(res, who, key):
+        return res["throughput"]["median_over_repeats"][who][key]
+
+    def ratio(res, key):
+        x = res["throughput"][key]
+        return f"{x['median']:.2f} ({x['q1']:.2f} to {x['q3']:.2f})"
+
+    def row(label, f):
+        return f"| {label} | " + " | ".join(f(res) for res in cols) + " |"
+
+    def params(res):
+        n = res.get("policy_params")
+        return f"{n / 1e6:.1f}M" if n else "n/a"
+
+    def share(res, p):
+        return f"{100 * med(res, 'grpo', f'{p}_s') / med(res, 'grpo', 'step_s'):.0f}%"
+
+    def added(res, p):
+        return f"{100 * (med(res, 'datc', f'{p}_s') - med(res, 'grpo', f'{p}_s')) / med(res, 'grpo', 'step_s'):+.1f}%"
+
+    def targets(res):
+        return res.get("targets", TESTBED_TARGETS)
+
+    labels = {"rollout": "rollout", "reward": "reward", "prep": "ref + adv + credit", "update": "update", "other": "other"}
+    lines = [
+        "## Scaling: the testbed to a real model", "",
+        f"Each column from its own run (testbed: `{SCALES['testbed'].stem}.json`, commit {tb['commit']}, {tb['date']}; real "
+        f"model: `{SCALES['real'].stem}.json`, commit {rl['commit']}, {rl['date']}). Times are medians over repeats, "
+        "ratios the median over repeats (quartiles); shares and additions are percentages of the credit=grpo step.", "",
+        f"| | {SCALES['testbed'].title} | {SCALES['real'].title} |", "|---|---|---|",
+        row("policy parameters", params),
+        row("work per step", _short_work),
+        row("response tokens per step", lambda res: f"{med(res, 'grpo', 'response_len') * res['throughput']['batch_size']:.0f}"),
+        row("step, datc credit=grpo (ms)", lambda res: f"{med(res, 'grpo', 'step_s') * 1000:.1f}"),
+        row("step, TRL (ms)", lambda res: f"{med(res, 'trl', 'step_s') * 1000:.1f}"),
+        row("step, datc credit=datc (ms)", lambda res: f"{med(res, 'datc', 'step_s') * 1000:.1f}"),
+        row("**datc (credit=grpo) / TRL samples/s**", lambda res: ratio(res, "grpo_over_trl_samples_per_s")),
+        *[row(f"TRL / datc time: {labels[p]}", lambda res, p=p: f"{med(res, 'trl', f'{p}_s') / med(res, 'grpo', f'{p}_s'):.2f}")
+          for p in PHASES],
+        *[row(f"credit=grpo step share: {labels[p]}", lambda res, p=p: share(res, p)) for p in (*PHASES, "other")],
+        row("**credit=datc / credit=grpo step time**", lambda res: ratio(res, "datc_over_grpo_step_s")),
+        *[row(f"credit=datc adds: {labels[p]}", lambda res, p=p: added(res, p)) for p in ("reward", "prep", "other")],
+        row("target: credit=grpo / TRL samples/s", lambda res: _verdict(
+            res["throughput"]["grpo_over_trl_samples_per_s"]["median"], targets(res)["grpo_over_trl_samples_per_s"], True)),
+        row("target: credit=datc / credit=grpo step", lambda res: _verdict(
+            res["throughput"]["datc_over_grpo_step_s"]["median"], targets(res)["datc_over_grpo_step_s"], False)),
+        "",
+    ]
+    return lines
+
+
+def load_results(out: Path, scale: str) -> dict[str, Any] | None:
+    """A scale's results file in ``out``, or None where it has not been run."""
+    path = out / f"{SCALES[scale].stem}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def write_markdown(out: Path) -> list[Path]:
+    """Render each scale's markdown from its results file in ``out``, with the side-by-side
+    section where both scales have results. Returns the files written."""
+    from datc.utils import atomic_write_text
+
+    res = {k: load_results(out, k) for k in SCALES}
+    written = []
+    for k, other in (("testbed", "real"), ("real", "testbed")):
+        if res[k] is not None:
+            path = out / f"{SCALES[k].stem}.md"
+            atomic_write_text(path, render(res[k], res[other]))
+            written.append(path)
+    return written
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=10, help="measured steps per block")
-    ap.add_argument("--warmup", type=int, default=2, help="unmeasured steps at the start of each block")
-    ap.add_argument("--repeats", type=int, default=5, help="interleaved blocks per trainer")
+    ap.add_argument("--scale", choices=list(SCALES), default="testbed",
+                    help="testbed (tiny GPT-2) or real (experiment=real_smollm2); sets the defaults marked below")
+    ap.add_argument("--steps", type=int, help="measured steps per block (testbed 10, real 2)")
+    ap.add_argument("--warmup", type=int, help="unmeasured steps at the start of each block (testbed 2, real 1)")
+    ap.add_argument("--repeats", type=int, help="interleaved blocks per trainer (testbed 5, real 3)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the testbed machine is shared)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tol", type=float, default=1e-4, help="relative tolerance of the same-loss check")
-    ap.add_argument("--lengths", type=int, nargs="*", default=[8, 16, 32])
-    ap.add_argument("--groups", type=int, nargs="*", default=[4, 8, 16])
+    ap.add_argument("--max-new-tokens", type=int, help="response budget on both sides (testbed: the config's 16, real 48)")
+    ap.add_argument("--natural-length", action="store_true",
+                    help="responses end at their EOS (real: forced to the budget with min_new_tokens by default)")
+    ap.add_argument("--lengths", type=int, nargs="*", help="scaling: response budgets (testbed 8 16 32)")
+    ap.add_argument("--groups", type=int, nargs="*", help="scaling: group sizes (testbed 4 8 16)")
     ap.add_argument("--scaling-steps", type=int, default=4)
-    ap.add_argument("--memory-steps", type=int, default=4)
-    ap.add_argument("--no-scaling", action="store_true")
+    ap.add_argument("--memory-steps", type=int, help="steps of each memory run (testbed 4, real 1)")
+    ap.add_argument("--profile-steps", type=int, help="steps of each profile (testbed 5, real 1)")
+    ap.add_argument("--scaling", action=argparse.BooleanOptionalAction,
+                    help="the length and group sweeps (testbed on, real off: hours at that scale)")
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--no-profile", action="store_true")
-    ap.add_argument("--out", default=str(OUT), help="directory for trl.json, trl.md and trl_profile.txt")
+    ap.add_argument("--out", default=str(OUT), help="directory for the results (testbed: trl.json, trl.md, trl_profile.txt; "
+                    "real: trl_real.*)")
+    ap.add_argument("--combine", action="store_true",
+                    help="measure nothing: re-render both scales' markdown from their JSON files in --out")
     ap.add_argument("--memory-child", choices=CONTESTANTS, help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="hydra overrides, e.g. policy=tiny_llama")
     a = ap.parse_args()
+    sc = SCALES[a.scale]
+    for k, v in sc.defaults.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    overrides = [*sc.overrides, *a.overrides]
+    T = a.max_new_tokens or sc.max_new_tokens
+    force = sc.force_length and not a.natural_length
+    work = {"max_new_tokens": T, "force_length": force}
     os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
     torch.set_num_threads(a.threads)
     from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
 
     quiet_libraries()
+    out = Path(a.out)
+    if a.combine:
+        for path in write_markdown(out):
+            print(f"wrote {path}")
+        return
     if a.memory_child:
-        print(json.dumps(memory_child(a.memory_child, a.overrides, a.memory_steps)))
+        print(json.dumps(memory_child(a.memory_child, overrides, a.memory_steps, **work)))
         return
     import transformers
     import trl
 
     t_start = time.time()
     load_start = os.getloadavg()
-    sl = same_loss_check(a.overrides, a.tol)
+    sl = same_loss_check(overrides, a.tol, sc.perturb, **work)
     print("same loss:", json.dumps(sl), file=sys.stderr)
     if not sl["ok"]:
         raise SystemExit(f"scripts/bench.py: the two trainers do not compute the same loss on the same batch: {sl}")
-    th = measure(a.overrides, a.steps, a.warmup, a.repeats, a.seed)
+    th = measure(overrides, a.steps, a.warmup, a.repeats, a.seed, **work)
     th.update(steps=a.steps, warmup=a.warmup, repeats=a.repeats)
-    s = datc_session(a.overrides)
+    s = datc_session(overrides, T)
     t = s.c.trainer
+    micro = (f" in micro-batches of {t.micro_batch_size} (TRL per_device_train_batch_size {t.micro_batch_size}, "
+             f"gradient_accumulation_steps {t.batch_size // t.micro_batch_size})" if t.micro_batch_size < t.batch_size else "")
+    tokens = (f"{t.max_new_tokens} tokens each (forced with min_new_tokens on both sides)" if force
+              else f"up to {t.max_new_tokens} tokens")
     res: dict[str, Any] = {
         "command": " ".join(["python scripts/bench.py", *sys.argv[1:]]),
         "commit": _git("rev-parse", "--short", "HEAD") + ("+dirty" if _git("status", "--porcelain", "--untracked-files=no") else ""),
         "date": datetime.date.today().isoformat(), "threads": a.threads,
         "machine": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
                     "trl": trl.__version__, "cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine()},
-        "work": (f"{t.batch_size // t.num_generations} prompts x {t.num_generations} responses, up to {t.max_new_tokens} "
-                 f"tokens, temperature {t.temperature}, top-p {t.top_p}, beta {t.beta}, clip {t.epsilon_low}/{t.epsilon_high}, "
-                 f"{t.loss_agg} (TRL dapo), AdamW lr {t.lr}, one optimizer step per rollout; policy {s.c.policy.name}, "
+        "work": (f"{t.batch_size // t.num_generations} prompts x {t.num_generations} responses, {tokens}, "
+                 f"temperature {t.temperature}, top-p {t.top_p}, beta {t.beta}, clip {t.epsilon_low}/{t.epsilon_high}, "
+                 f"{t.loss_agg} (TRL dapo), AdamW lr {t.lr}, one optimizer step per rollout{micro}; policy {s.c.policy.name}, "
                  f"data {s.c.data.name}"),
-        "work_batch": t.batch_size,
-        "same_loss": sl, "throughput": th, "notes": NOTES,
+        "work_batch": t.batch_size, "scale": a.scale, "max_new_tokens": t.max_new_tokens, "force_length": force,
+        "policy_params": sum(p.numel() for p in s.m.policy.parameters()),
+        "targets": {"grpo_over_trl_samples_per_s": GRPO_TARGET, "datc_over_grpo_step_s": sc.datc_target},
+        "same_loss": sl, "throughput": th, "notes": list(sc.notes),
     }
+    del s
     if not a.no_memory:
-        res["memory"] = peak_memory(a.overrides, a.memory_steps, a.threads)
-    if not a.no_scaling:
-        res["scaling"] = scaling(a.overrides, a.lengths, a.groups, a.scaling_steps, a.warmup, a.seed)
-    out = Path(a.out)
+        child = ("--scale", a.scale, *(("--max-new-tokens", str(T)) if T else ()), *(("--natural-length",) if a.natural_length else ()))
+        res["memory"] = peak_memory(a.overrides, a.memory_steps, a.threads, child)
+    if a.scaling:
+        res["scaling"] = scaling(overrides, a.lengths, a.groups, a.scaling_steps, a.warmup, a.seed, **work)
     out.mkdir(parents=True, exist_ok=True)
     if not a.no_profile:
-        prof = profile_datc(a.overrides, 5)
-        res["profile_file"] = "trl_profile.txt"
-        atomic_write_text(out / "trl_profile.txt", f"# Profile of datc credit={prof['credit']}, {prof['steps']} steps "
+        prof = profile_datc(overrides, a.profile_steps, warm=a.warmup, **work)
+        res["profile_file"] = f"{sc.stem}_profile.txt"
+        atomic_write_text(out / res["profile_file"], f"# Profile of datc credit={prof['credit']}, {prof['steps']} steps "
                           f"(`{res['command']}`)\n\n## cProfile, cumulative\n\n{prof['cprofile_cumulative']}\n\n"
                           f"## torch ops, self CPU time\n\n{prof['torch_ops']}\n")
     res["wall_s"] = round(time.time() - t_start, 1)
     res["load_average_1_5_15min"] = {"start": load_start, "end": os.getloadavg()}
-    atomic_write_json(out / "trl.json", res)
-    md = render(res)
-    atomic_write_text(out / "trl.md", md)
-    print(md)
+    atomic_write_json(out / f"{sc.stem}.json", res)
+    write_markdown(out)  # this scale's markdown, and the other's where it has results (the side-by-side section)
+    print((out / f"{sc.stem}.md").read_text())
 
 
 if __name__ == "__main__":
