@@ -12,7 +12,7 @@ CONSTRAINTS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,constraints/cpu.
 PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 PYTEST_ARGS ?=
 
-.PHONY: venv demo demo-results test lint bench clean-runs gpu-kit
+.PHONY: venv demo demo-results test lint bench bench-real clean-runs gpu-kit
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,9 @@ test: venv  ## the test suite, slow end-to-end tests included
 BENCH_ARGS ?=
 bench: $(VENV)/.installed-bench  ## this project's GRPO against TRL's GRPOTrainer -> results/bench/trl.md
 	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
+
+bench-real: $(VENV)/.installed-bench  ## the same at a real model's scale (SmolLM2-135M-Instruct; about an hour on 2 cores) -> results/bench/trl_real.md
+	$(BIN)/python scripts/bench.py --scale real $(BENCH_ARGS)
 
 GPU_KIT_ARGS ?=
 gpu-kit: venv  ## wheels the GPU machine's image lacks (CPython 3.12, manylinux x86-64) -> .whl/ (see README, GPU check)

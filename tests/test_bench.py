@@ -1,22 +1,39 @@
-"""Pure helpers of scripts/bench.py (the comparison with TRL); none of them needs trl."""
+"""Pure helpers of scripts/bench.py (the comparison with TRL); none of them needs trl, except
+the same-loss check on the real model (slow)."""
 
 from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
 
+from datc.chat import PromptEncoder, RewardInputs
 from datc.rewards.model import build_rm_inputs, score
 from datc.rollout import encode_prompts, sample_groups
 from scripts.bench import (
+    OUT,
     PHASES,
+    SCALES,
     RMReward,
     block_summary,
     close,
+    load_results,
     pad_completions,
     perturb_,
+    render,
     rotated_order,
+    side_by_side,
     spread,
+    trl_prompt,
+    unpadded,
+    write_markdown,
 )
+from tests.test_chat import chat_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_spread_of_a_few_figures():
@@ -86,3 +103,143 @@ def test_trl_reward_function_scores_what_the_trainer_scores(tok, policy, reward_
     # the prompts are re-encoded exactly as the rollout encoded them (BOS, left padding)
     ids, _ = encode_prompts(tok, ro.examples, "prompt", torch.device("cpu"))
     assert torch.equal(ids, ro.prompt_ids)
+
+
+def test_trl_reward_function_scores_chat_prompts_as_the_trainer_does(tmp_path):
+    """With a chat template TRL hands the reward function each prompt as its messages; the
+    wrapper renders them as the rollout did and splices the sampled ids after them."""
+    from datc.models import build_causal_lm, build_reward_model
+    from tests.conftest import ARCHS
+
+    tok = chat_tokenizer(tmp_path, "chatml")
+    policy = build_causal_lm(ARCHS["llama"], tok, 0).eval()
+    rm = build_reward_model(ARCHS["llama"], tok, 1).eval()
+    enc = PromptEncoder(tok, "prompt", "text", chat_template=True)
+    torch.manual_seed(0)
+    examples = [{"prompt": "write about music"}, {"prompt": "write about the ocean and the city"}]
+    ro = sample_groups(policy, tok, examples, 2, 5, encoder=enc)
+    expected = score(rm, RewardInputs(tok, enc)(ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask,
+                                                ro.examples), ro.response_mask).scores
+    lists = [ro.response_ids[i, : int(ro.response_mask[i].sum())].tolist() for i in range(len(ro.examples))]
+    prompts = [trl_prompt(enc, ex) for ex in ro.examples]
+    assert prompts[0] == [{"role": "user", "content": "write about music"}]
+    got = RMReward(rm, tok, 3, enc)(prompts, None, lists)
+    torch.testing.assert_close(torch.tensor(got), expected, rtol=1e-5, atol=1e-6)
+    # TRL renders the conversation with the same template and generation prompt
+    trl_ids = tok.apply_chat_template(prompts, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    assert [list(x) for x in trl_ids] == unpadded(ro.prompt_ids, ro.prompt_mask)
+
+
+def test_trl_prompt_is_the_text_without_a_chat_template(tok):
+    enc = PromptEncoder(tok, "prompt", "text")
+    assert trl_prompt(enc, {"prompt": "write about music :"}) == "write about music :"
+
+
+def test_unpadded_drops_left_and_right_padding():
+    ids = torch.tensor([[0, 0, 5, 6], [7, 8, 9, 0]])
+    mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 0]])
+    assert unpadded(ids, mask) == [[5, 6], [7, 8, 9]]
+
+
+# ---- the results files: rendering and the side-by-side section ----------------------------------
+
+
+def fake_results(scale: str, grpo_ms: float, trl_ms: float, datc_ms: float) -> dict:
+    """A results dict of the shape main() writes, with given median step times (phases 1/4 each)."""
+    def block(ms):
+        s = ms / 1000
+        return {"samples_per_s": 32 / s, "tokens_per_s": 32 * 48 / s, "step_s": s, "response_len": 48.0,
+                **{f"{p}_s": s / 4 for p in PHASES}, "other_s": 0.0}
+
+    med = {"trl": block(trl_ms), "grpo": block(grpo_ms), "datc": block(datc_ms)}
+    one = {"q1": 0, "q3": 0, "min": 0, "max": 0, "n": 1}
+    sc = SCALES[scale]
+    return {
+        "command": f"python scripts/bench.py --scale {scale}", "commit": "abc1234", "date": "2026-12-01", "threads": 1,
+        "machine": {"torch": "2", "transformers": "5", "trl": "1.16.0", "cpus": 2},
+        "load_average_1_5_15min": {"start": [1.0, 1, 1], "end": [1.0, 1, 1]},
+        "work": "8 prompts x 4 responses, 48 tokens each (forced with min_new_tokens on both sides), temperature 1.0",
+        "work_batch": 32, "scale": scale, "policy_params": 134_515_008,
+        "targets": {"grpo_over_trl_samples_per_s": 1.5, "datc_over_grpo_step_s": sc.datc_target},
+        "throughput": {"batch_size": 32, "steps": 2, "warmup": 1, "repeats": 1, "median_over_repeats": med,
+                       "grpo_over_trl_samples_per_s": {**one, "median": trl_ms / grpo_ms},
+                       "datc_over_trl_samples_per_s": {**one, "median": trl_ms / datc_ms},
+                       "datc_over_grpo_step_s": {**one, "median": datc_ms / grpo_ms}},
+        "same_loss": {"tolerance": 1e-4, "trl": dict.fromkeys(("loss", "grad_norm", "reward_mean", "advantage_abs", "kl",
+                                                               "tokens"), 1.0),
+                      "datc": dict.fromkeys(("loss", "grad_norm", "reward_mean", "advantage_abs", "kl", "tokens"), 1.0),
+                      "agree": dict.fromkeys(("loss", "grad_norm", "reward_mean", "advantage_abs", "kl", "tokens"), True),
+                      "same_prompt_ids": True, "prompt_tokens": 42.0, "perturb": 0.002},
+        "notes": list(sc.notes),
+    }
+
+
+def test_side_by_side_puts_each_scales_ratios_and_verdicts_in_a_column():
+    tb = fake_results("testbed", 100.0, 160.0, 105.0)  # grpo 1.6x TRL, datc 1.05x grpo: both testbed targets met
+    rl = fake_results("real", 1000.0, 1200.0, 1100.0)  # 1.2x (0.30 short), 1.10x (0.05 over the real 1.05)
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in side_by_side(tb, rl) if line.startswith("| ")]
+    rows = {c[0]: c[1:] for c in cells}
+    assert rows["**datc (credit=grpo) / TRL samples/s**"] == ["1.60 (0.00 to 0.00)", "1.20 (0.00 to 0.00)"]
+    assert rows["step, TRL (ms)"] == ["160.0", "1200.0"]
+    assert rows["TRL / datc time: update"] == ["1.60", "1.20"]
+    assert rows["credit=grpo step share: rollout"] == ["25%", "25%"]
+    assert rows["credit=datc adds: reward"] == ["+1.2%", "+2.5%"]
+    assert rows["policy parameters"] == ["134.5M", "134.5M"]
+    assert rows["target: credit=grpo / TRL samples/s"] == ["met (1.60 against 1.50)",
+                                                           "**not met** (1.20 against 1.50: 0.30 short)"]
+    assert rows["target: credit=datc / credit=grpo step"] == ["met (1.05 against 1.10)",
+                                                              "**not met** (1.10 against 1.05: 0.05 over)"]
+
+
+def test_each_scales_markdown_gets_the_side_by_side_section_once_both_have_run(tmp_path):
+    tb, rl = fake_results("testbed", 100.0, 160.0, 105.0), fake_results("real", 1000.0, 1200.0, 1100.0)
+    (tmp_path / "trl.json").write_text(json.dumps(tb))
+    assert write_markdown(tmp_path) == [tmp_path / "trl.md"]
+    assert "Scaling: the testbed to a real model" not in (tmp_path / "trl.md").read_text()
+    (tmp_path / "trl_real.json").write_text(json.dumps(rl))
+    assert write_markdown(tmp_path) == [tmp_path / "trl.md", tmp_path / "trl_real.md"]
+    for name, title in (("trl.md", "# This project's GRPO against TRL's GRPOTrainer\n"),
+                        ("trl_real.md", "# This project's GRPO against TRL's GRPOTrainer: real model")):
+        md = (tmp_path / name).read_text()
+        assert md.startswith(title) and md.count("## Scaling: the testbed to a real model") == 1
+    real_md = (tmp_path / "trl_real.md").read_text()
+    assert "credit=datc at most 1.05x the step time of credit=grpo: **not met** (1.10x; 0.05 over)" in real_md
+    assert "credit=grpo at least 1.5x TRL's samples/s: **not met** (1.20x; 0.30 short)" in real_md
+    assert "Prompt ids after the chat template: the same on both sides" in real_md
+
+
+def test_committed_markdown_is_what_its_results_file_renders():
+    """results/bench/*.md are rendered from the JSON next to them (the testbed's as it always
+    was, plus the side-by-side section once the real model has results)."""
+    res = {k: load_results(OUT, k) for k in SCALES}
+    if res["testbed"] is None:
+        pytest.skip("no testbed results committed")
+    for k, other in (("testbed", "real"), ("real", "testbed")):
+        if res[k] is not None:
+            assert render(res[k], res[other]) == (OUT / f"{SCALES[k].stem}.md").read_text(), k
+
+
+# ---- the real model (slow: SmolLM2-135M-Instruct and its reward model, prepared once in the cache) -----
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_same_loss_on_the_real_model_at_a_tiny_batch():
+    """TRL and this project compute the same loss, gradient norm, rewards and advantages on the
+    same batch of the real preset (chat template, reward model made from the policy, responses
+    forced to 48 tokens), with gradient accumulation over two micro-batches; and they render
+    the prompts to the same ids."""
+    pytest.importorskip("trl")
+    from scripts.bench import same_loss_check
+
+    cache = os.environ.get("DATC_CACHE", str(ROOT / ".cache" / "datc"))
+    sc = SCALES["real"]
+    threads = torch.get_num_threads()
+    try:
+        sl = same_loss_check([*sc.overrides, f"cache_dir={cache}", "trainer.batch_size=8", "trainer.mini_batch_size=8",
+                              "trainer.micro_batch_size=4"], 1e-4, sc.perturb, sc.max_new_tokens, sc.force_length)
+    finally:
+        torch.set_num_threads(threads)
+    assert sl["ok"], sl
+    assert sl["same_prompt_ids"] and sl["trl"]["tokens"] == 8 * 48
+    assert sl["trl"]["kl"] > 1e-4  # the perturbation moved the policy off its reference
