@@ -11,6 +11,8 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from datc.fast_decode import lean_decoder
+
 
 @dataclass
 class Rollout:
@@ -152,12 +154,15 @@ def sample_tokens(policy, ids: Tensor, mask: Tensor, max_new_tokens: int, temper
     pos = position_ids(mask)
     cache = {_cache_kwarg(policy): DynamicCache()}  # filled in place by each forward
     out = policy(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=True, logits_to_keep=1, **cache)
+    logits = out.logits[:, -1]
+    # GPT-2: the same decode forward without transformers' per-call plumbing (datc.fast_decode)
+    lean = lean_decoder(policy, next(iter(cache.values())), mask) if max_new_tokens > 1 and not synced_gpus else None
     next_pos = pos[:, -1:] + 1
     unfinished = torch.ones(B, dtype=torch.bool, device=ids.device)
     tokens, raw = [], []
     ones = am.new_ones(B, 1)
     for t in range(max_new_tokens):
-        z = out.logits[:, -1].to(dtype=torch.float32, copy=True)
+        z = logits.to(dtype=torch.float32, copy=True)
         if keep_logits:
             raw.append(z)
         s = z
@@ -174,8 +179,12 @@ def sample_tokens(policy, ids: Tensor, mask: Tensor, max_new_tokens: int, temper
         unfinished &= nxt != eos_id
         if t == max_new_tokens - 1 or not _any_unfinished(unfinished, synced_gpus):
             break
-        am = torch.cat([am, ones], 1)
-        out = policy(input_ids=nxt[:, None], attention_mask=am, position_ids=next_pos, use_cache=True, **cache)
+        if lean is not None:
+            logits = lean(nxt, next_pos)
+        else:
+            am = torch.cat([am, ones], 1)
+            logits = policy(input_ids=nxt[:, None], attention_mask=am, position_ids=next_pos, use_cache=True,
+                            **cache).logits[:, -1]
         next_pos = next_pos + 1
     return torch.stack(tokens, 1), (torch.stack(raw, 1) if keep_logits else None)
 
