@@ -119,9 +119,13 @@ def sample_categorical(probs: Tensor) -> Tensor:
     cdf = probs.cumsum(-1)
     u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
     idx = torch.searchsorted(cdf, u, right=True).squeeze(1)
-    # u * total can round up to the total: fall back to the last token of positive probability
-    last = probs.shape[1] - 1 - (probs.flip(-1) > 0).to(torch.int8).argmax(-1)
-    return torch.minimum(idx, last)
+    # u * total can round up to the total (idx = V, past the end; any idx < V has cdf[idx] > u,
+    # so a positive probability): fall back to the last token of positive probability
+    V = probs.shape[1]
+    if bool((idx >= V).any()):
+        last = V - 1 - (probs.flip(-1) > 0).to(torch.int8).argmax(-1)
+        idx = torch.minimum(idx, last)
+    return idx
 
 
 def _any_unfinished(unfinished: Tensor, synced_gpus: bool) -> bool:
