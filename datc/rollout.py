@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from datc.lean_gpt2 import lean_decoder
+from datc.fast_decode import lean_decoder
 
 
 @dataclass
@@ -159,7 +159,7 @@ def sample_tokens(policy, ids: Tensor, mask: Tensor, max_new_tokens: int, temper
     cache = {_cache_kwarg(policy): DynamicCache()}  # filled in place by each forward
     out = policy(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=True, logits_to_keep=1, **cache)
     logits = out.logits[:, -1]
-    # GPT-2: the same decode forward without transformers' per-call plumbing (datc.lean_gpt2)
+    # GPT-2: the same decode forward without transformers' per-call plumbing (datc.fast_decode)
     lean = lean_decoder(policy, next(iter(cache.values())), mask) if max_new_tokens > 1 and not synced_gpus else None
     next_pos = pos[:, -1:] + 1
     unfinished = torch.ones(B, dtype=torch.bool, device=ids.device)

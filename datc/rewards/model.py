@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from datc.lean_gpt2 import gpt2_rm_score, lean_rm
 from datc.rollout import position_ids
 
 
@@ -56,15 +55,8 @@ class RMScore:
 
 def rm_forward(rm, inputs_embeds: Tensor, attention_mask: Tensor) -> Tensor:
     """The reward model's score of left-padded inputs, read at the last position. (B,) float.
-    Shared by reward-model training and scoring, so both compute the same function. A stock
-    GPT-2 reward model in eval mode (the testbed's, frozen) computes its last block at the last
-    position only (:func:`datc.lean_gpt2.gpt2_rm_score`: the same score to float rounding, and
-    about 40% less work for the scores and for DATC's backward to the input embeddings)."""
-    pos = position_ids(attention_mask)
-    if lean_rm(rm):
-        out = gpt2_rm_score(rm, inputs_embeds, attention_mask, pos)
-    else:
-        out = rm(inputs_embeds=inputs_embeds, attention_mask=attention_mask.long(), position_ids=pos).logits
+    Shared by reward-model training and scoring, so both compute exactly the same function."""
+    out = rm(inputs_embeds=inputs_embeds, attention_mask=attention_mask.long(), position_ids=position_ids(attention_mask)).logits
     s = out[:, 0]
     return s if s.dtype == torch.float64 else s.float()  # bf16/fp16 scores are upcast
 

@@ -31,18 +31,10 @@ def _one_step(cache_dir, tmp_path, name, row_local, monkeypatch):
     calls = []
     monkeypatch.setattr(trainer, "compute_credit", lambda scheme, batch, params: calls.append(batch.policy_logits.shape)
                         or compute_credit(scheme, batch, params))
-    grads = {}
-    step = s.opt.step
-
-    def recorded_step(*args, **kwargs):  # the gradient the optimizer is given
-        grads.update({n: p.grad.clone() for n, p in s.m.policy.named_parameters() if p.grad is not None})
-        return step(*args, **kwargs)
-
-    monkeypatch.setattr(s.opt, "step", recorded_step)
     torch.manual_seed(123)
     metrics = train_step(s, 0)
     assert [shape[0] for shape in calls] == ([2, 2, 2, 2] if row_local else [8])  # rows of logits per call
-    return metrics, grads, {n: p.detach().clone() for n, p in s.m.policy.named_parameters()}
+    return metrics, {n: p.detach().clone() for n, p in s.m.policy.named_parameters()}
 
 
 def test_the_datc_family_is_row_local():
@@ -53,20 +45,11 @@ def test_the_datc_family_is_row_local():
 @pytest.mark.parametrize("name", [n for n in CHUNKED if n != "datc_shuffled"])  # shuffled: other draws per chunk
 def test_chunked_credit_equals_the_whole_batch(tmp_path, name, monkeypatch):
     cache = tmp_path / "cache"
-    m_whole, g_whole, p_whole = _one_step(cache, tmp_path, name, False, monkeypatch)
-    m_chunk, g_chunk, p_chunk = _one_step(cache, tmp_path, name, True, monkeypatch)
+    m_whole, p_whole = _one_step(cache, tmp_path, name, False, monkeypatch)
+    m_chunk, p_chunk = _one_step(cache, tmp_path, name, True, monkeypatch)
     assert m_whole["credit/weight_std"] > 0  # non-uniform credit: the comparison can fail
     for k, v in m_whole.items():
         if not k.startswith("perf/"):
             assert m_chunk[k] == pytest.approx(v, rel=1e-5, abs=1e-7), k
-    assert g_whole.keys() == g_chunk.keys() and g_whole
-    for n, g in g_whole.items():
-        torch.testing.assert_close(g_chunk[n], g, rtol=1e-5, atol=1e-7, msg=n)
-    # Adam's first step moves each parameter by about lr * sign(grad): on a coordinate whose
-    # gradient is near zero, a rounding-level difference in the credit (matrix products over
-    # other numbers of rows round differently) moves it by a fraction of lr. The gradients above
-    # are compared at the tight tolerance; the parameters to 1% of lr.
-    lr = m_whole["loss/lr"]
-    assert lr > 0
     for n, p in p_whole.items():
-        torch.testing.assert_close(p_chunk[n], p, rtol=1e-5, atol=1e-2 * lr, msg=n)
+        torch.testing.assert_close(p_chunk[n], p, rtol=1e-5, atol=1e-7, msg=n)

@@ -1,26 +1,16 @@
-"""Lean forwards of stock GPT-2 models, for the two places where transformers' general forward
-does work the testbed step never uses.
+"""A lean decode step for GPT-2 policies: the per-token forward of :func:`datc.rollout.sample_tokens`
+without transformers' per-call plumbing.
 
-1. Decoding (:class:`GPT2Decoder`, the per-token forward of :func:`datc.rollout.sample_tokens`):
-   at the testbed's size a decode forward of ``GPT2LMHeadModel`` spends most of its time
-   outside the arithmetic (output wrappers, argument handling, mask construction, cache
-   bookkeeping). The decoder calls the model's own weights with the same tensor operations, in
-   the same order and with the same shapes, as transformers' GPT-2 with SDPA attention does for
-   one new token after a prefill, so its logits are transformers' bit for bit.
-2. The reward model's score (:func:`gpt2_rm_score`, used by :func:`datc.rewards.model.rm_forward`
-   in eval mode): ``GPT2ForSequenceClassification`` reads its score at the last position only,
-   yet its last block runs attention output, MLP and final norm at every position, and the
-   backward to the input embeddings (DATC's reward gradient) multiplies zeros through all of
-   it. Here the blocks below the last run as transformers runs them, and the last block
-   computes keys and values at every position but everything else at the last one: the same
-   function, with float rounding of the order of 1e-7 relative (different matrix shapes).
+At the testbed's size a decode forward of ``GPT2LMHeadModel`` spends most of its time outside
+the arithmetic (output wrappers, argument handling, mask construction, cache bookkeeping). This
+step calls the model's own submodules (embeddings, layer norms, ``Conv1D`` projections, MLP, LM
+head) with the same tensor operations, in the same order and with the same shapes, as
+transformers' GPT-2 with SDPA attention does for one new token after a prefill, so its logits
+are transformers' bit for bit (pinned by tests/test_fast_decode.py). Anything else (another
+architecture, eager attention, cross-attention, adapters, hooks such as DeepSpeed's) gets ``None``
+from :func:`lean_decoder` and decodes through the model's forward.
 
-Both are pinned by tests/test_lean_gpt2.py. Anything else (another architecture, eager
-attention, cross-attention, adapters, hooks such as DeepSpeed's, training mode) gets ``None``
-from :func:`lean_decoder` / ``False`` from :func:`lean_rm` and runs the model's own forward.
-
-Shapes: B rows, n keys held so far (L positions of a reward-model input), d hidden size,
-H heads, V vocabulary.
+Shapes: B rows, n keys held so far, d hidden size, H heads, V vocabulary.
 """
 
 from __future__ import annotations
@@ -36,21 +26,17 @@ except ImportError:  # pragma: no cover - transformers always has it
     Conv1D = None
 
 
-def _is_gpt2(model, cls: str) -> bool:
-    import transformers
-
-    return type(model) is getattr(transformers, cls, None)
-
-
-def _sdpa_eval(model) -> bool:
-    cfg = model.config
-    return (not model.training and getattr(cfg, "_attn_implementation", None) == "sdpa"
-            and not getattr(cfg, "add_cross_attention", False))
+def _is_gpt2_lm(model) -> bool:
+    try:
+        from transformers import GPT2LMHeadModel
+    except ImportError:  # pragma: no cover
+        return False
+    return type(model) is GPT2LMHeadModel
 
 
-def _plain(model: nn.Module, head: nn.Module) -> bool:
+def _plain(model: nn.Module) -> bool:
     """No forward hooks anywhere (DeepSpeed's parameter gathers, adapters, user hooks), no
-    partitioned parameters, and the block layout of stock GPT-2 with a linear ``head``."""
+    partitioned parameters, and the block layout of stock GPT-2."""
     from torch.nn.modules import module as _m
 
     if _m._global_forward_hooks or _m._global_forward_pre_hooks:
@@ -71,7 +57,7 @@ def _plain(model: nn.Module, head: nn.Module) -> bool:
     t = model.transformer
     if not all(type(e) is nn.Embedding and e.max_norm is None for e in (t.wte, t.wpe)):
         return False
-    return type(t.ln_f) is nn.LayerNorm and type(head) is nn.Linear
+    return type(t.ln_f) is nn.LayerNorm and type(model.lm_head) is nn.Linear
 
 
 def _cached_kv(cache, n_layers: int) -> tuple[list[Tensor], list[Tensor]] | None:
@@ -141,48 +127,14 @@ def lean_decoder(model, cache, mask: Tensor) -> GPT2Decoder | None:
     ``mask`` (B, n) bool), or None where the model's own forward must decode: not a stock
     ``GPT2LMHeadModel`` in eval mode with SDPA attention, hooked or partitioned parameters, or a
     cache this module does not read."""
-    if not (_is_gpt2(model, "GPT2LMHeadModel") and _sdpa_eval(model)) or not _plain(model, model.lm_head):
+    if not _is_gpt2_lm(model) or model.training:
+        return None
+    cfg = model.config
+    if getattr(cfg, "_attn_implementation", None) != "sdpa" or getattr(cfg, "add_cross_attention", False):
+        return None
+    if not _plain(model):
         return None
     kv = _cached_kv(cache, len(model.transformer.h))
     if kv is None or kv[0][0].shape[-2] != mask.shape[1]:
         return None
     return GPT2Decoder(model, *kv, mask)
-
-
-# ---- the reward model's score ------------------------------------------------------------------
-
-
-def lean_rm(rm) -> bool:
-    """Whether :func:`gpt2_rm_score` computes ``rm``'s score: a stock one-output
-    ``GPT2ForSequenceClassification`` in eval mode with SDPA attention, no hooks."""
-    return (_is_gpt2(rm, "GPT2ForSequenceClassification") and _sdpa_eval(rm) and len(rm.transformer.h) > 0
-            and rm.score.out_features == 1 and _plain(rm, rm.score))
-
-
-def gpt2_rm_score(rm, inputs_embeds: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
-    """``rm(inputs_embeds=..., attention_mask=..., position_ids=...).logits`` (B, 1) for
-    left-padded inputs (the last position is every row's last token, where transformers reads
-    the score of ``inputs_embeds``), with the last block's attention output, MLP, final norm
-    and head at that position only. inputs_embeds (B, L, d), attention_mask (B, L) bool,
-    position_ids (B, L) long. Differentiable (DATC's reward gradient flows through it)."""
-    from transformers.masking_utils import create_causal_mask
-
-    t = rm.transformer
-    x = inputs_embeds + t.wpe(position_ids)  # GPT2Model.forward; dropout is off in eval
-    causal = create_causal_mask(config=t.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask.long(),
-                                cache=None, position_ids=position_ids)
-    for blk in t.h[:-1]:  # as GPT2Model runs them
-        x = blk(x, None, causal, None, use_cache=False, position_ids=position_ids)
-    blk, a = t.h[-1], t.h[-1].attn
-    B, L, _ = x.shape
-    q, k, v = _conv1d(a.c_attn, _ln(blk.ln_1, x)).split(a.split_size, dim=2)  # keys and values at every position
-    q = q[:, -1:].reshape(B, 1, -1, a.head_dim).transpose(1, 2)  # (B, H, 1, hd): the last query only
-    k = k.view(B, L, -1, a.head_dim).transpose(1, 2)
-    v = v.view(B, L, -1, a.head_dim).transpose(1, 2)
-    # the last position attends to every key that is not padding (causality holds trivially)
-    mask = None if causal is None else attention_mask.bool()[:, None, None, :]
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, scale=a.scaling, is_causal=False)
-    o = o.transpose(1, 2).reshape(B, 1, -1)
-    x = _conv1d(a.c_proj, o) + x[:, -1:]
-    x = x + blk.mlp(_ln(blk.ln_2, x))
-    return rm.score(_ln(t.ln_f, x))[:, -1]
