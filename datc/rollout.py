@@ -11,6 +11,8 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from datc.fast_decode import lean_decoder
+
 
 @dataclass
 class Rollout:
@@ -117,9 +119,13 @@ def sample_categorical(probs: Tensor) -> Tensor:
     cdf = probs.cumsum(-1)
     u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
     idx = torch.searchsorted(cdf, u, right=True).squeeze(1)
-    # u * total can round up to the total: fall back to the last token of positive probability
-    last = probs.shape[1] - 1 - (probs.flip(-1) > 0).to(torch.int8).argmax(-1)
-    return torch.minimum(idx, last)
+    # u * total can round up to the total (idx = V, past the end; any idx < V has cdf[idx] > u,
+    # so a positive probability): fall back to the last token of positive probability
+    V = probs.shape[1]
+    if bool((idx >= V).any()):
+        last = V - 1 - (probs.flip(-1) > 0).to(torch.int8).argmax(-1)
+        idx = torch.minimum(idx, last)
+    return idx
 
 
 def _any_unfinished(unfinished: Tensor, synced_gpus: bool) -> bool:
@@ -152,12 +158,15 @@ def sample_tokens(policy, ids: Tensor, mask: Tensor, max_new_tokens: int, temper
     pos = position_ids(mask)
     cache = {_cache_kwarg(policy): DynamicCache()}  # filled in place by each forward
     out = policy(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=True, logits_to_keep=1, **cache)
+    logits = out.logits[:, -1]
+    # GPT-2: the same decode forward without transformers' per-call plumbing (datc.fast_decode)
+    lean = lean_decoder(policy, next(iter(cache.values())), mask) if max_new_tokens > 1 and not synced_gpus else None
     next_pos = pos[:, -1:] + 1
     unfinished = torch.ones(B, dtype=torch.bool, device=ids.device)
     tokens, raw = [], []
     ones = am.new_ones(B, 1)
     for t in range(max_new_tokens):
-        z = out.logits[:, -1].to(dtype=torch.float32, copy=True)
+        z = logits.to(dtype=torch.float32, copy=True)
         if keep_logits:
             raw.append(z)
         s = z
@@ -174,8 +183,12 @@ def sample_tokens(policy, ids: Tensor, mask: Tensor, max_new_tokens: int, temper
         unfinished &= nxt != eos_id
         if t == max_new_tokens - 1 or not _any_unfinished(unfinished, synced_gpus):
             break
-        am = torch.cat([am, ones], 1)
-        out = policy(input_ids=nxt[:, None], attention_mask=am, position_ids=next_pos, use_cache=True, **cache)
+        if lean is not None:
+            logits = lean(nxt, next_pos)
+        else:
+            am = torch.cat([am, ones], 1)
+            logits = policy(input_ids=nxt[:, None], attention_mask=am, position_ids=next_pos, use_cache=True,
+                            **cache).logits[:, -1]
         next_pos = next_pos + 1
     return torch.stack(tokens, 1), (torch.stack(raw, 1) if keep_logits else None)
 

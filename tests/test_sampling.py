@@ -24,6 +24,14 @@ def test_sample_categorical_draws_from_probs_and_never_a_zero_probability_token(
     assert emp[1, 2] == 0 and emp[2, 5] == 1
 
 
+def test_sample_categorical_falls_back_to_the_last_positive_token_when_u_rounds_to_the_total(monkeypatch):
+    p = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.ones(*a, dtype=k.get("dtype")))  # u = total
+    assert sample_categorical(p).tolist() == [1, 3]
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.full(a, 0.6, dtype=k.get("dtype")))
+    assert sample_categorical(p).tolist() == [1, 2]
+
+
 def test_top_p_filter_is_transformers_top_p():
     torch.manual_seed(1)
     s = torch.randn(5, 40) * 3
