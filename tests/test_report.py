@@ -293,6 +293,7 @@ def test_duplicates_keep_the_newest_and_warn(tmp_path):
     # Overlapping roots find the same files again: read once, not reported as duplicates.
     loaded = load_run_dirs([tmp_path / "b", tmp_path / "a", tmp_path])
     assert len(loaded.runs) == 2
+    assert all(Path(r.source).is_absolute() for r in loaded.runs)  # outside the working directory: as given
     unique = deduplicate(loaded.runs)
     assert [r.final_gold for r in unique.runs] == [0.9]
     assert (
@@ -447,3 +448,11 @@ def test_every_scheme_has_its_own_style_and_the_baseline_stands_out(tmp_path):
     others = [(tuple(st["color"]), st["marker"]) for s, st in styles.items() if s != "grpo"]
     assert len(set(c for c, _ in others)) == len(others)  # 10 schemes, 10 colours (tab10 repeated one)
     assert len(set(m for _, m in others)) == len(others)
+
+
+def test_sources_below_the_working_directory_are_named_relative_to_it(tmp_path, monkeypatch):
+    path = write_summary(tmp_path / "runs", summary("keywords", "tiny_gpt2", "datc", 0, 0.1))
+    monkeypatch.chdir(tmp_path)
+    loaded = load_run_dirs([tmp_path / "runs"])  # an absolute root
+    assert [r.source for r in loaded.runs] == [str(path.relative_to(tmp_path))]
+    assert loaded.runs[0].source.startswith("runs")

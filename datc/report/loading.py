@@ -188,8 +188,17 @@ def load_run_dirs(roots: Sequence[str | Path]) -> LoadResult:
             if not isinstance(summary, dict):
                 warns.append(f"{path}: not a run summary (a JSON {type(summary).__name__}, not an object), skipped")
                 continue
-            runs.append(run_from_summary(summary, str(path), mtime, path.parent.name))
+            runs.append(run_from_summary(summary, _shown(path), mtime, path.parent.name))
     return LoadResult(runs, warns)
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory where it lies below it (so committed tables name
+    ``runs/...``, not where one machine keeps its checkout), else as given."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def gold_auc(points: Sequence[tuple[int, float]]) -> float | None:
