@@ -13,7 +13,15 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from datc.prepare import _FrozenBottom, _rm_batch_scores, top_layers_view
 from datc.tasks import TASKS, gold_contributions
-from datc.tasks.reviews import EVAL_SUBJECTS, TRAIN_SUBJECTS, text_and_owners, valence_contributions
+from datc.tasks.reviews import (
+    EVAL_SUBJECTS,
+    NEGATIVE_WORDS,
+    NEUTRAL_WORDS,
+    POSITIVE_WORDS,
+    TRAIN_SUBJECTS,
+    text_and_owners,
+    valence_contributions,
+)
 
 _B2U = bytes_to_unicode()
 
@@ -93,11 +101,15 @@ def test_eval_prompts_ask_about_held_out_subjects():
 
 def test_edits_swap_whole_words_and_keep_the_end_token():
     task = TASKS.get("reviews")(10)
-    toks = bpe(" The", " room", " was", " clean", ".") + ["<|im_end|>"]
+    # No word here is in the edit lists, so every swap shows as a changed token.
+    toks = bpe(" The", " lobby", " seemed", " tidy", ".") + ["<|im_end|>"]
+    lists = {"Ġ" + w for w in (*POSITIVE_WORDS, *NEGATIVE_WORDS, *NEUTRAL_WORDS)}
+    assert not lists & set(toks)
     for seed in range(20):
         out = task.edit({}, toks, random.Random(seed))
         assert len(out) == len(toks) and out[-1] == "<|im_end|>" and out[4] == "."
-        assert 1 <= sum(a != b for a, b in zip(out, toks, strict=True)) <= 3 or out == toks
+        changed = [i for i, (a, b) in enumerate(zip(out, toks, strict=True)) if a != b]
+        assert 1 <= len(changed) <= 3 and all(out[i] in lists for i in changed)
 
 
 def test_top_layers_view_computes_the_whole_models_score(tok):
