@@ -128,30 +128,30 @@ def template_parts(rm_tok, messages: list[dict[str, str]]) -> tuple[list[int], l
 
 def splice_rm_inputs(prefixes: list[list[int]], suffixes: list[list[int]], response_ids: Tensor, response_mask: Tensor,
                      eos_id: int, pad_id: int) -> RMInputs:
-    """Reward-model inputs ``prefix + response + suffix`` per row, left-padded, with each valid
-    response token's position (``response_pos``) and whether it has one (``mapped``)."""
+    """Reward-model inputs ``prefix + response + suffix`` per row, as :class:`RMInputs`' two
+    blocks (the template's prefix; the response and the suffix), each left-padded, with each
+    valid response token's position (``response_pos``) and whether it has one (``mapped``)."""
     B, T = response_ids.shape
-    rows, starts, n_content, eos_mapped = [], [], [], []
+    conts, n_content, eos_mapped = [], [], []
     resp_lists = response_ids.tolist()
     lengths = response_mask.sum(-1).tolist()
     for i in range(B):
         resp = resp_lists[i][: lengths[i]]
         ends = bool(resp) and resp[-1] == eos_id
         content = resp[:-1] if ends else resp
-        rows.append(prefixes[i] + content + suffixes[i])
-        starts.append(len(prefixes[i]))
+        conts.append(content + suffixes[i])
         n_content.append(len(content))
         eos_mapped.append(ends and bool(suffixes[i]) and suffixes[i][0] == eos_id)
-    ids, mask = left_pad(rows, pad_id, response_ids.device)
-    L = ids.shape[1]
+    pre_ids, pre_mask = left_pad(prefixes, pad_id, response_ids.device)
+    cont_ids, cont_mask = left_pad(conts, pad_id, response_ids.device)
+    P, C = pre_ids.shape[1], cont_ids.shape[1]
     t = torch.arange(T, device=response_ids.device)[None, :]
-    shift = torch.tensor([L - len(r) for r in rows], device=response_ids.device)[:, None]
-    start = torch.tensor(starts, device=response_ids.device)[:, None]
+    start = torch.tensor([P + C - len(c) for c in conts], device=response_ids.device)[:, None]  # the response's first column
     n = torch.tensor(n_content, device=response_ids.device)[:, None]
     mapped = (t < n) | ((t == n) & torch.tensor(eos_mapped, device=response_ids.device)[:, None])
     mapped &= response_mask
-    pos = torch.where(mapped, shift + start + t, torch.zeros_like(t))  # the EOS lands on the suffix's first token
-    return RMInputs(ids, mask, pos, mapped)
+    pos = torch.where(mapped, start + t, torch.zeros_like(t))  # the EOS lands on the suffix's first token
+    return RMInputs(torch.cat([pre_ids, cont_ids], 1), torch.cat([pre_mask, cont_mask], 1), pos, mapped, prefix_len=P)
 
 
 @dataclass

@@ -27,12 +27,13 @@ def evaluate(c: TrainConfig, m: Models, rows: list[dict], task, device: torch.de
             chunk = rows[i : i + t.eval_batch_size]
             ro = sample_groups(m.policy, m.tok, chunk, 1, t.max_new_tokens, t.temperature, t.top_p, c.data.prompt_field,
                                synced_gpus=m.synced_gpus, encoder=m.encoder)
-            inp = m.score_inputs(ro)
-            s = score(m.rm, inp, ro.response_mask, batch_size=t.eval_batch_size).scores
-            logps, ent, _ = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size, False)
+            inp = m.score_inputs(ro)  # one response per prompt: no prompt to share (share=False)
+            s = score(m.rm, inp, ro.response_mask, batch_size=t.eval_batch_size, share=False).scores
+            logps, ent, _ = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size, False, share=False)
             mask = ro.response_mask.float()
             if m.ref is not None:
-                ref_logps, _, _ = rollout_policy_pass(m.ref, ro, t.temperature, t.micro_batch_size, False, with_entropy=False)
+                ref_logps, _, _ = rollout_policy_pass(m.ref, ro, t.temperature, t.micro_batch_size, False, with_entropy=False,
+                                                     share=False)
                 d = ref_logps - logps
                 kls.append(((d.exp() - d - 1) * mask).sum(-1) / mask.sum(-1).clamp(min=1))
             scores.append(s)

@@ -27,6 +27,7 @@ class Models:
     synced_gpus: bool = False  # generate keeps every rank in step (ZeRO-3 with several ranks)
     encoder: Any = None  # datc.chat.PromptEncoder: the policy's prompts (format, chat template)
     rm_inputs: Any = None  # datc.chat.RewardInputs: the reward model's inputs (its own chat template)
+    share_prompts: bool = True  # forwards compute each distinct prompt once (datc.shared_prompt)
 
     def score_inputs(self, ro: Rollout):
         return self.rm_inputs(ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask, ro.examples)
@@ -63,6 +64,9 @@ def load_models(c: TrainConfig, assets: Assets, device: torch.device, dist: Dist
     ref = _frozen(ref, c, dist) if ref is not None else None
     rm = _frozen(rm, c, dist)
     encoder = prompt_encoder(c, tok)
-    return Models(policy, ref, rm, tok, vocab, synced_gpus=dist.enabled and c.deepspeed.stage == 3 and dist.world_size > 1,
-                  encoder=encoder, rm_inputs=RewardInputs(rm_tok, encoder, c.reward.chat_template))
+    synced = dist.enabled and c.deepspeed.stage == 3 and dist.world_size > 1
+    # under ZeRO-3 every rank must make as many forwards as the others: one per pass there
+    return Models(policy, ref, rm, tok, vocab, synced_gpus=synced, encoder=encoder,
+                  rm_inputs=RewardInputs(rm_tok, encoder, c.reward.chat_template),
+                  share_prompts=c.trainer.share_prompts and not synced)
 

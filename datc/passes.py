@@ -13,6 +13,7 @@ import torch
 from datc.credit.base import ENTROPY, OLD_LOGPS, POLICY_HIDDEN, POLICY_LOGITS
 from datc.logprobs import entropy_from_logits, selective_log_softmax
 from datc.rollout import Rollout, position_ids, with_prompts
+from datc.shared_prompt import forward_after_prompts, prompt_groups
 
 # Largest B·T·V for which generate's logits are kept for credit (``reuse_rollout_logits: auto``):
 # 2^28 float32 values = 1 GiB. Real vocabularies at real batch sizes recompute them in chunks.
@@ -36,34 +37,51 @@ def pass_plan(t, needs: frozenset[str], vocab_size: int) -> PassPlan:
     return PassPlan(on_policy, wants_dist, reuse)
 
 
-def policy_logits(model, ro: Rollout, rows: slice | torch.Tensor, temperature: float) -> torch.Tensor:
+def policy_forward(model, ro: Rollout, rows: slice | torch.Tensor, hidden: bool = False, share: bool = True):
+    """The policy's raw logits over the response positions (b, T, V), each position's logits
+    predicting its token, and with ``hidden`` the LM-head inputs there (b, T, d; the last
+    hidden state after the final norm), else None. With ``share`` each distinct prompt of the
+    rows is forwarded once (:mod:`datc.shared_prompt`; with gradients as well); otherwise, or
+    for a one-token prompt width, one forward of ``prompt + response``."""
+    P, T = ro.prompt_ids.shape[1], ro.response_ids.shape[1]
+    pids, pmask = ro.prompt_ids[rows], ro.prompt_mask[rows]
+    groups = prompt_groups(pids, pmask) if share and P > 1 else None
+    if groups is None:
+        ids, am = ro.input_ids[rows], ro.attention_mask[rows]
+        # the LM head only at the T positions that predict a response token (not at the prompt's)
+        out = model(input_ids=ids, attention_mask=am.long(), position_ids=position_ids(am), logits_to_keep=T + 1,
+                    output_hidden_states=hidden)
+        return out.logits[:, :-1], (out.hidden_states[-1][:, P - 1 : -1] if hidden else None)
+    # The prompts but their last token go through once; each row's continuation is its prompt's
+    # last token (whose logits predict the first response token) and its response but the last:
+    # T positions, so the LM head runs over all B·T of them in one product, as in the plain forward.
+    cont_ids = torch.cat([pids[:, -1:], ro.response_ids[rows][:, : T - 1]], 1)
+    cont_mask = torch.cat([pmask[:, -1:], ro.response_mask[rows][:, : T - 1]], 1)
+    _, out = forward_after_prompts(model, pmask[:, :-1], cont_mask, groups, prompt_ids=pids[:, :-1], cont_ids=cont_ids,
+                                   prompt_kwargs={"logits_to_keep": 1}, output_hidden_states=hidden)
+    return out.logits, (out.hidden_states[-1] if hidden else None)
+
+
+def policy_logits(model, ro: Rollout, rows: slice | torch.Tensor, temperature: float, share: bool = True) -> torch.Tensor:
     """Logits over the response positions, divided by the sampling temperature. (b, T, V)"""
-    ids, am = ro.input_ids[rows], ro.attention_mask[rows]
-    T = ro.response_ids.shape[1]
-    # the LM head only at the T positions that predict a response token (not at the prompt's)
-    logits = model(input_ids=ids, attention_mask=am.long(), position_ids=position_ids(am), logits_to_keep=T + 1).logits
-    return logits[:, :-1].float() / temperature
+    return policy_forward(model, ro, rows, share=share)[0].float() / temperature
 
 
 @torch.no_grad()
 def rollout_policy_pass(model, ro: Rollout, temperature: float, micro: int, keep_logits: bool,
-                        keep_hidden: bool = False, with_entropy: bool = True):
+                        keep_hidden: bool = False, with_entropy: bool = True, share: bool = True):
     """One no-grad pass of a frozen or pre-update policy: log-probs, entropies (None without
     ``with_entropy``) and (when a credit scheme declares them) the logits. Returns (logps (B,T),
     entropy (B,T)|None, logits|None);
     with ``keep_hidden`` a fourth element, the LM-head inputs (B,T,d) float32 at the same
-    positions (the last hidden state, after the final norm: logits = lm_head(hidden) / temperature)."""
+    positions (the last hidden state, after the final norm: logits = lm_head(hidden) / temperature).
+    ``share``: see :func:`policy_forward`."""
     logps, ents, all_logits, hidden = [], [], [], []
-    P = ro.prompt_ids.shape[1]
     for i in range(0, ro.response_ids.shape[0], micro):
-        if keep_hidden:  # policy_logits' forward, also returning the last hidden state
-            ids, am = ro.input_ids[i : i + micro], ro.attention_mask[i : i + micro]
-            fwd = model(input_ids=ids, attention_mask=am.long(), position_ids=position_ids(am), output_hidden_states=True,
-                        logits_to_keep=ro.response_ids.shape[1] + 1)
-            z = fwd.logits[:, :-1].float() / temperature
-            hidden.append(fwd.hidden_states[-1][:, P - 1 : -1].float())
-        else:
-            z = policy_logits(model, ro, slice(i, i + micro), temperature)
+        raw, h = policy_forward(model, ro, slice(i, i + micro), hidden=keep_hidden, share=share)
+        z = raw.float() / temperature
+        if keep_hidden:
+            hidden.append(h.float())
         logps.append(selective_log_softmax(z, ro.response_ids[i : i + micro]))
         if with_entropy:
             ents.append(entropy_from_logits(z))
@@ -73,7 +91,7 @@ def rollout_policy_pass(model, ro: Rollout, temperature: float, micro: int, keep
     return (*out, torch.cat(hidden)) if keep_hidden else out
 
 
-def logps_under_prompts(model, tok, ro: Rollout, temperature: float, micro: int, encoder=None):
+def logps_under_prompts(model, tok, ro: Rollout, temperature: float, micro: int, encoder=None, share: bool = True):
     """The ``LOGPS_UNDER`` input of a credit scheme: a function from B prompt texts to the
     rollout policy's log-probs (B, T) of the sampled response ids under those prompts, one
     no-grad :func:`rollout_policy_pass` per call (ids spliced, never re-tokenized; see
@@ -87,7 +105,7 @@ def logps_under_prompts(model, tok, ro: Rollout, temperature: float, micro: int,
         if ctx is not None and width > ctx:
             raise ValueError(f"prompts of up to {other.prompt_ids.shape[1]} tokens plus {other.response_ids.shape[1]} "
                              f"response positions exceed the policy's context of {ctx}")
-        return rollout_policy_pass(model, other, temperature, micro, False, with_entropy=False)[0]
+        return rollout_policy_pass(model, other, temperature, micro, False, with_entropy=False, share=share)[0]
 
     return logps_under
 

@@ -140,7 +140,7 @@ def _any_unfinished(unfinished: Tensor, synced_gpus: bool) -> bool:
 @torch.no_grad()
 def sample_tokens(policy, ids: Tensor, mask: Tensor, max_new_tokens: int, temperature: float, top_p: float,
                   eos_id: int, pad_id: int, min_new_tokens: int = 0, keep_logits: bool = False,
-                  synced_gpus: bool = False) -> tuple[Tensor, Tensor | None]:
+                  synced_gpus: bool = False, prompt_repeats: int = 1) -> tuple[Tensor, Tensor | None]:
     """Sampling with the KV cache, the steps of transformers' ``generate`` for
     ``do_sample=True, top_k=0`` (float32 logits of the last position; EOS forbidden before
     ``min_new_tokens``; ``/ temperature``; top-p; ``softmax``; one draw; finished rows get the
@@ -152,13 +152,22 @@ def sample_tokens(policy, ids: Tensor, mask: Tensor, max_new_tokens: int, temper
     ids/mask (B, P) left-padded. Returns the sampled ids (B, n <= max_new_tokens) and, with
     ``keep_logits``, the raw float32 logits at each sampled position (B, n, V). With
     ``synced_gpus`` a rank whose rows are all done keeps forwarding (pads) until every rank is,
-    as generate's ``synced_gpus`` does, so ZeRO-3's collective parameter gathers stay matched."""
+    as generate's ``synced_gpus`` does, so ZeRO-3's collective parameter gathers stay matched.
+    ``prompt_repeats`` k: the rows come in runs of k identical prompts (a group), so the prefill
+    forwards each run's prompt once and repeats its KV cache and logits k times."""
     B = ids.shape[0]
     am = mask.long()
     pos = position_ids(mask)
     cache = {_cache_kwarg(policy): DynamicCache()}  # filled in place by each forward
-    out = policy(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=True, logits_to_keep=1, **cache)
+    k = prompt_repeats
+    if k > 1 and (B % k or not torch.equal(ids, ids[::k].repeat_interleave(k, 0))):
+        raise ValueError(f"prompt_repeats={k}: the rows are not runs of {k} identical prompts")
+    out = policy(input_ids=ids[::k], attention_mask=am[::k], position_ids=pos[::k], use_cache=True, logits_to_keep=1,
+                 **cache)
     logits = out.logits[:, -1]
+    if k > 1:  # each prompt's cache and next-token logits, once per response of its group
+        next(iter(cache.values())).batch_repeat_interleave(k)
+        logits = logits.repeat_interleave(k, 0)
     # GPT-2: the same decode forward without transformers' per-call plumbing (datc.fast_decode)
     lean = lean_decoder(policy, next(iter(cache.values())), mask) if max_new_tokens > 1 and not synced_gpus else None
     next_pos = pos[:, -1:] + 1
@@ -207,6 +216,7 @@ def sample_groups(
     synced_gpus: bool = False,
     encoder=None,
     min_new_tokens: int = 0,
+    share_prompts: bool = True,
 ) -> Rollout:
     """Sample ``num_generations`` responses per prompt (pure sampling: ``top_k`` off, so the
     sampling distribution is ``softmax(z / temperature)`` up to top-p; see ``sample_tokens``).
@@ -215,7 +225,8 @@ def sample_groups(
     forwarding until all are done (ZeRO-3: each forward gathers parameters from all ranks).
     ``encoder`` (a :class:`datc.chat.PromptEncoder`) renders the prompts; without one the
     ``prompt_field`` text is tokenized as is. ``min_new_tokens`` forbids EOS before that many
-    tokens (the benchmark uses it to fix the response length)."""
+    tokens (the benchmark uses it to fix the response length). ``share_prompts``: the prefill
+    forwards each prompt once for its group (``sample_tokens``' ``prompt_repeats``)."""
     device = next(policy.parameters()).device
     if encoder is not None:  # datc.chat.PromptEncoder: prompt formats and chat templates
         ids, mask = encoder.encode(examples, device)
@@ -227,7 +238,8 @@ def sample_groups(
     policy.eval()
     try:
         resp, logits = sample_tokens(policy, ids, mask, max_new_tokens, temperature, top_p, tokenizer.eos_token_id,
-                                     tokenizer.pad_token_id, min_new_tokens, keep_logits, synced_gpus)
+                                     tokenizer.pad_token_id, min_new_tokens, keep_logits, synced_gpus,
+                                     num_generations if share_prompts else 1)
     finally:
         policy.train(was_training)
     if keep_logits and logits.shape[1] < max_new_tokens:

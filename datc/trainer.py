@@ -210,7 +210,7 @@ def learn(s: Session, it: int, ro: Rollout, t0: float) -> dict[str, float]:
     ro.logits = rw.rm_grad = None
     t3 = time.perf_counter()
     stats = update(s.c, s.m.policy, s.opt, s.sched, ro, rw.mask, cr.token_adv, cr.old_logps, ref_logps, rw.nonfinite,
-                   s.engine, s.dist)
+                   s.engine, s.dist, s.m.share_prompts)
     t4 = time.perf_counter()
     return step_metrics(s, ro, rw, cr, stats, (t0, t1, t2, t3, t4))
 
@@ -237,7 +237,7 @@ def rollout(s: Session, examples: list[dict], keep_logits: bool = False) -> Roll
     per_call = (t.generation_batch_size or len(examples) * t.num_generations) // t.num_generations  # prompts
     return cat_rollouts([sample_groups(m.policy, m.tok, examples[i : i + per_call], t.num_generations, t.max_new_tokens,
                                        t.temperature, t.top_p, c.data.prompt_field, keep_logits=keep_logits,
-                                       synced_gpus=m.synced_gpus, encoder=m.encoder)
+                                       synced_gpus=m.synced_gpus, encoder=m.encoder, share_prompts=m.share_prompts)
                          for i in range(0, len(examples), per_call)], m.tok.pad_token_id)
 
 
@@ -297,7 +297,8 @@ def reward(s: Session, ro: Rollout, mask: Tensor, with_grad: bool, shaped: bool 
     c, t, m = s.c, s.c.trainer, s.m
     inp = m.score_inputs(ro)
     grad_rows = ~identical_groups(ro, t.num_generations) if skip_zero and with_grad else None
-    rm_out = score(m.rm, inp, ro.response_mask, with_grad=with_grad, batch_size=t.micro_batch_size, grad_rows=grad_rows)
+    rm_out = score(m.rm, inp, ro.response_mask, with_grad=with_grad, batch_size=t.micro_batch_size, grad_rows=grad_rows,
+                   share=m.share_prompts)
     gold, gold_contrib = (gold_of(s.assets.task, m.tok, ro.examples, ro.response_ids, ro.response_mask)
                           if s.assets.task is not None else (None, None))
     rewards = c.reward.scale * rm_out.scores if shaped else rm_out.scores
@@ -319,7 +320,7 @@ def reward(s: Session, ro: Rollout, mask: Tensor, with_grad: bool, shaped: bool 
     if grad_rows is not None and (missing := credited & ~grad_rows).any():  # an RM that is not batch-invariant
         rows = missing.nonzero().squeeze(-1)
         rm_grad[rows] = score(m.rm, inp.select(rows), ro.response_mask[rows], with_grad=True,
-                              batch_size=t.micro_batch_size).grad
+                              batch_size=t.micro_batch_size, share=m.share_prompts).grad
     rm_grad, bad_rm_grad = zero_nonfinite_rm_grad(rm_grad)
     nf.add("rm_grad", bad_rm_grad)
     return Rewarded(rm_out.scores, rewards, advantages, mask, rm_grad, bad_rm_grad, gold, gold_contrib, rule_metrics, nf,
@@ -336,7 +337,8 @@ def identical_groups(ro: Rollout, num_generations: int) -> Tensor:
 def reference_logps(s: Session, ro: Rollout) -> Tensor | None:
     """(B, T) log-probs of the sampled ids under the frozen reference (None without a KL term)."""
     t, m = s.c.trainer, s.m
-    return (rollout_policy_pass(m.ref, ro, t.temperature, t.micro_batch_size, False, with_entropy=False)[0]
+    return (rollout_policy_pass(m.ref, ro, t.temperature, t.micro_batch_size, False, with_entropy=False,
+                                share=m.share_prompts)[0]
             if m.ref is not None else None)
 
 
@@ -381,11 +383,13 @@ def credit_inputs(s: Session, ro: Rollout, rw: Rewarded, rows: slice, plan: Pass
         credit_old_logps = selective_log_softmax(logits, sub.response_ids) if OLD_LOGPS in needs else None
     elif not plan.on_policy or plan.wants_dist:
         old_logps, entropy, logits, *rest = rollout_policy_pass(m.policy, sub, t.temperature, t.micro_batch_size,
-                                                                POLICY_LOGITS in needs, POLICY_HIDDEN in needs)
+                                                                POLICY_LOGITS in needs, POLICY_HIDDEN in needs,
+                                                                share=m.share_prompts)
         hidden = rest[0] if rest else None
         credit_old_logps = old_logps
     prompts = [m.encoder.text(ex) for ex in sub.examples] if PROMPTS in needs else None
-    logps_under = (logps_under_prompts(m.policy, m.tok, sub, t.temperature, t.micro_batch_size, m.encoder)
+    logps_under = (logps_under_prompts(m.policy, m.tok, sub, t.temperature, t.micro_batch_size, m.encoder,
+                                       m.share_prompts)
                    if LOGPS_UNDER in needs else None)
     batch = CreditBatch(
         response_ids=sub.response_ids, response_mask=rw.mask[rows], advantages=rw.advantages[rows],
@@ -462,7 +466,8 @@ def _with_skipped(s: Session, ro: Rollout, rw: Rewarded, plan: PassPlan, keep: T
         return whole, None, None
     t = s.c.trainer
     skipped = (~rw.credited).nonzero().squeeze(-1)
-    logps, ent, _ = rollout_policy_pass(s.m.policy, ro.select(skipped), t.temperature, t.micro_batch_size, False)
+    logps, ent, _ = rollout_policy_pass(s.m.policy, ro.select(skipped), t.temperature, t.micro_batch_size, False,
+                                        share=s.m.share_prompts)
     old_all, ent_all = logps.new_empty(B, T), ent.new_empty(B, T)
     old_all[skipped], ent_all[skipped] = logps, ent
     if old_logps is not None:  # off-policy, the credited rows' pass made them too
@@ -484,7 +489,7 @@ def _cat_credit(parts: list) -> Any:
 
 
 def update(c: TrainConfig, policy, opt, sched, ro: Rollout, mask, token_adv, old_logps, ref_logps,
-           nf: NonFiniteReport, engine=None, dist: Dist | None = None) -> dict[str, float]:
+           nf: NonFiniteReport, engine=None, dist: Dist | None = None, share: bool = True) -> dict[str, float]:
     """``epochs`` passes over the rollout batch in mini-batches (one optimizer step each),
     accumulated over micro-batches; the aggregation normalizers are the mini-batch's, so the
     accumulated gradient equals the mini-batch's gradient. A non-finite micro-batch loss is
@@ -496,7 +501,8 @@ def update(c: TrainConfig, policy, opt, sched, ro: Rollout, mask, token_adv, old
     loss is scaled by W, because DeepSpeed averages gradients over ranks: the reduced gradient is
     again exactly the mini-batch's. Every rank must then run the same backward passes (their
     gradient reductions are collective), so a non-finite micro-batch loss is zeroed token-wise
-    rather than skipped, and clipping and the step are DeepSpeed's."""
+    rather than skipped, and clipping and the step are DeepSpeed's. ``share``: the forwards
+    compute each distinct prompt of a micro-batch once (:func:`datc.passes.policy_forward`)."""
     t = c.trainer
     dist = dist or Dist()
     W = dist.world_size if engine is not None else 1
@@ -519,7 +525,7 @@ def update(c: TrainConfig, policy, opt, sched, ro: Rollout, mask, token_adv, old
                 opt.zero_grad(set_to_none=True)
             backpropagated = 0
             for micro in mb.split(micro_size):
-                z = policy_logits(engine or policy, ro, micro, t.temperature)
+                z = policy_logits(engine or policy, ro, micro, t.temperature, share)
                 logps = selective_log_softmax(z, ro.response_ids[micro])
                 old = old_logps[micro] if old_logps is not None else logps.detach()
                 out = clipped_policy_loss(logps, old, token_adv[micro], t.epsilon_low, t.epsilon_high, t.beta,

@@ -102,8 +102,11 @@ def test_response_positions_in_the_reward_models_template_are_exact(tmp_path, fm
             assert inp.input_ids[i, inp.response_pos[i, t]] == y
         assert not inp.mapped[i, len(rows[i]):].any()
         first = int(inp.response_pos[i, 0])
-        if content:  # the token before the answer ends the template's assistant header
-            assert inp.input_ids[i, first - 1] == prefix[-1]
+        if content:  # the valid token before the answer ends the template's assistant header
+            assert inp.input_ids[i, :first][inp.attention_mask[i, :first]][-1] == prefix[-1]
+            # the prefix block holds the template's prefix and nothing else (shared by a group)
+            P = inp.prefix_len
+            assert inp.input_ids[i, :P][inp.attention_mask[i, :P]].tolist() == prefix
             assert inp.input_ids[i, inp.response_pos[i, len(content) - 1] + 1] == suffix[0]
     assert tok.convert_ids_to_tokens(suffix[0]) == tok.eos_token  # same-family templates end turns with EOS
 

@@ -38,7 +38,7 @@ def test_rm_inputs_splice_ids_and_know_each_position(tok):
     for i in range(2):
         expected = torch.cat([p_ids[i][p_mask[i]], r_ids[i][r_mask[i]]])
         assert torch.equal(inp.input_ids[i][inp.attention_mask[i]], expected)  # ids as sampled, in order
-        assert inp.attention_mask[i, -1]  # all padding on the left: the score is read at the end
+        assert inp.attention_mask[i, -1]  # the last column is every row's last token: the score is read there
         valid = r_mask[i]
         assert torch.equal(inp.input_ids[i, inp.response_pos[i][valid]], r_ids[i][valid])
 

@@ -9,42 +9,54 @@ import torch
 from torch import Tensor
 
 from datc.rollout import position_ids
+from datc.shared_prompt import forward_after_prompts, prompt_groups
 
 
 @dataclass
 class RMInputs:
-    """Reward-model inputs, left-padded so the score is read at the last position.
-    L = the longest prefix + response."""
+    """Reward-model inputs in two blocks of columns: the prompt prefix (columns ``< prefix_len``,
+    left-padded; the same for every response to one prompt) and the continuation (the response,
+    and the template's suffix if any; left-padded too, so the last column is every row's last
+    token and the score is read there). The padding between the blocks is masked and skipped by
+    the positions, so the model sees each row as ``prefix + continuation``; the split lets each
+    distinct prefix be forwarded once (:mod:`datc.shared_prompt`). L = prefix_len + the
+    continuation's width."""
 
     input_ids: Tensor  # (B, L) long
     attention_mask: Tensor  # (B, L) bool
     response_pos: Tensor  # (B, T) long: position in the RM input of response token t (valid where response_mask)
     mapped: Tensor | None = None  # (B, T) bool: tokens with a position (chat templates may leave the EOS without one)
+    prefix_len: int = 0  # columns of the prefix block (0: no split known, forwarded whole)
 
     def select(self, rows: Tensor) -> RMInputs:
         """The inputs of responses ``rows`` (k,) long, padding kept as it is."""
         return RMInputs(self.input_ids[rows], self.attention_mask[rows], self.response_pos[rows],
-                        None if self.mapped is None else self.mapped[rows])
+                        None if self.mapped is None else self.mapped[rows], self.prefix_len)
+
+
+def left_align(ids: Tensor, mask: Tensor, pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Right-padded rows (valid tokens first) shifted so their padding is all on the left:
+    (ids, mask, shift (B,)), token t of a row moving to column ``t + shift``."""
+    L = ids.shape[1]
+    shift = (~mask).sum(-1)
+    src = (torch.arange(L, device=ids.device)[None, :] - shift[:, None]) % L  # roll right by shift
+    ids, mask = ids.gather(1, src), mask.gather(1, src)
+    return torch.where(mask, ids, torch.full_like(ids, pad_id)), mask, shift
 
 
 def build_rm_inputs(prefix_ids: Tensor, prefix_mask: Tensor, response_ids: Tensor, response_mask: Tensor, pad_id: int) -> RMInputs:
     """Splice the sampled response ids after the reward model's prompt prefix, never
-    re-tokenizing them, and shift each row so its padding is all on the left.
+    re-tokenizing them: the prefix block as given, then the response block shifted so its
+    padding is on the left (:class:`RMInputs`).
 
     prefix_ids/prefix_mask (B, P) left-padded; response_ids/response_mask (B, T) right-padded.
     """
-    ids = torch.cat([prefix_ids, response_ids], 1)  # (B, P+T): pads on the left and the right
-    mask = torch.cat([prefix_mask, response_mask], 1)
-    B, L = ids.shape
-    shift = (~response_mask).sum(-1)  # right padding to move to the left, per row
-    src = (torch.arange(L, device=ids.device)[None, :] - shift[:, None]) % L  # roll right by shift
-    ids = ids.gather(1, src)
-    mask = mask.gather(1, src)
-    ids = torch.where(mask, ids, torch.full_like(ids, pad_id))
-    T = response_ids.shape[1]
-    response_pos = prefix_ids.shape[1] + torch.arange(T, device=ids.device)[None, :] + shift[:, None]
+    resp, rmask, shift = left_align(response_ids, response_mask, pad_id)
+    P, T = prefix_ids.shape[1], response_ids.shape[1]
+    response_pos = P + torch.arange(T, device=resp.device)[None, :] + shift[:, None]
     response_pos = torch.where(response_mask, response_pos, torch.zeros_like(response_pos))
-    return RMInputs(ids, mask, response_pos)
+    prefix_ids = torch.where(prefix_mask, prefix_ids, torch.full_like(prefix_ids, pad_id))
+    return RMInputs(torch.cat([prefix_ids, resp], 1), torch.cat([prefix_mask, rmask], 1), response_pos, prefix_len=P)
 
 
 @dataclass
@@ -57,26 +69,33 @@ def rm_forward(rm, inputs_embeds: Tensor, attention_mask: Tensor) -> Tensor:
     """The reward model's score of left-padded inputs, read at the last position. (B,) float.
     Shared by reward-model training and scoring, so both compute exactly the same function."""
     out = rm(inputs_embeds=inputs_embeds, attention_mask=attention_mask.long(), position_ids=position_ids(attention_mask)).logits
-    s = out[:, 0]
+    return _as_score(out)
+
+
+def _as_score(logits: Tensor) -> Tensor:
+    s = logits[:, 0]
     return s if s.dtype == torch.float64 else s.float()  # bf16/fp16 scores are upcast
 
 
 def score(rm, inputs: RMInputs, response_mask: Tensor, with_grad: bool = False, batch_size: int = 64,
-          grad_rows: Tensor | None = None) -> RMScore:
+          grad_rows: Tensor | None = None, share: bool = True) -> RMScore:
     """Score responses with the frozen reward model; with ``with_grad`` the same forward is
     followed by one backward to ``inputs_embeds`` only (no parameter gradients), returning
     ``g_t = ∂R/∂h_t`` for every response token. Run in chunks of ``batch_size`` rows.
 
     ``grad_rows`` (B,) bool: with ``with_grad``, only these responses get the backward; the
-    others are scored by a no-grad forward and get a zero gradient (None: every response)."""
+    others are scored by a no-grad forward and get a zero gradient (None: every response).
+    ``share``: each distinct prefix of a chunk is forwarded once, without a graph (the gradient
+    is wanted at the response tokens only, which the prefix does not depend on), and the
+    continuations after it (:mod:`datc.shared_prompt`)."""
     if not with_grad or grad_rows is None or bool(grad_rows.all()):
-        return _score(rm, inputs, response_mask, with_grad, batch_size)
+        return _score(rm, inputs, response_mask, with_grad, batch_size, share)
     scores = torch.empty(response_mask.shape[0], dtype=torch.float32, device=response_mask.device)
     grad = None
     for want, rows in ((True, grad_rows.nonzero().squeeze(-1)), (False, (~grad_rows).nonzero().squeeze(-1))):
         if rows.numel() == 0:
             continue
-        out = _score(rm, inputs.select(rows), response_mask[rows], want, batch_size)
+        out = _score(rm, inputs.select(rows), response_mask[rows], want, batch_size, share)
         scores[rows] = out.scores
         if want:
             grad = out.grad.new_zeros((*response_mask.shape, out.grad.shape[-1]))
@@ -87,23 +106,32 @@ def score(rm, inputs: RMInputs, response_mask: Tensor, with_grad: bool = False, 
     return RMScore(scores, grad)
 
 
-def _score(rm, inputs: RMInputs, response_mask: Tensor, with_grad: bool, batch_size: int) -> RMScore:
+def _score(rm, inputs: RMInputs, response_mask: Tensor, with_grad: bool, batch_size: int, share: bool = True) -> RMScore:
     emb = rm.get_input_embeddings()
     scores, grads = [], []
+    P = inputs.prefix_len
     for i in range(0, inputs.input_ids.shape[0], batch_size):
         ids = inputs.input_ids[i : i + batch_size]
         am = inputs.attention_mask[i : i + batch_size]
+        groups = prompt_groups(ids[:, :P], am[:, :P]) if share and 0 < P < ids.shape[1] else None
+        start = 0 if groups is None else P  # the first column with a graph
         with torch.no_grad():
             h = emb(ids)
-        h.requires_grad_(with_grad)
+        x = h[:, start:].clone() if groups is not None else h
+        x.requires_grad_(with_grad)
         with torch.set_grad_enabled(with_grad):
-            s = rm_forward(rm, h, am)
+            if groups is None:
+                s = rm_forward(rm, x, am)
+            else:
+                _, out = forward_after_prompts(rm, am[:, :P], am[:, P:], groups, prompt_embeds=h[:, :P], cont_embeds=x,
+                                               prompt_grad=False)
+                s = _as_score(out.logits)
             if with_grad:
-                (g,) = torch.autograd.grad(s.sum(), h)  # scores are independent per row
-                pos = inputs.response_pos[i : i + batch_size]
-                g = g.gather(1, pos[:, :, None].expand(-1, -1, g.shape[-1]))
-                g = g if g.dtype == torch.float64 else g.float()
+                (g,) = torch.autograd.grad(s.sum(), x)  # scores are independent per row
+                pos = inputs.response_pos[i : i + batch_size] - start
                 keep = response_mask[i : i + batch_size] if inputs.mapped is None else inputs.mapped[i : i + batch_size]
+                g = g.gather(1, (pos * keep)[:, :, None].expand(-1, -1, g.shape[-1]))
+                g = g if g.dtype == torch.float64 else g.float()
                 grads.append(g * keep[:, :, None])
         scores.append(s.detach().float())
     return RMScore(torch.cat(scores), torch.cat(grads) if with_grad else None)

@@ -23,9 +23,13 @@ CHUNKED = sorted(n for n in CREDIT_SCHEMES.names()
 
 
 def _one_step(cache_dir, tmp_path, name, row_local, monkeypatch):
-    # 8 responses, micro-batches of 2 (four chunks); logits recomputed, not generate's.
+    # 8 responses, micro-batches of 2 (four chunks); logits recomputed, not generate's. Plain
+    # forwards: a shared prompt forward rounds with the prompts computed together, which differ
+    # here, and the Adam step turns rounding on a near-zero gradient into a step of ~lr
+    # (tests/test_shared_prompt.py checks the shared forwards).
     c = validate(cfg_for(cache_dir, tmp_path / "unused", f"credit={name}", "trainer.warmup_steps=0",
-                         "trainer.micro_batch_size=2", "trainer.reuse_rollout_logits=never"))
+                         "trainer.micro_batch_size=2", "trainer.reuse_rollout_logits=never",
+                         "trainer.share_prompts=false"))
     s = build_session(c)
     s.scheme = dataclasses.replace(s.scheme, row_local=row_local)
     calls = []

@@ -1,0 +1,87 @@
+"""Forwards that compute each distinct prompt once for all the responses that follow it.
+
+A GRPO batch holds G responses per prompt, so a forward over ``prompt + response`` rows computes
+every prompt G times. Here the distinct prompts go through the model once, with the KV cache;
+the cache is then indexed out to every row (``inverse``: a differentiable gather, so with
+gradients enabled the prompt's activations get the gradient of all G responses), and the
+continuations are forwarded against it. The result is the full forward's, position for
+position, up to float rounding (other matrix shapes): the same positions (padding skipped, as
+:func:`datc.rollout.position_ids`), the same attention (each continuation token sees its own
+row's prompt and earlier tokens), the same causal masks. The idea is Prefix Grouper's
+("Efficient GRPO Training through Shared-Prefix Forward", Liu et al. 2025, arXiv:2506.05433:
+the same outputs and gradients, the prompt encoded once), done here with the model's own KV
+cache instead of a rewritten attention. At a real model's scale with 40-token prompts,
+48-token responses and G = 4 it leaves out a third of the tokens of every policy, reference
+and reward-model forward and backward.
+
+Shapes: B rows, n distinct prompts, P prompt width (left-padded), C continuation width.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache
+
+
+class PromptGroups(NamedTuple):
+    first: Tensor  # (n,) long: a row holding each distinct prompt
+    inverse: Tensor  # (B,) long: the distinct prompt of each row
+
+
+def prompt_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> PromptGroups:
+    """The distinct prompts (ids and mask alike) of B left-padded rows. Callers take the shared
+    path even when every prompt is distinct, so that a row's result never depends on which
+    other rows it was computed with (a plain forward rounds differently)."""
+    B = prompt_ids.shape[0]
+    key = torch.cat([prompt_ids, prompt_mask.long()], 1)
+    uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
+    n = uniq.shape[0]
+    rows = torch.arange(B, device=prompt_ids.device)
+    first = torch.full((n,), B, dtype=torch.long, device=prompt_ids.device).scatter_reduce(0, inverse, rows, "amin")
+    return PromptGroups(first, inverse)
+
+
+def cache_kwarg(model) -> str:
+    """The forward's name for the KV cache: ``cache`` (transformers 5) or ``past_key_values``;
+    a wrapper's (DeepSpeed's engine) is its module's."""
+    model = getattr(model, "module", model)
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def positions(mask: Tensor) -> Tensor:
+    """Positions that skip padding (left or interior), as HF ``generate`` computes them."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def forward_after_prompts(model, prompt_mask: Tensor, cont_mask: Tensor, groups: PromptGroups, *,
+                          prompt_ids: Tensor | None = None, prompt_embeds: Tensor | None = None,
+                          cont_ids: Tensor | None = None, cont_embeds: Tensor | None = None,
+                          prompt_grad: bool = True, prompt_kwargs: dict[str, Any] | None = None,
+                          **cont_kwargs: Any) -> tuple[Any, Any]:
+    """Forward each distinct prompt once, then every row's continuation after its prompt.
+
+    prompt_ids or prompt_embeds: (B, P[, d]) left-padded, rows of one prompt identical (only the
+    rows ``groups.first`` are read); prompt_mask (B, P) bool. cont_ids or cont_embeds (B, C[, d])
+    with cont_mask (B, C) bool: padding anywhere (it is masked and skipped by the positions).
+    ``prompt_grad=False`` forwards the prompts without a graph (the continuation may still have
+    one, e.g. for a gradient with respect to the continuation's embeddings only). Returns the two
+    model outputs: the prompts' (n rows; ``prompt_kwargs`` e.g. ``logits_to_keep=1``) and the
+    continuations' (B rows; ``cont_kwargs``)."""
+    first, inverse = groups
+    cache = DynamicCache()
+    kw = cache_kwarg(model)
+    pm = prompt_mask[first]
+    src = {"input_ids": prompt_ids[first]} if prompt_ids is not None else {"inputs_embeds": prompt_embeds[first]}
+    with torch.set_grad_enabled(torch.is_grad_enabled() and prompt_grad):
+        pre = model(**src, attention_mask=pm.long(), position_ids=positions(pm), use_cache=True, **{kw: cache},
+                    **(prompt_kwargs or {}))
+    cache.batch_select_indices(inverse)  # every row's copy of its prompt's keys and values
+    full = torch.cat([prompt_mask, cont_mask], 1)
+    src = {"input_ids": cont_ids} if cont_ids is not None else {"inputs_embeds": cont_embeds}
+    out = model(**src, attention_mask=full.long(), position_ids=positions(full)[:, prompt_mask.shape[1]:],
+                use_cache=True, **{kw: cache}, **cont_kwargs)
+    return pre, out
