@@ -17,14 +17,16 @@ The fast functions use METHOD's cheap identities, in a form that keeps relative 
 is taken relative to the mode ``m`` of ``π``, ``ρ'_v = g·(E_v - E_m)``; with ``D = π - e_m`` and
 ``Q = π² - (Σπ²) e_m`` (exact entry-wise: their ``m`` entries are minus sums of the others),
 
-- ``π·ρ' = g · (D E)``, ``Σ_v π_v² ρ'_v = g · (Q E)``: the two ``[chunk, V] × [V, d]`` products
-  (METHOD's ``πᵀE`` and ``(π²)ᵀE``, shifted by ``E_m``), and ``ρ'_y = g · (E_y - E_m)``;
+- ``π·ρ' = g · (D E) = D · ρ``, ``Σ_v π_v² ρ'_v = g · (Q E) = Q · ρ`` (METHOD's ``πᵀE`` and
+  ``(π²)ᵀE``, shifted by ``E_m``): on the whole vocabulary from one ``[chunk, d] × [d, V]``
+  product ``ρ = E g``, with top-k from the support's rows of ``E``; ``ρ'_y = g · (E_y - E_m)``;
 - ``⟨f_jac, e_y - π⟩ = π_y ρ'_y + (Σπ² - π_y) (π·ρ') - Σ_v π_v² ρ'_v``;
 - ``⟨f_id, e_y - π⟩ = ρ_y - π·ρ = ρ'_y - π·ρ'``;
 - ``‖e_y - π‖² = (1 - π_y)² + Σ_{v≠y} π_v²``, with ``1 - π_y = Σ_{v≠y} π_v``.
 
-``jacobian``/``identity`` with ``work``/``projection`` never form ``ρ``; ``cosine`` and the
-magnitude score need ``‖f‖`` and so form ``ρ`` for one chunk at a time. Rows are processed in
+``ρ`` is formed for one chunk of rows at a time (on the support with top-k ``work`` or
+``projection``, it is never formed: two products with the support's rows of ``E``); ``cosine``
+and the magnitude score also need ``‖f‖`` from it. Rows are processed in
 chunks, so the extra memory is ``O(chunk · V)`` (``O(chunk · k · d)`` with ``top_k``) and no
 ``(N, V, d)`` tensor is built. Computation is in float32 (float64 if any input is float64).
 
@@ -273,10 +275,13 @@ def _chunk_terms(
 
 
 def _full_vocab_terms(g: Tensor, E: Tensor, pi: Tensor, y: Tensor, logit_map: str) -> tuple[Tensor, Tensor, None]:
-    """``_chunk_terms`` without ``ρ`` on the whole vocabulary, in as few ``(c, V)`` passes as
-    the same precision allows: one copy of ``π`` with the mode's entry zeroed gives the
-    sums over the other entries, then that entry is overwritten in place with minus their
-    sum, so the two products ``(π - e_m) E`` and ``(π² - (Σπ²) e_m) E`` need no masks."""
+    """``_chunk_terms`` on the whole vocabulary with one ``[c, d] × [d, V]`` product, in as few
+    ``(c, V)`` passes as the same precision allows: one copy of ``π`` with the mode's entry
+    zeroed gives the sums over the other entries, then that entry is overwritten in place with
+    minus their sum (``D = π - e_m``, ``Q = π² - (Σπ²) e_m``, no masks). ``ρ = E g`` is formed
+    once and ``π·ρ' = D·ρ``, ``Σ_v π_v² ρ'_v = Q·ρ``: the same sums as ``g · (D E)`` and
+    ``g · (Q E)`` with the same rounding order of magnitude (each term ``π_v (ρ_v - ρ_m)``, the
+    mode's written as minus the others), for half the multiply-adds of the two products."""
     rows = torch.arange(pi.shape[0], device=pi.device)
     pi_m, m = pi.max(-1)  # (c,), (c,)
     pi_y = pi.gather(-1, y[:, None]).squeeze(-1)  # (c,)
@@ -293,13 +298,19 @@ def _full_vocab_terms(g: Tensor, E: Tensor, pi: Tensor, y: Tensor, logit_map: st
     s2_minus_pi_y = not_m_sq - pi_m * not_m_sum + (pi_m - pi_y)  # Σπ² - π_y
     E_m = E[m]  # (c, d)
     rho_y = (g * (E[y] - E_m)).sum(-1)  # ρ'_y, exactly 0 when y = m
+    rho = g @ E.T  # (c, V) ρ = E g, one product
     a[rows, m] = -not_m_sum
-    pi_rho = (g * (a @ E)).sum(-1)  # π·ρ' = g · Σ_v π_v (E_v - E_m)
+    pi_rho = _rowdot(a, rho)  # π·ρ' = Σ_v π_v (ρ_v - ρ_m)
     if logit_map == "identity":
         return rho_y - pi_rho, u_norm, None
     sq[rows, m] = -not_m_sq
-    work = pi_y * rho_y + s2_minus_pi_y * pi_rho - (g * (sq @ E)).sum(-1)
+    work = pi_y * rho_y + s2_minus_pi_y * pi_rho - _rowdot(sq, rho)  # Σ_v π_v² (ρ_v - ρ_m)
     return work, u_norm, None
+
+
+def _rowdot(a: Tensor, b: Tensor) -> Tensor:
+    """Row-wise dot products of two (c, V) tensors, (c,), without a (c, V) temporary."""
+    return (a[:, None, :] @ b[:, :, None]).reshape(-1)
 
 
 def _nan_where_nonfinite(score: Tensor, logits: Tensor) -> Tensor:
