@@ -64,7 +64,14 @@ def policy_forward(model, ro: Rollout, rows: slice | torch.Tensor, hidden: bool 
 
 def policy_logits(model, ro: Rollout, rows: slice | torch.Tensor, temperature: float, share: bool = True) -> torch.Tensor:
     """Logits over the response positions, divided by the sampling temperature. (b, T, V)"""
-    return policy_forward(model, ro, rows, share=share)[0].float() / temperature
+    return scaled(policy_forward(model, ro, rows, share=share)[0], temperature)
+
+
+def scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """float32 ``logits / temperature``; at temperature 1 the logits themselves (no (b, T, V)
+    copy, no extra backward op)."""
+    z = logits.float()
+    return z if temperature == 1.0 else z / temperature
 
 
 @torch.no_grad()
@@ -79,7 +86,7 @@ def rollout_policy_pass(model, ro: Rollout, temperature: float, micro: int, keep
     logps, ents, all_logits, hidden = [], [], [], []
     for i in range(0, ro.response_ids.shape[0], micro):
         raw, h = policy_forward(model, ro, slice(i, i + micro), hidden=keep_hidden, share=share)
-        z = raw.float() / temperature
+        z = scaled(raw, temperature)
         if keep_hidden:
             hidden.append(h.float())
         logps.append(selective_log_softmax(z, ro.response_ids[i : i + micro]))

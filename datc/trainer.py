@@ -64,6 +64,7 @@ from datc.passes import (
     pass_plan,
     policy_logits,
     rollout_policy_pass,
+    scaled,
 )
 from datc.prepare import gold_of
 from datc.rewards.model import score
@@ -378,7 +379,7 @@ def credit_inputs(s: Session, ro: Rollout, rw: Rewarded, rows: slice, plan: Pass
     sub = ro if rows.start in (None, 0) and (rows.stop is None or rows.stop >= B) else ro.select(rows)
     old_logps = entropy = logits = credit_old_logps = hidden = None
     if plan.reuse:  # the rollout distribution as generate computed it: no second forward pass
-        logits = sub.logits / t.temperature
+        logits = scaled(sub.logits, t.temperature)
         entropy = entropy_from_logits(logits)
         credit_old_logps = selective_log_softmax(logits, sub.response_ids) if OLD_LOGPS in needs else None
     elif not plan.on_policy or plan.wants_dist:
