@@ -90,6 +90,11 @@ NOTES = [
     "(`RMReward` in scripts/bench.py): TRL's built-in path for a model object decodes and re-tokenizes "
     "text, which with the word-level testbed tokenizer drops BOS and EOS and glues the prompt's last word "
     "to the completion's first (one unknown token).",
+    "- Shared prompts (`trainer.share_prompts`, on): this project forwards each group's prompt once in the "
+    "rollout's prefill, the reference, reward-model and policy passes (the KV cache indexed out to the group's "
+    "responses; the same results to float rounding, which the same-loss check bounds); TRL forwards every "
+    "response with its prompt. TRL's reward callable scores through this project's `score`, shared prompts "
+    "included, so both reward phases do the same reward-model work.",
     "- Work this project does that TRL does not: the testbed's gold reward and, for credit=datc, the "
     "credit diagnostics, every step. Work TRL does that this project does not: decoding completions "
     "to text for the reward functions and its logs, and the Trainer's per-step bookkeeping.",
@@ -119,6 +124,11 @@ NOTES_REAL = [
     "rendered prompt ids (`RMReward` in scripts/bench.py), as this project's reward phase does: TRL's built-in "
     "path for a model object decodes the completions and re-tokenizes text, which need not give back the "
     "sampled ids.",
+    "- Shared prompts (`trainer.share_prompts`, on): this project forwards each group's prompt once in the "
+    "rollout's prefill, the reference, reward-model and policy passes (the KV cache indexed out to the group's "
+    "responses; the same results to float rounding, which the same-loss check bounds); TRL forwards every "
+    "response with its prompt. TRL's reward callable scores through this project's `score`, shared prompts "
+    "included, so both reward phases do the same reward-model work.",
     "- Work this project does that TRL does not: the reviews task's gold (the AFINN lexicon over the sampled "
     "tokens) and, for credit=datc, the credit diagnostics, every step. Work TRL does that this project does "
     "not: decoding completions to text for the reward functions and its logs, and the Trainer's per-step "
