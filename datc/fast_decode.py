@@ -34,7 +34,7 @@ def _is_gpt2_lm(model) -> bool:
     return type(model) is GPT2LMHeadModel
 
 
-def _plain(model: nn.Module) -> bool:
+def _plain(model: nn.Module, head: str = "lm_head") -> bool:
     """No forward hooks anywhere (DeepSpeed's parameter gathers, adapters, user hooks), no
     partitioned parameters, and the block layout of stock GPT-2."""
     from torch.nn.modules import module as _m
@@ -57,7 +57,7 @@ def _plain(model: nn.Module) -> bool:
     t = model.transformer
     if not all(type(e) is nn.Embedding and e.max_norm is None for e in (t.wte, t.wpe)):
         return False
-    return type(t.ln_f) is nn.LayerNorm and type(model.lm_head) is nn.Linear
+    return type(t.ln_f) is nn.LayerNorm and type(getattr(model, head, None)) is nn.Linear
 
 
 def _cached_kv(cache, n_layers: int) -> tuple[list[Tensor], list[Tensor]] | None:
@@ -138,3 +138,57 @@ def lean_decoder(model, cache, mask: Tensor) -> GPT2Decoder | None:
     if kv is None or kv[0][0].shape[-2] != mask.shape[1]:
         return None
     return GPT2Decoder(model, *kv, mask)
+
+
+def lean_rm_continuation(rm):
+    """For a stock ``GPT2ForSequenceClassification`` in eval mode with SDPA attention (the
+    testbed's frozen reward model), a function computing its score of continuations after the
+    prompts already in a KV cache, with the last block's attention output, MLP, final norm and
+    score head at the read-out position only (:func:`_gpt2_rm_continuation`); None otherwise (any
+    other model, training mode, hooks, partitioned parameters: the model's own forward)."""
+    try:
+        from transformers import GPT2ForSequenceClassification
+    except ImportError:  # pragma: no cover
+        return None
+    if type(rm) is not GPT2ForSequenceClassification or rm.training:
+        return None
+    cfg = rm.config
+    if getattr(cfg, "_attn_implementation", None) != "sdpa" or getattr(cfg, "add_cross_attention", False):
+        return None
+    if not _plain(rm, "score"):
+        return None
+    return lambda cache, **kw: _gpt2_rm_continuation(rm, cache, **kw)
+
+
+def _gpt2_rm_continuation(rm, cache, inputs_embeds: Tensor, attention_mask: Tensor, position_ids: Tensor,
+                          **_: object) -> Tensor:
+    """``rm(inputs_embeds=..., attention_mask=..., position_ids=..., cache=cache).logits``
+    (B, 1), read at the last position (every row's last token: the continuation is left-padded),
+    for continuations inputs_embeds (B, C, d) at positions position_ids (B, C) after the prompts
+    in ``cache``; attention_mask (B, P + C) covers both. The blocks but the last run as
+    ``GPT2Model`` runs them (appending to the cache); the last block computes keys and values at
+    every continuation position and everything else at the last one: its other positions'
+    outputs are never read, and DATC's backward to the inputs would multiply zeros back through
+    them. The same score to float rounding (other matrix shapes); differentiable."""
+    from transformers.masking_utils import create_causal_mask
+
+    t = rm.transformer
+    x = inputs_embeds + t.wpe(position_ids)  # GPT2Model.forward; dropout is off in eval
+    causal = create_causal_mask(config=t.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask.long(),
+                                cache=cache, position_ids=position_ids)
+    for blk in t.h[:-1]:  # as GPT2Model runs them
+        x = blk(x, cache, causal, None, use_cache=True, position_ids=position_ids)
+    blk, a = t.h[-1], t.h[-1].attn
+    B, C, _ = x.shape
+    q, k, v = _conv1d(a.c_attn, _ln(blk.ln_1, x)).split(a.split_size, dim=2)  # keys and values at every position
+    q = q[:, -1:].reshape(B, 1, -1, a.head_dim).transpose(1, 2)  # (B, H, 1, hd): the last query only
+    layer = cache.layers[len(t.h) - 1]
+    k = torch.cat([layer.keys, k.view(B, C, -1, a.head_dim).transpose(1, 2)], dim=-2)  # the prompt's, then these
+    v = torch.cat([layer.values, v.view(B, C, -1, a.head_dim).transpose(1, 2)], dim=-2)
+    # the last position attends to every key that is not padding (causality holds trivially)
+    mask = None if bool(attention_mask.all()) else attention_mask.bool()[:, None, None, :]
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, scale=a.scaling, is_causal=False)
+    o = o.transpose(1, 2).reshape(B, 1, -1)
+    x = _conv1d(a.c_proj, o) + x[:, -1:]
+    x = x + blk.mlp(_ln(blk.ln_2, x))
+    return rm.score(_ln(t.ln_f, x))[:, -1]

@@ -61,7 +61,7 @@ def forward_after_prompts(model, prompt_mask: Tensor, cont_mask: Tensor, groups:
                           prompt_ids: Tensor | None = None, prompt_embeds: Tensor | None = None,
                           cont_ids: Tensor | None = None, cont_embeds: Tensor | None = None,
                           prompt_grad: bool = True, prompt_kwargs: dict[str, Any] | None = None,
-                          **cont_kwargs: Any) -> tuple[Any, Any]:
+                          cont_forward=None, **cont_kwargs: Any) -> tuple[Any, Any]:
     """Forward each distinct prompt once, then every row's continuation after its prompt.
 
     prompt_ids or prompt_embeds: (B, P[, d]) left-padded, rows of one prompt identical (only the
@@ -70,7 +70,8 @@ def forward_after_prompts(model, prompt_mask: Tensor, cont_mask: Tensor, groups:
     ``prompt_grad=False`` forwards the prompts without a graph (the continuation may still have
     one, e.g. for a gradient with respect to the continuation's embeddings only). Returns the two
     model outputs: the prompts' (n rows; ``prompt_kwargs`` e.g. ``logits_to_keep=1``) and the
-    continuations' (B rows; ``cont_kwargs``)."""
+    continuations' (B rows; ``cont_kwargs``). ``cont_forward(cache, **inputs)``, if given, runs
+    the continuations instead of the model (e.g. a lean read-out of the reward model)."""
     first, inverse = groups
     cache = DynamicCache()
     kw = cache_kwarg(model)
@@ -82,6 +83,8 @@ def forward_after_prompts(model, prompt_mask: Tensor, cont_mask: Tensor, groups:
     cache.batch_select_indices(inverse)  # every row's copy of its prompt's keys and values
     full = torch.cat([prompt_mask, cont_mask], 1)
     src = {"input_ids": cont_ids} if cont_ids is not None else {"inputs_embeds": cont_embeds}
-    out = model(**src, attention_mask=full.long(), position_ids=positions(full)[:, prompt_mask.shape[1]:],
-                use_cache=True, **{kw: cache}, **cont_kwargs)
+    pos = positions(full)[:, prompt_mask.shape[1]:]
+    if cont_forward is not None:
+        return pre, cont_forward(cache, **src, attention_mask=full, position_ids=pos, **cont_kwargs)
+    out = model(**src, attention_mask=full.long(), position_ids=pos, use_cache=True, **{kw: cache}, **cont_kwargs)
     return pre, out

@@ -124,3 +124,27 @@ def test_the_prefill_is_shared_and_gives_the_same_logits(policy, tok):
     torch.testing.assert_close(shared[:, 0], plain[:, 0], rtol=1e-5, atol=1e-5)  # the first position: same prompts
     with pytest.raises(ValueError, match="runs of 2 identical prompts"):
         sample_tokens(policy, ids, mask, 2, 1.0, 1.0, tok.eos_token_id, tok.pad_token_id, prompt_repeats=2)
+
+
+def test_the_gpt2_reward_models_lean_read_out_gives_the_same_scores_and_gradients(tok, monkeypatch):
+    # the testbed's reward model (GPT-2, eval, SDPA): its last block runs at the read-out position only
+    import datc.rewards.model as rm_mod
+    from datc.fast_decode import lean_rm_continuation
+    from datc.models import build_reward_model
+    from tests.conftest import ARCHS
+
+    rm = build_reward_model({**ARCHS["gpt2"], "n_layer": 3}, tok, 0).eval()
+    for p in rm.parameters():
+        p.requires_grad_(False)
+    used = []
+    monkeypatch.setattr(rm_mod, "lean_rm_continuation", lambda m: used.append(1) or lean_rm_continuation(m))
+    assert lean_rm_continuation(rm) is not None and lean_rm_continuation(rm.train()) is None
+    rm.eval()
+    ro = _batch(len(tok))
+    inp = build_rm_inputs(ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask, tok.pad_token_id)
+    plain = score(rm, inp, ro.response_mask, with_grad=True, share=False)
+    lean = score(rm, inp, ro.response_mask, with_grad=True, share=True, batch_size=7)  # chunks that split groups
+    assert used
+    torch.testing.assert_close(lean.scores, plain.scores, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(lean.grad, plain.grad, rtol=1e-4, atol=1e-6)
+    assert lean.grad[ro.response_mask].abs().sum(-1).gt(0).all()

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from datc.fast_decode import lean_rm_continuation
 from datc.rollout import position_ids
 from datc.shared_prompt import forward_after_prompts, prompt_groups
 
@@ -123,9 +124,10 @@ def _score(rm, inputs: RMInputs, response_mask: Tensor, with_grad: bool, batch_s
             if groups is None:
                 s = rm_forward(rm, x, am)
             else:
+                lean = lean_rm_continuation(rm)  # the testbed's GPT-2: its last block at the read-out only
                 _, out = forward_after_prompts(rm, am[:, :P], am[:, P:], groups, prompt_embeds=h[:, :P], cont_embeds=x,
-                                               prompt_grad=False)
-                s = _as_score(out.logits)
+                                               prompt_grad=False, cont_forward=lean)
+                s = _as_score(out if lean is not None else out.logits)
             if with_grad:
                 (g,) = torch.autograd.grad(s.sum(), x)  # scores are independent per row
                 pos = inputs.response_pos[i : i + batch_size] - start
