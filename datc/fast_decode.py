@@ -10,6 +10,11 @@ are transformers' bit for bit (pinned by tests/test_fast_decode.py). Anything el
 architecture, eager attention, cross-attention, adapters, hooks such as DeepSpeed's) gets ``None``
 from :func:`lean_decoder` and decodes through the model's forward.
 
+The testbed's reward model (``GPT2ForSequenceClassification``) gets a lean read-out in the same
+spirit (:func:`lean_rm_continuation`): its score is read at the last position, so its last
+block runs only the keys and values at the other positions (the same score to float rounding,
+pinned by tests/test_shared_prompt.py).
+
 Shapes: B rows, n keys held so far, d hidden size, H heads, V vocabulary.
 """
 
