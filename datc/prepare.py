@@ -395,6 +395,8 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
             if train_key[k] == default:
                 del train_key[k]
         rm_key = {"v": PREPARE_VERSION, "arch": dict(cfg.reward.arch), "train": train_key, "policy": policy_id}
+        if task is not None and task.version != 1:  # the reward model's data changed (version 1 keeps old keys)
+            rm_key["task_v"] = task.version
         if seed != PREP_SEED:
             rm_key["prepare_seed"] = seed
         if cfg.reward.init != "scratch":

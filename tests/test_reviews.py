@@ -101,15 +101,26 @@ def test_eval_prompts_ask_about_held_out_subjects():
 
 def test_edits_swap_whole_words_and_keep_the_end_token():
     task = TASKS.get("reviews")(10)
-    # No word here is in the edit lists, so every swap shows as a changed token.
-    toks = bpe(" The", " lobby", " seemed", " tidy", ".") + ["<|im_end|>"]
-    lists = {"Ġ" + w for w in (*POSITIVE_WORDS, *NEGATIVE_WORDS, *NEUTRAL_WORDS)}
-    assert not lists & set(toks)
-    for seed in range(20):
+    # Whole words at 0, 1, 2 and 5; " tid" + "y" is one word in two pieces (never edited), "." no
+    # word. No word here is in the edit lists, so every swap shows as a changed token.
+    toks = bpe(" The", " lobby", " seemed", " tid", "y", " okay", ".") + ["<|im_end|>"]
+    kinds = {"Ġ" + w: k for k, ws in (("pos", POSITIVE_WORDS), ("neg", NEGATIVE_WORDS), ("neu", NEUTRAL_WORDS))
+             for w in ws}
+    assert not kinds.keys() & set(toks)
+    counts, drawn = set(), set()
+    for seed in range(40):
         out = task.edit({}, toks, random.Random(seed))
-        assert len(out) == len(toks) and out[-1] == "<|im_end|>" and out[4] == "."
+        assert len(out) == len(toks) and out[-1] == "<|im_end|>"
         changed = [i for i, (a, b) in enumerate(zip(out, toks, strict=True)) if a != b]
-        assert 1 <= len(changed) <= 3 and all(out[i] in lists for i in changed)
+        assert set(changed) <= {0, 1, 2, 5} and out[3:5] == toks[3:5] and out[6] == "."
+        assert all(out[i] in kinds for i in changed)
+        counts.add(len(changed))
+        drawn |= {kinds[out[i]] for i in changed}
+    assert counts == {1, 2, 3} and drawn == {"pos", "neg", "neu"}  # one to three swaps, from every list
+    # fewer whole words than the draw: each is swapped at most once; none: nothing changes
+    out = task.edit({}, bpe(" lobby", ".") + ["<|im_end|>"], random.Random(0))
+    assert out[0] in kinds and out[1:] == [".", "<|im_end|>"]
+    assert task.edit({}, bpe("y", ".") + ["<|im_end|>"], random.Random(0)) == bpe("y", ".") + ["<|im_end|>"]
 
 
 def test_top_layers_view_computes_the_whole_models_score(tok):

@@ -54,6 +54,7 @@ class Task(ABC):
 
     name: str
     end_tokens: tuple[str, ...] = (EOS,)  # token strings that end a response (nothing after them counts)
+    version: int = 1  # bump when the reward model's training data (edits, perturbations) changes: its caches rebuild
 
     def __init__(self, max_new_tokens: int = 16, **options: Any) -> None:
         self.max_new_tokens = max_new_tokens

@@ -145,6 +145,7 @@ class ReviewsTask(Task):
 
     name = "reviews"
     end_tokens = ("<|im_end|>", "<|endoftext|>")
+    version = 2  # 2: edits swap any whole word (1 swapped only words before punctuation)
 
     @property
     def scale(self) -> float:
@@ -176,10 +177,17 @@ class ReviewsTask(Task):
 
     def edit(self, example, tokens, rng):
         """One to three whole-word tokens (``Ġword`` followed by a word boundary) swapped for a
-        positive, negative or neutral word: local changes of known gold next to the policy's text."""
+        positive, negative or neutral word: local changes of known gold next to the policy's text.
+        The next token continues the word when it starts with a letter byte (byte-level BPE
+        writes the bytes of letters as characters below 256; a space, newline or other control
+        byte as ``Ġ``, ``Ċ``, ... above 255, which ``str.isalpha`` also calls letters)."""
         body = [t for t in tokens if t not in self.end_tokens]
+
+        def continues(t: str) -> bool:
+            return t[:1].isalpha() and ord(t[0]) < 256
+
         words = [i for i, t in enumerate(body) if t.startswith("Ġ") and t[1:].isalpha()
-                 and (i + 1 == len(body) or not body[i + 1][:1].isalpha())]
+                 and (i + 1 == len(body) or not continues(body[i + 1]))]
         out = list(body)
         for i in rng.sample(words, min(len(words), rng.randint(1, 3))):
             out[i] = "Ġ" + rng.choice(rng.choice([POSITIVE_WORDS, NEGATIVE_WORDS, NEUTRAL_WORDS]))
