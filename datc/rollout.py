@@ -96,9 +96,11 @@ def response_mask_from_ids(response_ids: Tensor, eos_id: int) -> tuple[Tensor, T
     return idx[None, :] <= first[:, None], ~has_eos
 
 
-def _cache_kwarg(policy) -> str:
-    """The forward's name for the KV cache: ``cache`` (transformers 5) or ``past_key_values``."""
-    return "cache" if "cache" in inspect.signature(policy.forward).parameters else "past_key_values"
+def cache_kwarg(model) -> str:
+    """The forward's name for the KV cache: ``cache`` (transformers 5) or ``past_key_values``;
+    a wrapper's (DeepSpeed's engine) is its module's."""
+    model = getattr(model, "module", model)
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def top_p_filter(scores: Tensor, top_p: float) -> Tensor:
@@ -158,7 +160,7 @@ def sample_tokens(policy, ids: Tensor, mask: Tensor, max_new_tokens: int, temper
     B = ids.shape[0]
     am = mask.long()
     pos = position_ids(mask)
-    cache = {_cache_kwarg(policy): DynamicCache()}  # filled in place by each forward
+    cache = {cache_kwarg(policy): DynamicCache()}  # filled in place by each forward
     k = prompt_repeats
     if k > 1 and (B % k or not torch.equal(ids, ids[::k].repeat_interleave(k, 0))):
         raise ValueError(f"prompt_repeats={k}: the rows are not runs of {k} identical prompts")

@@ -5,7 +5,7 @@ every prompt G times. Here the distinct prompts go through the model once, with 
 the cache is then indexed out to every row (``inverse``: a differentiable gather, so with
 gradients enabled the prompt's activations get the gradient of all G responses), and the
 continuations are forwarded against it. The result is the full forward's, position for
-position, up to float rounding (other matrix shapes): the same positions (padding skipped, as
+position, up to float rounding (other matrix shapes): the same positions (padding skipped,
 :func:`datc.rollout.position_ids`), the same attention (each continuation token sees its own
 row's prompt and earlier tokens), the same causal masks. The idea is Prefix Grouper's
 ("Efficient GRPO Training through Shared-Prefix Forward", Liu et al. 2025, arXiv:2506.05433:
@@ -19,12 +19,13 @@ Shapes: B rows, n distinct prompts, P prompt width (left-padded), C continuation
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 from transformers import DynamicCache
+
+from datc.rollout import cache_kwarg, position_ids
 
 
 class PromptGroups(NamedTuple):
@@ -43,18 +44,6 @@ def prompt_groups(prompt_ids: Tensor, prompt_mask: Tensor) -> PromptGroups:
     rows = torch.arange(B, device=prompt_ids.device)
     first = torch.full((n,), B, dtype=torch.long, device=prompt_ids.device).scatter_reduce(0, inverse, rows, "amin")
     return PromptGroups(first, inverse)
-
-
-def cache_kwarg(model) -> str:
-    """The forward's name for the KV cache: ``cache`` (transformers 5) or ``past_key_values``;
-    a wrapper's (DeepSpeed's engine) is its module's."""
-    model = getattr(model, "module", model)
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def positions(mask: Tensor) -> Tensor:
-    """Positions that skip padding (left or interior), as HF ``generate`` computes them."""
-    return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def forward_after_prompts(model, prompt_mask: Tensor, cont_mask: Tensor, groups: PromptGroups, *,
@@ -78,12 +67,12 @@ def forward_after_prompts(model, prompt_mask: Tensor, cont_mask: Tensor, groups:
     pm = prompt_mask[first]
     src = {"input_ids": prompt_ids[first]} if prompt_ids is not None else {"inputs_embeds": prompt_embeds[first]}
     with torch.set_grad_enabled(torch.is_grad_enabled() and prompt_grad):
-        pre = model(**src, attention_mask=pm.long(), position_ids=positions(pm), use_cache=True, **{kw: cache},
+        pre = model(**src, attention_mask=pm.long(), position_ids=position_ids(pm), use_cache=True, **{kw: cache},
                     **(prompt_kwargs or {}))
     cache.batch_select_indices(inverse)  # every row's copy of its prompt's keys and values
     full = torch.cat([prompt_mask, cont_mask], 1)
     src = {"input_ids": cont_ids} if cont_ids is not None else {"inputs_embeds": cont_embeds}
-    pos = positions(full)[:, prompt_mask.shape[1]:]
+    pos = position_ids(full)[:, prompt_mask.shape[1]:]
     if cont_forward is not None:
         return pre, cont_forward(cache, **src, attention_mask=full, position_ids=pos, **cont_kwargs)
     out = model(**src, attention_mask=full.long(), position_ids=pos, use_cache=True, **{kw: cache}, **cont_kwargs)

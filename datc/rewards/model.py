@@ -111,6 +111,7 @@ def _score(rm, inputs: RMInputs, response_mask: Tensor, with_grad: bool, batch_s
     emb = rm.get_input_embeddings()
     scores, grads = [], []
     P = inputs.prefix_len
+    lean = lean_rm_continuation(rm) if share else None  # the testbed's GPT-2: its last block at the read-out only
     for i in range(0, inputs.input_ids.shape[0], batch_size):
         ids = inputs.input_ids[i : i + batch_size]
         am = inputs.attention_mask[i : i + batch_size]
@@ -124,7 +125,6 @@ def _score(rm, inputs: RMInputs, response_mask: Tensor, with_grad: bool, batch_s
             if groups is None:
                 s = rm_forward(rm, x, am)
             else:
-                lean = lean_rm_continuation(rm)  # the testbed's GPT-2: its last block at the read-out only
                 _, out = forward_after_prompts(rm, am[:, :P], am[:, P:], groups, prompt_embeds=h[:, :P], cont_embeds=x,
                                                prompt_grad=False, cont_forward=lean)
                 s = _as_score(out if lean is not None else out.logits)
