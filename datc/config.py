@@ -105,6 +105,7 @@ class TrainerConfig:
     reuse_rollout_logits: str = "auto"
     skip_zero_advantage: bool = True
     share_prompts: bool = True
+    share_trunk: bool = True
     lr: float = 5e-4
     weight_decay: float = 0.0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])

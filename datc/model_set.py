@@ -15,6 +15,7 @@ from datc.models import freeze, load_pretrained, resolve_dtype
 from datc.prepare import Assets
 from datc.rollout import Rollout
 from datc.tokenizer import load_tokenizer
+from datc.trunk import shared_trunk_depth
 
 
 @dataclass
@@ -28,6 +29,7 @@ class Models:
     encoder: Any = None  # datc.chat.PromptEncoder: the policy's prompts (format, chat template)
     rm_inputs: Any = None  # datc.chat.RewardInputs: the reward model's inputs (its own chat template)
     share_prompts: bool = True  # forwards compute each distinct prompt once (datc.shared_prompt)
+    trunk: int = 0  # leading blocks the reward model shares with the reference, run once for both (datc.trunk)
 
     def score_inputs(self, ro: Rollout):
         return self.rm_inputs(ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask, ro.examples)
@@ -66,7 +68,11 @@ def load_models(c: TrainConfig, assets: Assets, device: torch.device, dist: Dist
     encoder = prompt_encoder(c, tok)
     synced = dist.enabled and c.deepspeed.stage == 3 and dist.world_size > 1
     # under ZeRO-3 every rank must make as many forwards as the others: one per pass there
+    share = c.trainer.share_prompts and not synced
+    # the trunk runs in the reference's shared-prompt layout, on the policy's prompt ids, with
+    # whole (not ZeRO-3-partitioned) parameters to compare
+    trunk = (shared_trunk_depth(ref, rm) if share and c.trainer.share_trunk and not c.reward.chat_template
+             and not (dist.enabled and inference_config(c, dist.world_size) is not None) else 0)
     return Models(policy, ref, rm, tok, vocab, synced_gpus=synced, encoder=encoder,
-                  rm_inputs=RewardInputs(rm_tok, encoder, c.reward.chat_template),
-                  share_prompts=c.trainer.share_prompts and not synced)
+                  rm_inputs=RewardInputs(rm_tok, encoder, c.reward.chat_template), share_prompts=share, trunk=trunk)
 

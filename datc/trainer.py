@@ -73,6 +73,7 @@ from datc.rollout import Rollout, cat_rollouts, sample_groups
 from datc.rundir import release_run_locks
 from datc.session import PromptSampler, Session, build_session
 from datc.signals import stop_if_requested, stop_requested, stop_signals
+from datc.trunk import reference_and_score
 from datc.utils import atomic_write_json, peak_rss_mb, quiet_libraries, seed_everything
 
 __all__ = [  # the loop and the step's phases; the rest is re-exported from the modules that now hold it
@@ -198,10 +199,11 @@ def learn(s: Session, it: int, ro: Rollout, t0: float) -> dict[str, float]:
     # the sampler's logits are reused exactly when the rollout kept them (train_step asks for them by the plan)
     plan = pass_plan(t, s.scheme.needs, s.m.vocab_size)._replace(reuse=ro.logits is not None)
     t1 = time.perf_counter()
-    rw = reward(s, ro, loss_mask(t, ro), with_grad=RM_GRAD in s.scheme.needs, skip_zero=skips_zero_advantage(s))
+    rw = reward(s, ro, loss_mask(t, ro), with_grad=RM_GRAD in s.scheme.needs, skip_zero=skips_zero_advantage(s),
+                with_ref=True)
     s.nonfinite = rw.nonfinite
     t2 = time.perf_counter()
-    ref_logps = reference_logps(s, ro)
+    ref_logps = rw.ref_logps if rw.ref_logps is not None else reference_logps(s, ro)
     cr = assign_credit(s, it, ro, rw, plan)
     if s.dist.is_main and s.c.logger.name == "wandb" and ((it + 1) % t.eval_every == 0 or it + 1 == t.steps):  # for the eval's W&B table
         s.completions = completions_of(s.m.tok, [s.m.encoder.text(ex) for ex in ro.examples], ro.response_ids, rw.mask,
@@ -268,6 +270,7 @@ class Rewarded:
     rule_metrics: dict[str, float]  # reward/rule_<name>: mean of each rule's term
     nonfinite: NonFiniteReport  # hits at the reward, advantage and rm_grad stages
     credited: Tensor  # (B,) bool, the responses the credit phases work on: all, or those with A != 0 (skip_zero)
+    ref_logps: Tensor | None = None  # (B, T) the reference's log-probs, when its pass also scored (datc.trunk)
 
     def select(self, rows: Tensor) -> Rewarded:
         """Responses ``rows`` (k,) long; the rule metrics and the non-finite report stay the step's."""
@@ -276,11 +279,11 @@ class Rewarded:
 
         return Rewarded(pick(self.scores), pick(self.rewards), pick(self.advantages), pick(self.mask),
                         pick(self.rm_grad), pick(self.bad_rm_grad), pick(self.gold), pick(self.gold_contrib),
-                        self.rule_metrics, self.nonfinite, pick(self.credited))
+                        self.rule_metrics, self.nonfinite, pick(self.credited), pick(self.ref_logps))
 
 
 def reward(s: Session, ro: Rollout, mask: Tensor, with_grad: bool, shaped: bool = True,
-           skip_zero: bool = False) -> Rewarded:
+           skip_zero: bool = False, with_ref: bool = False) -> Rewarded:
     """Score the responses with the frozen reward model (and, ``with_grad``, its gradient with
     respect to its input embeddings), add the rules, and turn rewards into group advantages,
     with the non-finite guards of :mod:`datc.numerics` (reward, advantage, rm_grad stages).
@@ -294,12 +297,21 @@ def reward(s: Session, ro: Rollout, mask: Tensor, with_grad: bool, shaped: bool 
     is scored; rather than a second forward, the backward is skipped for the groups whose
     responses are all the same token ids (identical inputs: equal rewards, ``A = 0``), and any
     response that still gets ``A != 0`` has its gradient computed afterwards. Other responses
-    with ``A = 0`` (rewards tied by value, non-finite rewards) keep theirs, unused."""
+    with ``A = 0`` (rewards tied by value, non-finite rewards) keep theirs, unused.
+
+    ``with_ref``: when the reward model shares its lower blocks with the reference (``m.trunk``,
+    :mod:`datc.trunk`), one reference pass also gives the reference's log-probs
+    (``ref_logps``) and the reward model runs its own blocks only; otherwise ``ref_logps`` is None."""
     c, t, m = s.c, s.c.trainer, s.m
     inp = m.score_inputs(ro)
     grad_rows = ~identical_groups(ro, t.num_generations) if skip_zero and with_grad else None
-    rm_out = score(m.rm, inp, ro.response_mask, with_grad=with_grad, batch_size=t.micro_batch_size, grad_rows=grad_rows,
-                   share=m.share_prompts)
+    ref_logps = None
+    if with_ref and m.trunk and m.ref is not None and ro.prompt_ids.shape[1] > 1:
+        ref_logps, rm_out = reference_and_score(m.ref, m.rm, m.trunk, ro, t.temperature, t.micro_batch_size,
+                                                with_grad=with_grad, grad_rows=grad_rows)
+    else:
+        rm_out = score(m.rm, inp, ro.response_mask, with_grad=with_grad, batch_size=t.micro_batch_size,
+                       grad_rows=grad_rows, share=m.share_prompts)
     gold, gold_contrib = (gold_of(s.assets.task, m.tok, ro.examples, ro.response_ids, ro.response_mask)
                           if s.assets.task is not None else (None, None))
     rewards = c.reward.scale * rm_out.scores if shaped else rm_out.scores
@@ -325,7 +337,7 @@ def reward(s: Session, ro: Rollout, mask: Tensor, with_grad: bool, shaped: bool 
     rm_grad, bad_rm_grad = zero_nonfinite_rm_grad(rm_grad)
     nf.add("rm_grad", bad_rm_grad)
     return Rewarded(rm_out.scores, rewards, advantages, mask, rm_grad, bad_rm_grad, gold, gold_contrib, rule_metrics, nf,
-                    credited)
+                    credited, ref_logps)
 
 
 def identical_groups(ro: Rollout, num_generations: int) -> Tensor:

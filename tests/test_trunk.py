@@ -1,0 +1,109 @@
+"""The reference and the reward model's shared trunk (:mod:`datc.trunk`): found only where the
+two models are equal block for block; one reference pass gives the reference's log-probs and,
+through the reward model's own top blocks, its scores and input gradients, equal to the plain
+passes' to rounding, without running the reward model's lower blocks; and a training step with
+it matches one without."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from datc.models import build_causal_lm, build_reward_model, freeze
+from datc.passes import rollout_policy_pass
+from datc.rewards.model import build_rm_inputs, score
+from datc.trunk import reference_and_score, shared_trunk_depth
+from tests.conftest import ARCHS
+from tests.test_shared_prompt import _batch
+
+LAYERS = 4
+FAMILIES = {"llama": ARCHS["llama"],
+            "qwen2": dict(model_type="qwen2", num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                          hidden_size=32, intermediate_size=64, max_position_embeddings=64)}
+
+
+def _pair(tok, family="llama", differ_at: int | None = 3):
+    """A frozen reference and a reward model made from it (its base loaded, a new head), with
+    block ``differ_at`` then changed as reward-model training changes its top blocks."""
+    arch = {**FAMILIES[family], "num_hidden_layers": LAYERS}
+    ref = freeze(build_causal_lm(arch, tok, 0))
+    rm = build_reward_model(arch, tok, 1)
+    rm.base_model.load_state_dict(ref.base_model.state_dict())
+    with torch.no_grad():
+        if differ_at is not None:
+            for p in rm.base_model.layers[differ_at].parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        rm.score.weight.normal_()  # scores of a useful spread
+    return ref, freeze(rm)
+
+
+def test_the_trunk_is_the_equal_leading_blocks(tok):
+    ref, rm = _pair(tok, differ_at=2)
+    assert shared_trunk_depth(ref, rm) == 2
+    ref, rm = _pair(tok, differ_at=None)
+    assert shared_trunk_depth(ref, rm) == LAYERS - 1  # the reward model's top block always runs
+    with torch.no_grad():
+        rm.base_model.embed_tokens.weight[5, 0] += 1e-6  # one entry of the embeddings
+    assert shared_trunk_depth(ref, rm) == 0
+    ref, rm = _pair(tok)
+    rm.config.rms_norm_eps = ref.config.rms_norm_eps * 2  # same weights, another function
+    assert shared_trunk_depth(ref, rm) == 0
+    ref, rm = _pair(tok)
+    assert shared_trunk_depth(ref, rm.to(torch.float64)) == 0
+    assert shared_trunk_depth(None, rm) == 0
+    gpt2 = build_causal_lm(ARCHS["gpt2"], tok, 0)
+    assert shared_trunk_depth(gpt2, build_reward_model(ARCHS["gpt2"], tok, 0)) == 0  # not a supported family
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_one_reference_pass_gives_the_plain_log_probs_scores_and_gradients(tok, family):
+    ref, rm = _pair(tok, family)
+    depth = shared_trunk_depth(ref, rm)
+    assert depth == 3
+    ro = _batch(len(tok))
+    ran = []
+    rm.base_model.layers[0].register_forward_hook(lambda *a: ran.append(1))
+    layers = rm.base_model.layers
+    logps, out = reference_and_score(ref, rm, depth, ro, 0.7, 5, with_grad=True)
+    assert not ran and rm.base_model.layers is layers  # the reward model's lower blocks never ran; restored after
+    m = ro.response_mask
+    plain_logps = rollout_policy_pass(ref, ro, 0.7, 5, False, with_entropy=False)[0]
+    torch.testing.assert_close(logps[m], plain_logps[m], rtol=1e-5, atol=1e-5)
+    inp = build_rm_inputs(ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask, tok.pad_token_id)
+    plain = score(rm, inp, ro.response_mask, with_grad=True)
+    assert ran  # the plain score does run them
+    assert plain.scores.std() > 0.1 and plain.grad[m].abs().sum(-1).gt(0).all()
+    torch.testing.assert_close(out.scores, plain.scores, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.grad, plain.grad, rtol=1e-4, atol=1e-5)
+    assert out.grad[~m].eq(0).all()
+    # without a gradient, and with it for some rows only (the others get zeros)
+    nograd_logps, nograd = reference_and_score(ref, rm, depth, ro, 0.7, 4)
+    assert nograd.grad is None
+    torch.testing.assert_close(nograd.scores, plain.scores, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(nograd_logps[m], plain_logps[m], rtol=1e-5, atol=1e-5)
+    rows = torch.arange(len(m)) % 3 == 1
+    _, part = reference_and_score(ref, rm, depth, ro, 0.7, 4, with_grad=True, grad_rows=rows)
+    torch.testing.assert_close(part.grad[rows], plain.grad[rows], rtol=1e-4, atol=1e-5)
+    assert part.grad[~rows].eq(0).all()
+    torch.testing.assert_close(part.scores, plain.scores, rtol=1e-5, atol=1e-5)
+
+
+def test_a_training_step_with_the_shared_trunk_matches_one_without(tmp_path):
+    from datc.config import validate
+    from datc.session import build_session
+    from datc.trainer import train_step
+    from tests.test_train_e2e import cfg_for
+
+    overrides = ["policy=tiny_llama", "+reward.init=policy", "+reward.train.trainable_layers=1", "trainer.beta=0.04",
+                 "credit=datc", "trainer.eval_every=100"]
+    metrics, depth = [], []
+    for share in (True, False):
+        s = build_session(validate(cfg_for(tmp_path / "cache", tmp_path / f"run{share}", *overrides,
+                                           f"trainer.share_trunk={share}")))
+        depth.append(s.m.trunk)
+        torch.manual_seed(0)  # the same samples
+        metrics.append(train_step(s, 0))
+    assert depth == [1, 0]  # tiny_llama: 2 blocks, the top one trained
+    for k in ("reward/rm_score", "reward/advantage_abs", "loss/kl", "loss/total", "loss/grad_norm"):
+        assert k in metrics[0], k
+        assert metrics[0][k] == pytest.approx(metrics[1][k], rel=1e-4, abs=1e-6), k
