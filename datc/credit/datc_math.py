@@ -318,8 +318,16 @@ def _nan_where_nonfinite(score: Tensor, logits: Tensor) -> Tensor:
 
     A non-finite logit makes ``π`` NaN, which ``_safe_div``'s zero-denominator rule would
     silently turn into a score of 0; a NaN score instead makes the weight step give the whole
-    response ``w = 1`` (METHOD §2.5: any non-finite input falls back)."""
-    return torch.where(torch.isfinite(logits).all(-1), score, torch.nan)
+    response ``w = 1`` (METHOD §2.5: any non-finite input falls back).
+
+    A row's sum is finite only if all its entries are (a NaN or an inf makes it NaN or inf), so
+    one reduction settles every row whose sum is finite; only the others (non-finite entries,
+    or finite entries whose sum overflows) are tested entry by entry."""
+    ok = torch.isfinite(logits.sum(-1))
+    if not bool(ok.all()):
+        rows = (~ok).nonzero().squeeze(-1)
+        ok[rows] = torch.isfinite(logits[rows]).all(-1)
+    return torch.where(ok, score, torch.nan)
 
 
 def _safe_div(num: Tensor, den: Tensor) -> Tensor:

@@ -263,3 +263,17 @@ def test_nonfinite_logit_gives_nan_score(bad, logit_map, alignment):
                       torch.cat([sign[:2], sign[3:]]), logit_map=logit_map, alignment=alignment)
     torch.testing.assert_close(s[others], ref)
     assert torch.isnan(force_norm(g, E, logits, logit_map=logit_map)[2])
+
+
+def test_finite_logits_whose_sum_overflows_still_score():
+    # the non-finite check sums each row first; a sum that overflows must not make finite logits fall back
+    g, E, logits, y, sign = case(3)
+    big = logits.clone().double()
+    big[2] = 3e38 + logits[2]  # every entry finite in float32 (max 3.4e38), their sum is not
+    big[2, 0] = -3e38  # and mixed signs
+    big = big.float()
+    assert torch.isfinite(big).all() and not torch.isfinite(big[2].sum())
+    s = datc_scores(g, E, big, y, sign, chunk_size=4)
+    assert torch.isfinite(s).all()
+    s_ref = datc_scores(g, E, logits, y, sign, chunk_size=4)
+    torch.testing.assert_close(s[torch.arange(s.numel()) != 2], s_ref[torch.arange(s.numel()) != 2])
