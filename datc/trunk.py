@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from datc.logprobs import selective_log_softmax
 from datc.passes import scaled
-from datc.rewards.model import RMScore, rm_forward
+from datc.rewards.model import RMScore, as_score
 from datc.rollout import Rollout
 from datc.shared_prompt import forward_after_prompts, prompt_groups
 
@@ -91,14 +91,21 @@ def shared_trunk_depth(ref, rm) -> int:
 @contextmanager
 def _top_blocks(rm, depth: int):
     """The reward model with its first ``depth`` blocks left out (its ``inputs_embeds`` are then
-    the hidden state after them); restored on exit."""
+    the hidden state after them), its top blocks numbered from 0 for the KV cache as in a model
+    of that depth; restored on exit."""
     base = rm.base_model
     layers = base.layers
-    base.layers = layers[depth:]
+    top = layers[depth:]
+    idx = [blk.self_attn.layer_idx for blk in top]
+    base.layers = top
     try:
+        for j, blk in enumerate(top):
+            blk.self_attn.layer_idx = j
         yield rm
     finally:
         base.layers = layers
+        for blk, i in zip(top, idx, strict=True):
+            blk.self_attn.layer_idx = i
 
 
 def reference_and_score(ref, rm, depth: int, ro: Rollout, temperature: float, micro: int, with_grad: bool = False,
@@ -148,16 +155,18 @@ def _chunk(ref, rm, depth: int, ro: Rollout, rows: Tensor, temperature: float, w
             logits_to_keep=torch.arange(T, device=x.device), output_hidden_states=True)
         with torch.no_grad():
             logps = selective_log_softmax(scaled(out.logits.detach(), temperature), rids)
-        # the reward model's input after the shared blocks: prefix block, then the continuation
-        # left-aligned so its last column is every row's last token (datc.rewards.model.RMInputs)
+        # the reward model's top blocks from the shared depth: each distinct prompt (but its last
+        # token) once, then the continuations, left-aligned so their last column is every row's
+        # last token, where the score is read (datc.rewards.model.RMInputs)
         hp, hc = pre.hidden_states[depth][groups.inverse], out.hidden_states[depth]
         C = hc.shape[1]
         shift = (~cont_mask).sum(-1)
         src = (torch.arange(C, device=x.device)[None, :] - shift[:, None]) % C
         hc = hc.gather(1, src[:, :, None].expand(-1, -1, hc.shape[-1]))
-        am = torch.cat([pmask[:, :-1], cont_mask.gather(1, src)], 1)
         with _top_blocks(rm, depth):
-            s = rm_forward(rm, torch.cat([hp, hc], 1), am)
+            _, top = forward_after_prompts(rm, pmask[:, :-1], cont_mask.gather(1, src), groups, prompt_embeds=hp,
+                                           cont_embeds=hc, prompt_grad=False)
+        s = as_score(top.logits)
         g = None
         if with_grad:
             (g,) = torch.autograd.grad(s.sum(), x)  # scores are independent per row

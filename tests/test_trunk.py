@@ -14,7 +14,7 @@ from datc.passes import rollout_policy_pass
 from datc.rewards.model import build_rm_inputs, score
 from datc.trunk import reference_and_score, shared_trunk_depth
 from tests.conftest import ARCHS
-from tests.test_shared_prompt import _batch
+from tests.test_shared_prompt import G, N, _batch, _prompt_rows
 
 LAYERS = 4
 FAMILIES = {"llama": ARCHS["llama"],
@@ -66,6 +66,10 @@ def test_one_reference_pass_gives_the_plain_log_probs_scores_and_gradients(tok, 
     layers = rm.base_model.layers
     logps, out = reference_and_score(ref, rm, depth, ro, 0.7, 5, with_grad=True)
     assert not ran and rm.base_model.layers is layers  # the reward model's lower blocks never ran; restored after
+    assert [blk.self_attn.layer_idx for blk in layers] == list(range(LAYERS))
+    calls = _prompt_rows(rm)
+    reference_and_score(ref, rm, depth, ro, 0.7, N * G)
+    assert calls == [N, N * G]  # its top blocks: each distinct prompt once, then every row's continuation
     m = ro.response_mask
     plain_logps = rollout_policy_pass(ref, ro, 0.7, 5, False, with_entropy=False)[0]
     torch.testing.assert_close(logps[m], plain_logps[m], rtol=1e-5, atol=1e-5)

@@ -70,10 +70,10 @@ def rm_forward(rm, inputs_embeds: Tensor, attention_mask: Tensor) -> Tensor:
     """The reward model's score of left-padded inputs, read at the last position. (B,) float.
     Shared by reward-model training and scoring, so both compute exactly the same function."""
     out = rm(inputs_embeds=inputs_embeds, attention_mask=attention_mask.long(), position_ids=position_ids(attention_mask)).logits
-    return _as_score(out)
+    return as_score(out)
 
 
-def _as_score(logits: Tensor) -> Tensor:
+def as_score(logits: Tensor) -> Tensor:
     s = logits[:, 0]
     return s if s.dtype == torch.float64 else s.float()  # bf16/fp16 scores are upcast
 
@@ -127,7 +127,7 @@ def _score(rm, inputs: RMInputs, response_mask: Tensor, with_grad: bool, batch_s
             else:
                 _, out = forward_after_prompts(rm, am[:, :P], am[:, P:], groups, prompt_embeds=h[:, :P], cont_embeds=x,
                                                prompt_grad=False, cont_forward=lean)
-                s = _as_score(out if lean is not None else out.logits)
+                s = as_score(out if lean is not None else out.logits)
             if with_grad:
                 (g,) = torch.autograd.grad(s.sum(), x)  # scores are independent per row
                 pos = inputs.response_pos[i : i + batch_size] - start
