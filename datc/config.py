@@ -125,6 +125,7 @@ class TrainerConfig:
     keep_checkpoints: int = 2
     resume: str = "auto"
     threads: int = 2
+    keep_freed_memory: bool = True
     device: str = "auto"
     progress: bool = True
     max_nonfinite_frac: float = 0.5

@@ -74,7 +74,13 @@ from datc.rundir import release_run_locks
 from datc.session import PromptSampler, Session, build_session
 from datc.signals import stop_if_requested, stop_requested, stop_signals
 from datc.trunk import reference_and_score
-from datc.utils import atomic_write_json, peak_rss_mb, quiet_libraries, seed_everything
+from datc.utils import (
+    atomic_write_json,
+    keep_freed_memory,
+    peak_rss_mb,
+    quiet_libraries,
+    seed_everything,
+)
 
 __all__ = [  # the loop and the step's phases; the rest is re-exported from the modules that now hold it
     "GIT_COMMIT", "REUSE_LOGITS_MAX_ELEMENTS", "Credited", "CreditChunk", "Models", "PassPlan", "PromptSampler",
@@ -113,6 +119,8 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
             atomic_write_json(Path(c.results_dir) / f"{c.run_name}.json", done)
         return done
     torch.set_num_threads(t.threads)
+    if t.keep_freed_memory:
+        keep_freed_memory()
     quiet_libraries()
     try:
         s = build_session(c, dist)
