@@ -100,12 +100,16 @@ NOTES = [
     "to text for the reward functions and its logs, and the Trainer's per-step bookkeeping.",
     "- Peak RSS: each trainer alone in a fresh process, `--memory-steps` steps; growth = peak minus "
     "the resident set after loading models and building the trainer.",
+    "- Freed memory kept in the heap (`trainer.keep_freed_memory`, on in `datc-train`; "
+    "`datc.utils.keep_freed_memory`): set once for the whole process, so TRL's blocks and both memory runs "
+    "get it too (`keep_freed_memory` in the JSON file says whether it applied).",
 ]
 
 
 NOTES_REAL = [
     "- Same passes on both sides, per step: one sampling run with the KV cache over the whole batch, one "
-    "reference-model forward (beta > 0) and one reward-model forward in chunks of `trainer.micro_batch_size`, "
+    "reference-model forward (beta > 0) and one reward-model forward in chunks of `trainer.micro_batch_size` "
+    "(this project's reward model runs its top blocks only, see the shared trunk below), "
     "the policy's forward and backward in micro-batches of that size accumulated into one AdamW step (TRL: "
     "`per_device_train_batch_size` = the micro-batch, `gradient_accumulation_steps` = `steps_per_generation` = "
     "batch / micro-batch, so one generation and one optimizer step per rollout); on-policy, neither recomputes "
@@ -128,13 +132,22 @@ NOTES_REAL = [
     "rollout's prefill, the reference, reward-model and policy passes (the KV cache indexed out to the group's "
     "responses; the same results to float rounding, which the same-loss check bounds); TRL forwards every "
     "response with its prompt. TRL's reward callable scores through this project's `score`, shared prompts "
-    "included, so both reward phases do the same reward-model work.",
+    "included.",
+    "- Shared trunk (`trainer.share_trunk`, on; datc/trunk.py): the reward model is made from the policy and "
+    "trained in its top 6 of 30 blocks, so its embeddings and lower 24 blocks are the reference's, block for "
+    "block (found by comparing parameters); this project runs the reference pass once and the reward model's "
+    "top 6 blocks from its hidden states (DATC's input gradient flows back through both), in the reward "
+    "phase, where the reference pass is then timed. TRL runs its reference and the whole reward model "
+    "(through this project's `score`), as it has no access to the reference's hidden states.",
     "- Work this project does that TRL does not: the reviews task's gold (the AFINN lexicon over the sampled "
     "tokens) and, for credit=datc, the credit diagnostics, every step. Work TRL does that this project does "
     "not: decoding completions to text for the reward functions and its logs, and the Trainer's per-step "
     "bookkeeping.",
     "- Peak RSS: each trainer alone in a fresh process, `--memory-steps` steps; growth = peak minus "
     "the resident set after loading models and building the trainer.",
+    "- Freed memory kept in the heap (`trainer.keep_freed_memory`, on in `datc-train`; "
+    "`datc.utils.keep_freed_memory`): set once for the whole process, so TRL's blocks and both memory runs "
+    "get it too (`keep_freed_memory` in the JSON file says whether it applied).",
 ]
 
 
@@ -888,8 +901,9 @@ def main() -> None:
     work = {"max_new_tokens": T, "force_length": force}
     os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
     torch.set_num_threads(a.threads)
-    from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
+    from datc.utils import atomic_write_json, atomic_write_text, keep_freed_memory, quiet_libraries
 
+    kept = keep_freed_memory()  # as datc-train does (trainer.keep_freed_memory); process-wide: TRL's blocks get it too
     quiet_libraries()
     out = Path(a.out)
     if a.combine:
@@ -929,7 +943,7 @@ def main() -> None:
         "work_batch": t.batch_size, "scale": a.scale, "max_new_tokens": t.max_new_tokens, "force_length": force,
         "policy_params": sum(p.numel() for p in s.m.policy.parameters()),
         "targets": {"grpo_over_trl_samples_per_s": GRPO_TARGET, "datc_over_grpo_step_s": sc.datc_target},
-        "same_loss": sl, "throughput": th, "notes": list(sc.notes),
+        "keep_freed_memory": kept, "same_loss": sl, "throughput": th, "notes": list(sc.notes),
     }
     del s
     if not a.no_memory:
