@@ -19,6 +19,13 @@ ARCHS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Every test starts on one torch thread: ``train`` sets the count from ``trainer.threads``
+    and would otherwise leave it to the tests after it (rounding depends on it)."""
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def tok(tmp_path_factory):
     return load_tokenizer(build_testbed_tokenizer(tmp_path_factory.mktemp("tok")))
