@@ -55,13 +55,11 @@ def _trunk_config(model) -> dict:
 
 
 def _same(a: nn.Module, b: nn.Module) -> bool:
-    pa, pb = dict(a.named_parameters()), dict(b.named_parameters())
-    ba, bb = dict(a.named_buffers()), dict(b.named_buffers())
-    if pa.keys() != pb.keys() or ba.keys() != bb.keys():
-        return False
-    return all(x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
-               for n in pa for x, y in [(pa[n], pb[n])]) and \
-        all(x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y) for n in ba for x, y in [(ba[n], bb[n])])
+    """Whether two modules hold the same parameters and buffers: names, dtypes, shapes, values."""
+    ta = {**dict(a.named_parameters()), **dict(a.named_buffers())}
+    tb = {**dict(b.named_parameters()), **dict(b.named_buffers())}
+    return ta.keys() == tb.keys() and all(
+        ta[n].dtype == tb[n].dtype and ta[n].shape == tb[n].shape and torch.equal(ta[n], tb[n]) for n in ta)
 
 
 def shared_trunk_depth(ref, rm) -> int:
