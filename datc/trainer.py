@@ -119,7 +119,7 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
             atomic_write_json(Path(c.results_dir) / f"{c.run_name}.json", done)
         return done
     torch.set_num_threads(t.threads)
-    if t.keep_freed_memory:
+    if t.keep_freed_memory and not dist.enabled:  # single-process runs (see the README's speed section)
         keep_freed_memory()
     quiet_libraries()
     try:
