@@ -311,14 +311,13 @@ def reward(s: Session, ro: Rollout, mask: Tensor, with_grad: bool, shaped: bool 
     :mod:`datc.trunk`), one reference pass also gives the reference's log-probs
     (``ref_logps``) and the reward model runs its own blocks only; otherwise ``ref_logps`` is None."""
     c, t, m = s.c, s.c.trainer, s.m
-    inp = m.score_inputs(ro)
     grad_rows = ~identical_groups(ro, t.num_generations) if skip_zero and with_grad else None
     ref_logps = None
     if with_ref and m.trunk and m.ref is not None and ro.prompt_ids.shape[1] > 1:
         ref_logps, rm_out = reference_and_score(m.ref, m.rm, m.trunk, ro, t.temperature, t.micro_batch_size,
                                                 with_grad=with_grad, grad_rows=grad_rows)
     else:
-        rm_out = score(m.rm, inp, ro.response_mask, with_grad=with_grad, batch_size=t.micro_batch_size,
+        rm_out = score(m.rm, m.score_inputs(ro), ro.response_mask, with_grad=with_grad, batch_size=t.micro_batch_size,
                        grad_rows=grad_rows, share=m.share_prompts)
     gold, gold_contrib = (gold_of(s.assets.task, m.tok, ro.examples, ro.response_ids, ro.response_mask)
                           if s.assets.task is not None else (None, None))
@@ -340,7 +339,7 @@ def reward(s: Session, ro: Rollout, mask: Tensor, with_grad: bool, shaped: bool 
     rm_grad = rm_out.grad
     if grad_rows is not None and (missing := credited & ~grad_rows).any():  # an RM that is not batch-invariant
         rows = missing.nonzero().squeeze(-1)
-        rm_grad[rows] = score(m.rm, inp.select(rows), ro.response_mask[rows], with_grad=True,
+        rm_grad[rows] = score(m.rm, m.score_inputs(ro).select(rows), ro.response_mask[rows], with_grad=True,
                               batch_size=t.micro_batch_size, share=m.share_prompts).grad
     rm_grad, bad_rm_grad = zero_nonfinite_rm_grad(rm_grad)
     nf.add("rm_grad", bad_rm_grad)

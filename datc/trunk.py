@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from datc.logprobs import selective_log_softmax
 from datc.passes import scaled
-from datc.rewards.model import RMScore, as_score
+from datc.rewards.model import RMScore, as_score, left_align_index
 from datc.rollout import Rollout
 from datc.shared_prompt import forward_after_prompts, prompt_groups
 
@@ -157,9 +157,7 @@ def _chunk(ref, rm, depth: int, ro: Rollout, rows: Tensor, temperature: float, w
         # token) once, then the continuations, left-aligned so their last column is every row's
         # last token, where the score is read (datc.rewards.model.RMInputs)
         hp, hc = pre.hidden_states[depth][groups.inverse], out.hidden_states[depth]
-        C = hc.shape[1]
-        shift = (~cont_mask).sum(-1)
-        src = (torch.arange(C, device=x.device)[None, :] - shift[:, None]) % C
+        src, _ = left_align_index(cont_mask)
         hc = hc.gather(1, src[:, :, None].expand(-1, -1, hc.shape[-1]))
         with _top_blocks(rm, depth):
             _, top = forward_after_prompts(rm, pmask[:, :-1], cont_mask.gather(1, src), groups, prompt_embeds=hp,

@@ -35,12 +35,19 @@ class RMInputs:
                         None if self.mapped is None else self.mapped[rows], self.prefix_len)
 
 
+def left_align_index(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """For rows whose padding ``~mask`` (B, L) is all on the right: ``src`` (B, L), the gather
+    index along dim 1 that moves the padding to the left (token t to column ``t + shift``), and
+    ``shift`` (B,)."""
+    L = mask.shape[1]
+    shift = (~mask).sum(-1)
+    return (torch.arange(L, device=mask.device)[None, :] - shift[:, None]) % L, shift  # roll right by shift
+
+
 def left_align(ids: Tensor, mask: Tensor, pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
     """Right-padded rows (valid tokens first) shifted so their padding is all on the left:
     (ids, mask, shift (B,)), token t of a row moving to column ``t + shift``."""
-    L = ids.shape[1]
-    shift = (~mask).sum(-1)
-    src = (torch.arange(L, device=ids.device)[None, :] - shift[:, None]) % L  # roll right by shift
+    src, shift = left_align_index(mask)
     ids, mask = ids.gather(1, src), mask.gather(1, src)
     return torch.where(mask, ids, torch.full_like(ids, pad_id)), mask, shift
 
