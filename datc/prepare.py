@@ -46,13 +46,16 @@ class Assets:
 
 
 def gold_of(task: Task, tok, examples, response_ids: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gold reward (B,) and per-token gold contribution (B, T) of sampled responses."""
+    """Gold reward (B,) and per-token gold contribution (B, T) of sampled responses (float32, on
+    the CPU). The ids and lengths leave the tensors once and the contributions enter one tensor
+    at the end: per-row tensor indexing cost more than the task's own Python."""
     B, T = response_ids.shape
-    contrib = torch.zeros(B, T)
+    ids, lens = response_ids.tolist(), response_mask.sum(-1).tolist()
+    rows = []
     for i in range(B):
-        n = int(response_mask[i].sum())
-        toks = tok.convert_ids_to_tokens(response_ids[i, :n].tolist())
-        contrib[i, :n] = torch.tensor(gold_contributions(task, examples[i], toks))
+        toks = tok.convert_ids_to_tokens(ids[i][: lens[i]])
+        rows.append(gold_contributions(task, examples[i], toks) + [0.0] * (T - lens[i]))
+    contrib = torch.tensor(rows, dtype=torch.float32).view(B, T)
     return contrib.sum(-1), contrib
 
 

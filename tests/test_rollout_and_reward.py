@@ -96,3 +96,24 @@ def test_kept_generate_logits_equal_a_forward_pass(policy, tok):
     _, _, z = rollout_policy_pass(policy, ro, 1.0, 8, True)
     mk = ro.response_mask
     torch.testing.assert_close(ro.logits[mk], z[mk], atol=1e-4, rtol=1e-4)
+
+
+
+def test_gold_of_is_each_rows_task_gold(tok):
+    """The batched gold: each row's contributions over its tokens up to the end token (0 from
+    there and in the padding), and row sums equal to the task's own ``gold``."""
+    from datc.prepare import gold_of
+    from datc.tasks import TASKS
+    from datc.tasks.keywords import CAMP_WORDS
+
+    task = TASKS.get("keywords")(max_new_tokens=4)
+    good, bad = CAMP_WORDS[0][0], CAMP_WORDS[1][0]
+    words = [[good, bad, "<eos>", good], ["<eos>", good, good, good], [good, good, "the", bad]]
+    ids = torch.tensor([tok.convert_tokens_to_ids(w) for w in words])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]]).bool()  # row 0's last id is padding
+    examples = [{"prompt": "write about food :"}] * 3
+    gold, contrib = gold_of(task, tok, examples, ids, mask)
+    u = 1 / 4
+    assert contrib.tolist() == [[u, -u, 0, 0], [0, 0, 0, 0], [u, u, 0, -u]]
+    assert contrib.dtype == gold.dtype == torch.float32
+    assert gold.tolist() == [task.gold(examples[0], [good, bad]), 0.0, task.gold(examples[2], words[2])]
