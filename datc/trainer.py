@@ -30,6 +30,7 @@ from datc.advantages import group_advantages
 from datc.config import TrainConfig, validate
 from datc.credit import CreditOutput, compute_credit
 from datc.credit.base import (
+    ENTROPY,
     LOGPS_UNDER,
     OLD_LOGPS,
     POLICY_HIDDEN,
@@ -397,14 +398,17 @@ def credit_inputs(s: Session, ro: Rollout, rw: Rewarded, rows: slice, plan: Pass
     B = ro.response_ids.shape[0]
     sub = ro if rows.start in (None, 0) and (rows.stop is None or rows.stop >= B) else ro.select(rows)
     old_logps = entropy = logits = credit_old_logps = hidden = None
+    # On-policy the update's forward is the rollout policy's, and rollout/entropy comes from it;
+    # the entropies here only where the scheme reads them or the update's policy differs.
+    with_entropy = ENTROPY in needs or not plan.on_policy
     if plan.reuse:  # the rollout distribution as generate computed it: no second forward pass
         logits = scaled(sub.logits, t.temperature)
-        entropy = entropy_from_logits(logits)
+        entropy = entropy_from_logits(logits) if with_entropy else None
         credit_old_logps = selective_log_softmax(logits, sub.response_ids) if OLD_LOGPS in needs else None
     elif not plan.on_policy or plan.wants_dist:
         old_logps, entropy, logits, *rest = rollout_policy_pass(m.policy, sub, t.temperature, t.micro_batch_size,
                                                                 POLICY_LOGITS in needs, POLICY_HIDDEN in needs,
-                                                                share=m.share_prompts)
+                                                                with_entropy=with_entropy, share=m.share_prompts)
         hidden = rest[0] if rest else None
         credit_old_logps = old_logps
     prompts = [m.encoder.text(ex) for ex in sub.examples] if PROMPTS in needs else None
