@@ -179,11 +179,13 @@ def no_grad_pass_bytes(rows: int, prompt: int, response: int, vocab: int, hidden
             + rows * (prompt + response) * (4 * hidden + 4 * intermediate))
 
 
-def datc_chunk_bytes(chunk: int, vocab: int) -> float:
+def datc_chunk_bytes(chunk: int | None, vocab: int) -> float:
     """DATC's closed forms per chunk of tokens: the gathered logits, π, its copy with the mode
     zeroed and its square, four fp32 (chunk, V) tensors (the [chunk, V]×[V, d] products are
-    only (chunk, d))."""
-    return 4 * 4 * chunk * vocab
+    only (chunk, d)); ``chunk`` None: the rows ``datc_math.chunk_rows`` sizes by memory."""
+    from datc.credit.datc_math import chunk_rows
+
+    return 4 * 4 * chunk_rows(chunk, vocab) * vocab
 
 
 def zero_buffers(stage: int, overlap_comm: bool, reduce_bucket: int = REDUCE_BUCKET, grad_bytes: int = 4) -> float:
@@ -267,7 +269,7 @@ def plan(c, counts: dict[str, int], stage: int, n_gpus: int) -> dict[str, Any]:
     act_rm = activation_bytes(ra, min(pass_micro, rows), P + T, weight_grads=False) if RM_GRAD in needs else 0.0
     logits_update = max(update_logits_bytes(micro, P, T, V), entropy_pass_bytes(micro, T, V))
     pass_bytes = no_grad_pass_bytes(min(pass_micro, rows), P, T, V, pa.hidden, pa.intermediate)
-    credit_chunk = datc_chunk_bytes(c.credit.get("chunk_size", 256), V) if POLICY_LOGITS in needs else 0.0
+    credit_chunk = datc_chunk_bytes(c.credit.get("chunk_size"), V) if POLICY_LOGITS in needs else 0.0
     weight_copy = 2 * phi_p  # autocast's bf16 weight casts, saved for backward (no cast cache under DeepSpeed)
     buffers = zero_buffers(stage, c.deepspeed.overlap_comm)
     phases = {

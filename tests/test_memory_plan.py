@@ -103,6 +103,7 @@ def test_logits_by_hand():
     assert mp.update_logits_bytes(2, 3, 4, 10) == 1240
     assert mp.entropy_pass_bytes(2, 4, 10) == 4 * 4 * 2 * 4 * 10
     assert mp.datc_chunk_bytes(256, 10) == 4 * 4 * 256 * 10
+    assert mp.datc_chunk_bytes(None, 49152) == 4 * 4 * 341 * 49152  # sized by memory: 341 fp32 rows in 64 MiB
 
 
 @pytest.fixture(scope="module")

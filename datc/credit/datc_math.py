@@ -43,6 +43,7 @@ from torch import Tensor
 
 LOGIT_MAPS = ("jacobian", "identity")
 ALIGNMENTS = ("projection", "work", "cosine")
+CHUNK_BYTES = 64 * 2**20  # chunk_size None: rows per chunk so that one (chunk, V) temporary fits in this
 
 
 @torch.no_grad()
@@ -55,7 +56,7 @@ def datc_scores(
     *,
     logit_map: str = "jacobian",
     alignment: str = "projection",
-    chunk_size: int = 256,
+    chunk_size: int | None = None,
     top_k: int | None = None,
     rows: Tensor | None = None,
 ) -> Tensor:
@@ -69,7 +70,10 @@ def datc_scores(
         sign: (M,) ``sign(A_i)`` of each token's response, in {-1, 0, 1} (ones: unsigned).
         logit_map: ``jacobian`` | ``identity``.
         alignment: ``projection`` | ``work`` | ``cosine``.
-        chunk_size: rows per chunk; bounds the extra memory to ``O(chunk_size · V)``.
+        chunk_size: rows per chunk; bounds the extra memory to ``O(chunk_size · V)``. None: as
+            many rows as keep one (chunk, V) temporary within ``CHUNK_BYTES`` (at the testbed's
+            192 words every token in one chunk, where per-chunk overhead is the cost; at 49k
+            words 341 rows in float32).
         top_k: keep the ``k`` largest entries of ``π_t`` (renormalised); None: exact.
         rows: (N,) long, the rows to score (e.g. the valid tokens of a flattened batch), gathered
             one chunk at a time so ``logits`` is never copied whole; None: all M rows.
@@ -84,7 +88,7 @@ def datc_scores(
     E = E.to(dtype)
     need_rho = alignment == "cosine"
     out = []
-    for sel in _chunks(g.shape[0], rows, chunk_size):
+    for sel in _chunks(g.shape[0], rows, chunk_rows(chunk_size, E.shape[0], dtype)):
         work, u_norm, f_norm = _chunk_terms(
             g[sel].to(dtype), E, logits[sel], y[sel], logit_map, top_k, need_rho
         )
@@ -106,7 +110,7 @@ def force_norm(
     logits: Tensor,
     *,
     logit_map: str = "jacobian",
-    chunk_size: int = 256,
+    chunk_size: int | None = None,
     top_k: int | None = None,
     rows: Tensor | None = None,
 ) -> Tensor:
@@ -120,7 +124,7 @@ def force_norm(
     dtype = _compute_dtype(g, E, logits)
     E = E.to(dtype)
     out = []
-    for sel in _chunks(g.shape[0], rows, chunk_size):
+    for sel in _chunks(g.shape[0], rows, chunk_rows(chunk_size, E.shape[0], dtype)):
         z = logits[sel]  # the displacement terms are unused, so any ids serve as y
         _, _, f_norm = _chunk_terms(g[sel].to(dtype), E, z, z.argmax(-1), logit_map, top_k, True)
         out.append(_nan_where_nonfinite(f_norm, z))
@@ -137,14 +141,22 @@ def rm_saliency(g: Tensor, E: Tensor, y: Tensor) -> Tensor:
     return (g.to(dtype) * E[y].to(dtype)).sum(-1).abs()
 
 
-def check_options(logit_map: str, alignment: str, chunk_size: int, top_k: int | None) -> None:
+def chunk_rows(chunk_size: int | None, vocab: int, dtype: torch.dtype = torch.float32) -> int:
+    """Rows per chunk: ``chunk_size``, or with None as many as keep one (rows, vocab) tensor of
+    ``dtype`` within ``CHUNK_BYTES`` (at least 1)."""
+    if chunk_size is not None:
+        return chunk_size
+    return max(1, CHUNK_BYTES // (vocab * torch.empty(0, dtype=dtype).element_size()))
+
+
+def check_options(logit_map: str, alignment: str, chunk_size: int | None, top_k: int | None) -> None:
     """Raise ValueError naming the option and its valid values if one is out of range."""
     if logit_map not in LOGIT_MAPS:
         raise ValueError(f"logit_map must be one of {LOGIT_MAPS}, got {logit_map!r}")
     if alignment not in ALIGNMENTS:
         raise ValueError(f"alignment must be one of {ALIGNMENTS}, got {alignment!r}")
-    if not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be None (sized by memory) or an integer >= 1, got {chunk_size!r}")
     if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
 

@@ -75,6 +75,26 @@ def test_chunked_equals_unchunked(logit_map, alignment, chunk_size):
     assert torch.allclose(norm_chunked, norm_whole, atol=1e-12, rtol=0)
 
 
+def test_chunks_sized_by_memory(monkeypatch):
+    """``chunk_size`` None: rows per chunk from the byte budget and the vocabulary (float64
+    halves them); the scores are those of any explicit chunking."""
+    import datc.credit.datc_math as dm
+
+    assert dm.chunk_rows(None, 192) == dm.CHUNK_BYTES // (192 * 4) and dm.chunk_rows(None, 49152) == 341
+    assert dm.chunk_rows(None, 49152, torch.float64) == 170 and dm.chunk_rows(7, 49152) == 7
+    assert dm.chunk_rows(None, 2 * dm.CHUNK_BYTES) == 1  # never 0 rows
+    g, E, logits, y, sign = case(2)
+    whole = datc_scores(g, E, logits, y, sign, chunk_size=10_000)
+    norm_whole = force_norm(g, E, logits, chunk_size=10_000)
+    sizes = []
+    real_chunks = dm._chunks
+    monkeypatch.setattr(dm, "_chunks", lambda m, rows, size: sizes.append(size) or real_chunks(m, rows, size))
+    monkeypatch.setattr(dm, "CHUNK_BYTES", 3 * E.shape[0] * 8)  # three float64 rows of the test's vocabulary
+    assert torch.allclose(datc_scores(g, E, logits, y, sign), whole, atol=1e-12, rtol=0)
+    assert torch.allclose(force_norm(g, E, logits), norm_whole, atol=1e-12, rtol=0)
+    assert sizes == [3, 3]
+
+
 def test_rows_select_without_changing_values():
     g, E, logits, y, sign = case(3)
     rows = torch.tensor([7, 0, 3, 8])

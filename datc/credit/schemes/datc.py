@@ -34,7 +34,7 @@ class DATCParams(WeightParams):
     logit_map: str = "jacobian"  # jacobian | identity: how the reward force enters logit space
     direction: str = "signed"  # signed | unsigned: multiply the displacement by sign(A_i) or not
     alignment: str = "projection"  # projection | work | cosine: score of force vs displacement
-    chunk_size: int = 256  # tokens per chunk; extra memory O(chunk_size * V)
+    chunk_size: int | None = None  # tokens per chunk, extra memory O(chunk_size * V); None: sized by memory
     top_k: int | None = None  # keep the k most likely tokens of pi_t (renormalised); None: exact
 
     def __post_init__(self) -> None:

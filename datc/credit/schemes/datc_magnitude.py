@@ -25,7 +25,7 @@ class MagnitudeParams(WeightParams):
     """The weight step's fields plus the DATC switches that apply to the force alone."""
 
     logit_map: str = "jacobian"  # jacobian | identity: how the reward force enters logit space
-    chunk_size: int = 256  # tokens per chunk; extra memory O(chunk_size * V)
+    chunk_size: int | None = None  # tokens per chunk, extra memory O(chunk_size * V); None: sized by memory
     top_k: int | None = None  # keep the k most likely tokens of pi_t (renormalised); None: exact
 
     def __post_init__(self) -> None:
