@@ -66,8 +66,11 @@ def shared_trunk_depth(ref, rm) -> int:
     """How many leading decoder blocks (the input embeddings first) the reference and the
     reward model share: equal trunk configurations and parameters, block by block, of a family
     in :data:`TRUNK_MODEL_TYPES`. At most the reward model's depth minus one (its own top block
-    always runs). 0: nothing shared."""
+    always runs). 0: nothing shared, and for models whose parameters are partitioned (ZeRO-3:
+    each rank holds a shard, the local tensors are empty and prove nothing)."""
     if ref is None or rm is None:
+        return 0
+    if any(hasattr(p, "ds_id") for m in (ref, rm) for p in m.parameters()):
         return 0
     mt = getattr(ref.config, "model_type", None)
     if mt not in TRUNK_MODEL_TYPES or getattr(rm.config, "model_type", None) != mt:

@@ -12,7 +12,7 @@ import torch
 from datc.models import build_causal_lm, build_reward_model, freeze
 from datc.passes import rollout_policy_pass
 from datc.rewards.model import build_rm_inputs, score
-from datc.trunk import reference_and_score, shared_trunk_depth
+from datc.trunk import _top_blocks, reference_and_score, shared_trunk_depth
 from tests.conftest import ARCHS
 from tests.test_shared_prompt import G, N, _batch, _prompt_rows
 
@@ -53,6 +53,44 @@ def test_the_trunk_is_the_equal_leading_blocks(tok):
     assert shared_trunk_depth(None, rm) == 0
     gpt2 = build_causal_lm(ARCHS["gpt2"], tok, 0)
     assert shared_trunk_depth(gpt2, build_reward_model(ARCHS["gpt2"], tok, 0)) == 0  # not a supported family
+
+
+def test_partitioned_parameters_share_nothing(tok):
+    """Under ZeRO-3 a rank's parameters are empty shards (marked with ``ds_id``): equal empties
+    must not count as a shared trunk."""
+    ref, rm = _pair(tok, differ_at=None)
+    assert shared_trunk_depth(ref, rm) == LAYERS - 1
+    rm.base_model.layers[-1].mlp.down_proj.weight.ds_id = 7  # one partitioned parameter, above the trunk
+    assert shared_trunk_depth(ref, rm) == 0
+    del rm.base_model.layers[-1].mlp.down_proj.weight.ds_id
+    ref.lm_head.weight.ds_id = 0
+    assert shared_trunk_depth(ref, rm) == 0
+
+
+def test_the_top_blocks_are_restored_after_an_error(tok):
+    ref, rm = _pair(tok)
+    layers = rm.base_model.layers
+    idx = [blk.self_attn.layer_idx for blk in layers]
+    with pytest.raises(RuntimeError, match="inside"), _top_blocks(rm, 2):
+        assert len(rm.base_model.layers) == LAYERS - 2 and rm.base_model.layers[0].self_attn.layer_idx == 0
+        raise RuntimeError("inside")
+    assert rm.base_model.layers is layers and [blk.self_attn.layer_idx for blk in layers] == idx
+
+
+def test_the_trunk_is_off_without_shared_prompts_or_a_reference(tmp_path):
+    """The trunk runs in the reference's shared-prompt layout and needs the reference's pass:
+    plain prompt forwards (``trainer.share_prompts: false``) or no KL term turn it off."""
+    from datc.config import validate
+    from datc.session import build_session
+    from tests.test_train_e2e import cfg_for
+
+    base = ["policy=tiny_llama", "+reward.init=policy", "+reward.train.trainable_layers=1", "trainer.beta=0.04"]
+    depth = {}
+    for name, extra in (("on", []), ("no shared prompts", ["trainer.share_prompts=false"]),
+                        ("no reference", ["trainer.beta=0.0"])):
+        s = build_session(validate(cfg_for(tmp_path / "cache", tmp_path / "run", *base, *extra)))
+        depth[name] = s.m.trunk
+    assert depth == {"on": 1, "no shared prompts": 0, "no reference": 0}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
