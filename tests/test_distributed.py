@@ -68,12 +68,14 @@ def _worker(cache_dir, out, nproc, overrides, port):
 ])
 def test_two_processes_match_one_on_the_same_global_batch(cache_dir, tmp_path, stage, credit, dtype):
     port = 29500 + hash((stage, credit, dtype)) % 400
-    overrides = [*COMMON, f"cache_dir={cache_dir}", f"credit={credit}", f"policy.dtype={dtype}",
-                 # ZeRO-3 with two ranks forwards whole prompts (every rank the same calls): so does the one
-                 f"trainer.share_prompts={str(stage != 'zero3').lower()}"]
-    one = _worker(cache_dir, tmp_path / "one.pt", 1, overrides, port)
+    overrides = [*COMMON, f"cache_dir={cache_dir}", f"credit={credit}", f"policy.dtype={dtype}"]
+    # ZeRO-3 with two ranks forwards whole prompts (every rank must make the same calls): it turns
+    # trainer.share_prompts off by itself, and the one process is told to match
+    one = _worker(cache_dir, tmp_path / "one.pt", 1, [*overrides, f"trainer.share_prompts={str(stage != 'zero3').lower()}"],
+                  port)
     two = _worker(cache_dir, tmp_path / "two.pt", 2, [*overrides, f"deepspeed={stage}"], port)
     assert two["world_size"] == 2 and one["world_size"] == 1
+    assert two["share_prompts"] is (stage != "zero3") and one["share_prompts"] is two["share_prompts"]
     for a, b in zip(one["steps"], two["steps"], strict=True):
         for k in a:
             assert b[k] == pytest.approx(a[k], rel=LOSS_RTOL, abs=1e-7), (k, a, b)

@@ -41,7 +41,8 @@ def main(out: str, overrides: list[str]) -> None:
         steps.append({k: metrics[k] for k in ("loss/total", "loss/grad_norm", "loss/kl", "reward/rm_score")})
     params = {n: gathered(p).float().clone() for n, p in s.m.policy.named_parameters()}
     if dist.is_main:
-        torch.save({"steps": steps, "params": params, "world_size": dist.world_size}, out)
+        torch.save({"steps": steps, "params": params, "world_size": dist.world_size,
+                    "share_prompts": s.m.share_prompts}, out)
     dist.barrier()
     dist.close()
 
