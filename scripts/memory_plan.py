@@ -180,12 +180,12 @@ def no_grad_pass_bytes(rows: int, prompt: int, response: int, vocab: int, hidden
 
 
 def datc_chunk_bytes(chunk: int | None, vocab: int) -> float:
-    """DATC's closed forms per chunk of tokens: the gathered logits, π, its copy with the mode
-    zeroed and its square, four fp32 (chunk, V) tensors (the [chunk, V]×[V, d] products are
-    only (chunk, d)); ``chunk`` None: the rows ``datc_math.chunk_rows`` sizes by memory."""
+    """DATC's closed forms per chunk of tokens: the gathered logits, π (then, in place, the
+    two weightings of ρ) and ρ = E g, three fp32 (chunk, V) tensors; ``chunk`` None: the rows
+    ``datc_math.chunk_rows`` sizes by memory."""
     from datc.credit.datc_math import chunk_rows
 
-    return 4 * 4 * chunk_rows(chunk, vocab) * vocab
+    return 3 * 4 * chunk_rows(chunk, vocab) * vocab
 
 
 def zero_buffers(stage: int, overlap_comm: bool, reduce_bucket: int = REDUCE_BUCKET, grad_bytes: int = 4) -> float:

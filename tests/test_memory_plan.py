@@ -102,8 +102,8 @@ def test_logits_by_hand():
     # m=2, P=3, T=4, V=10: bf16 2·2·7·10 = 280, fp32 3·4·2·4·10 = 960
     assert mp.update_logits_bytes(2, 3, 4, 10) == 1240
     assert mp.entropy_pass_bytes(2, 4, 10) == 4 * 4 * 2 * 4 * 10
-    assert mp.datc_chunk_bytes(256, 10) == 4 * 4 * 256 * 10
-    assert mp.datc_chunk_bytes(None, 49152) == 4 * 4 * 341 * 49152  # sized by memory: 341 fp32 rows in 64 MiB
+    assert mp.datc_chunk_bytes(256, 10) == 3 * 4 * 256 * 10
+    assert mp.datc_chunk_bytes(None, 49152) == 3 * 4 * 341 * 49152  # sized by memory: 341 fp32 rows in 64 MiB
 
 
 @pytest.fixture(scope="module")

@@ -89,9 +89,8 @@ def datc_scores(
     need_rho = alignment == "cosine"
     out = []
     for sel in _chunks(g.shape[0], rows, chunk_rows(chunk_size, E.shape[0], dtype)):
-        work, u_norm, f_norm = _chunk_terms(
-            g[sel].to(dtype), E, logits[sel], y[sel], logit_map, top_k, need_rho
-        )
+        z = logits[sel]  # gathered once: for the terms and the non-finite check
+        work, u_norm, f_norm = _chunk_terms(g[sel].to(dtype), E, z, y[sel], logit_map, top_k, need_rho)
         signed = sign[sel].to(dtype) * work
         if alignment == "work":
             score = signed
@@ -99,7 +98,7 @@ def datc_scores(
             score = _safe_div(signed, u_norm)
         else:
             score = _safe_div(signed, f_norm * u_norm)
-        out.append(_nan_where_nonfinite(score, logits[sel]))
+        out.append(_nan_where_nonfinite(score, z))
     return _cat(out, g, dtype)
 
 
@@ -146,7 +145,7 @@ def chunk_rows(chunk_size: int | None, vocab: int, dtype: torch.dtype = torch.fl
     ``dtype`` within ``CHUNK_BYTES`` (at least 1)."""
     if chunk_size is not None:
         return chunk_size
-    return max(1, CHUNK_BYTES // (vocab * torch.empty(0, dtype=dtype).element_size()))
+    return max(1, CHUNK_BYTES // (vocab * dtype.itemsize))
 
 
 def check_options(logit_map: str, alignment: str, chunk_size: int | None, top_k: int | None) -> None:
@@ -288,20 +287,21 @@ def _chunk_terms(
 
 def _full_vocab_terms(g: Tensor, E: Tensor, pi: Tensor, y: Tensor, logit_map: str) -> tuple[Tensor, Tensor, None]:
     """``_chunk_terms`` on the whole vocabulary with one ``[c, d] × [d, V]`` product, in as few
-    ``(c, V)`` passes as the same precision allows: one copy of ``π`` with the mode's entry
-    zeroed gives the sums over the other entries, then that entry is overwritten in place with
-    minus their sum (``D = π - e_m``, ``Q = π² - (Σπ²) e_m``, no masks). ``ρ = E g`` is formed
-    once and ``π·ρ' = D·ρ``, ``Σ_v π_v² ρ'_v = Q·ρ``: the same sums as ``g · (D E)`` and
-    ``g · (Q E)`` with the same rounding order of magnitude (each term ``π_v (ρ_v - ρ_m)``, the
-    mode's written as minus the others), for half the multiply-adds of the two products."""
+    ``(c, V)`` passes and tensors as the same precision allows: ``π`` (consumed: overwritten in
+    place) with the mode's entry zeroed gives the sums over the other entries, then that entry is
+    overwritten with minus their sum (``D = π - e_m``); squared in place with the same entry
+    rewritten it is ``Q = π² - (Σπ²) e_m`` (no masks, no copies: ``π``, ``ρ`` and nothing else of
+    size ``(c, V)``). ``ρ = E g`` is formed once and ``π·ρ' = D·ρ``, ``Σ_v π_v² ρ'_v = Q·ρ``: the
+    same sums as ``g · (D E)`` and ``g · (Q E)`` with the same rounding order of magnitude (each
+    term ``π_v (ρ_v - ρ_m)``, the mode's written as minus the others), for half the multiply-adds
+    of the two products."""
     rows = torch.arange(pi.shape[0], device=pi.device)
     pi_m, m = pi.max(-1)  # (c,), (c,)
     pi_y = pi.gather(-1, y[:, None]).squeeze(-1)  # (c,)
-    a = pi.clone()
+    a = pi  # π with the mode's entry zeroed, in place
     a[rows, m] = 0.0
     not_m_sum = a.sum(-1)  # Σ_{v≠m} π_v, exact even when π is peaked
-    sq = a.square()
-    not_m_sq = sq.sum(-1)  # Σ_{v≠m} π_v²
+    not_m_sq = _rowdot(a, a)  # Σ_{v≠m} π_v²
     y_is_m = y == m
     # ‖e_y - π‖² = (Σ_{v≠y} π_v)² + Σ_{v≠y} π_v²; if y ≠ m then π_y ≤ 1/2 and nothing cancels.
     not_y_sum = torch.where(y_is_m, not_m_sum, not_m_sum + pi_m - pi_y)
@@ -311,12 +311,13 @@ def _full_vocab_terms(g: Tensor, E: Tensor, pi: Tensor, y: Tensor, logit_map: st
     E_m = E[m]  # (c, d)
     rho_y = (g * (E[y] - E_m)).sum(-1)  # ρ'_y, exactly 0 when y = m
     rho = g @ E.T  # (c, V) ρ = E g, one product
-    a[rows, m] = -not_m_sum
+    a[rows, m] = -not_m_sum  # D
     pi_rho = _rowdot(a, rho)  # π·ρ' = Σ_v π_v (ρ_v - ρ_m)
     if logit_map == "identity":
         return rho_y - pi_rho, u_norm, None
-    sq[rows, m] = -not_m_sq
-    work = pi_y * rho_y + s2_minus_pi_y * pi_rho - _rowdot(sq, rho)  # Σ_v π_v² (ρ_v - ρ_m)
+    a.square_()
+    a[rows, m] = -not_m_sq  # Q
+    work = pi_y * rho_y + s2_minus_pi_y * pi_rho - _rowdot(a, rho)  # Σ_v π_v² (ρ_v - ρ_m)
     return work, u_norm, None
 
 
