@@ -112,7 +112,16 @@ def compute_credit(scheme: CreditScheme, batch: CreditBatch, params: Any) -> Cre
     Score-based schemes go through the shared weight step of METHOD §2.5
     (:func:`datc.credit.weights.scores_to_weights`); weight-returning schemes are taken as they
     are, with masked positions zeroed.
+
+    Schemes and the weight step run outside any autocast region (the trainer's step runs inside
+    one under ``policy.dtype: bfloat16``): their matrix products stay in their inputs' precision
+    (float32 or float64), as the schemes' own math promises, instead of being cast to bf16.
     """
+    with torch.autocast(batch.response_mask.device.type, enabled=False):
+        return _compute_credit(scheme, batch, params)
+
+
+def _compute_credit(scheme: CreditScheme, batch: CreditBatch, params: Any) -> CreditOutput:
     mask = batch.response_mask
     missing = [n for n in scheme.needs if getattr(batch, n) is None]
     if missing:

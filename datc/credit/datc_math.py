@@ -88,17 +88,18 @@ def datc_scores(
     E = E.to(dtype)
     need_rho = alignment == "cosine"
     out = []
-    for sel in _chunks(g.shape[0], rows, chunk_rows(chunk_size, E.shape[0], dtype)):
-        z = logits[sel]  # gathered once: for the terms and the non-finite check
-        work, u_norm, f_norm = _chunk_terms(g[sel].to(dtype), E, z, y[sel], logit_map, top_k, need_rho)
-        signed = sign[sel].to(dtype) * work
-        if alignment == "work":
-            score = signed
-        elif alignment == "projection":
-            score = _safe_div(signed, u_norm)
-        else:
-            score = _safe_div(signed, f_norm * u_norm)
-        out.append(_nan_where_nonfinite(score, z))
+    with _no_autocast(g):
+        for sel in _chunks(g.shape[0], rows, chunk_rows(chunk_size, E.shape[0], dtype)):
+            z = logits[sel]  # gathered once: for the terms and the non-finite check
+            work, u_norm, f_norm = _chunk_terms(g[sel].to(dtype), E, z, y[sel], logit_map, top_k, need_rho)
+            signed = sign[sel].to(dtype) * work
+            if alignment == "work":
+                score = signed
+            elif alignment == "projection":
+                score = _safe_div(signed, u_norm)
+            else:
+                score = _safe_div(signed, f_norm * u_norm)
+            out.append(_nan_where_nonfinite(score, z))
     return _cat(out, g, dtype)
 
 
@@ -123,10 +124,11 @@ def force_norm(
     dtype = _compute_dtype(g, E, logits)
     E = E.to(dtype)
     out = []
-    for sel in _chunks(g.shape[0], rows, chunk_rows(chunk_size, E.shape[0], dtype)):
-        z = logits[sel]  # the displacement terms are unused, so any ids serve as y
-        _, _, f_norm = _chunk_terms(g[sel].to(dtype), E, z, z.argmax(-1), logit_map, top_k, True)
-        out.append(_nan_where_nonfinite(f_norm, z))
+    with _no_autocast(g):
+        for sel in _chunks(g.shape[0], rows, chunk_rows(chunk_size, E.shape[0], dtype)):
+            z = logits[sel]  # the displacement terms are unused, so any ids serve as y
+            _, _, f_norm = _chunk_terms(g[sel].to(dtype), E, z, z.argmax(-1), logit_map, top_k, True)
+            out.append(_nan_where_nonfinite(f_norm, z))
     return _cat(out, g, dtype)
 
 
@@ -341,6 +343,12 @@ def _nan_where_nonfinite(score: Tensor, logits: Tensor) -> Tensor:
         rows = (~ok).nonzero().squeeze(-1)
         ok[rows] = torch.isfinite(logits[rows]).all(-1)
     return torch.where(ok, score, torch.nan)
+
+
+def _no_autocast(like: Tensor):
+    """No autocast on ``like``'s device: the products stay in the computation dtype (float32 or
+    float64) inside a bf16 training step's autocast region."""
+    return torch.autocast(like.device.type, enabled=False)
 
 
 def _safe_div(num: Tensor, den: Tensor) -> Tensor:

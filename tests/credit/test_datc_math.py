@@ -95,6 +95,20 @@ def test_chunks_sized_by_memory(monkeypatch):
     assert sizes == [3, 3]
 
 
+@pytest.mark.parametrize("logit_map, alignment", COMBOS)
+def test_a_bf16_autocast_region_leaves_the_math_in_float32(logit_map, alignment):
+    """The trainer's step runs in a bf16 autocast region; the scores' matrix products must not
+    be cast to bf16 there (a float32 input gives float32 arithmetic, bit for bit)."""
+    g, E, logits, y, sign = case(4, N=12, V=40, d=8)
+    g, E, logits, sign = g.float(), E.float(), logits.float(), sign.float()
+    kw = {"logit_map": logit_map, "alignment": alignment}
+    plain = datc_scores(g, E, logits, y, sign, **kw)
+    plain_norm = force_norm(g, E, logits, logit_map=logit_map)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(datc_scores(g, E, logits, y, sign, **kw), plain)
+        assert torch.equal(force_norm(g, E, logits, logit_map=logit_map), plain_norm)
+
+
 def test_rows_select_without_changing_values():
     g, E, logits, y, sign = case(3)
     rows = torch.tensor([7, 0, 3, 8])
