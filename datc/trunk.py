@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from datc.logprobs import selective_log_softmax
 from datc.passes import scaled
-from datc.rewards.model import RMScore, as_score, left_align_index
+from datc.rewards.model import RMScore, as_score, left_align_index, rows_by_gradient
 from datc.rollout import Rollout
 from datc.shared_prompt import forward_after_prompts, prompt_groups
 
@@ -118,16 +118,13 @@ def reference_and_score(ref, rm, depth: int, ro: Rollout, temperature: float, mi
     model's input is the policy's prompt ids and the response ids (``reward.chat_template:
     false``); each distinct prompt but its last token is forwarded once, without a graph."""
     B, T = ro.response_ids.shape
-    want = torch.ones(B, dtype=torch.bool) if with_grad and grad_rows is None else (
-        grad_rows.cpu() if with_grad else torch.zeros(B, dtype=torch.bool))
     logps = torch.empty(B, T, dtype=torch.float32, device=ro.response_ids.device)
     scores = torch.empty(B, dtype=torch.float32, device=ro.response_ids.device)
     grad = None
     if with_grad:
         d = rm.get_input_embeddings().weight.shape[-1]
         grad = torch.zeros(B, T, d, dtype=torch.float32, device=ro.response_ids.device)
-    for g_on in (True, False):
-        rows = want.eq(g_on).nonzero().squeeze(-1).to(ro.response_ids.device)
+    for g_on, rows in rows_by_gradient(B, with_grad, grad_rows, ro.response_ids.device):
         for i in range(0, rows.numel(), micro):
             r = rows[i : i + micro]
             lp, s, g = _chunk(ref, rm, depth, ro, r, temperature, g_on)

@@ -117,3 +117,17 @@ def test_gold_of_is_each_rows_task_gold(tok):
     assert contrib.tolist() == [[u, -u, 0, 0], [0, 0, 0, 0], [u, u, 0, -u]]
     assert contrib.dtype == gold.dtype == torch.float32
     assert gold.tolist() == [task.gold(examples[0], [good, bad]), 0.0, task.gold(examples[2], words[2])]
+
+
+def test_rows_split_by_gradient():
+    from datc.rewards.model import rows_by_gradient
+
+    def split(*a):
+        return [(w, r.tolist()) for w, r in rows_by_gradient(*a)]
+
+    some = torch.tensor([True, False, True, False])
+    assert split(4, True, some) == [(True, [0, 2]), (False, [1, 3])]
+    assert split(4, True, None) == [(True, [0, 1, 2, 3])]
+    assert split(4, False, some) == [(False, [0, 1, 2, 3])]  # no gradient asked: grad_rows is moot
+    assert split(4, True, torch.zeros(4, dtype=torch.bool)) == [(False, [0, 1, 2, 3])]
+    assert split(0, True, None) == []

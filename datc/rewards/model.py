@@ -100,9 +100,7 @@ def score(rm, inputs: RMInputs, response_mask: Tensor, with_grad: bool = False, 
         return _score(rm, inputs, response_mask, with_grad, batch_size, share)
     scores = torch.empty(response_mask.shape[0], dtype=torch.float32, device=response_mask.device)
     grad = None
-    for want, rows in ((True, grad_rows.nonzero().squeeze(-1)), (False, (~grad_rows).nonzero().squeeze(-1))):
-        if rows.numel() == 0:
-            continue
+    for want, rows in rows_by_gradient(response_mask.shape[0], True, grad_rows, response_mask.device):
         out = _score(rm, inputs.select(rows), response_mask[rows], want, batch_size, share)
         scores[rows] = out.scores
         if want:
@@ -112,6 +110,19 @@ def score(rm, inputs: RMInputs, response_mask: Tensor, with_grad: bool = False, 
         d = rm.get_input_embeddings().weight.shape[-1]
         grad = torch.zeros(*response_mask.shape, d, device=response_mask.device)
     return RMScore(scores, grad)
+
+
+def rows_by_gradient(n: int, with_grad: bool, grad_rows: Tensor | None,
+                     device: torch.device | str = "cpu") -> list[tuple[bool, Tensor]]:
+    """The ``n`` responses split into those scored with an input gradient and those without, as
+    ``(with_gradient, rows)`` pairs, ``rows`` (k,) long on ``device``, the gradient ones first and
+    empty groups left out: with ``with_grad`` the rows ``grad_rows`` (n,) bool get one (None:
+    all), without it none does. Shared by :func:`score` and :func:`datc.trunk.reference_and_score`."""
+    if with_grad and grad_rows is not None:
+        want = grad_rows.to(device=device, dtype=torch.bool)
+    else:
+        want = torch.full((n,), with_grad, dtype=torch.bool, device=device)
+    return [(w, rows) for w in (True, False) if (rows := (want == w).nonzero().squeeze(-1)).numel()]
 
 
 def _score(rm, inputs: RMInputs, response_mask: Tensor, with_grad: bool, batch_size: int, share: bool = True) -> RMScore:
