@@ -63,3 +63,23 @@ def test_a_score_scheme_without_weight_step_params_is_an_error():
     scheme = credit_scheme("bare_scores", output="scores")(lambda batch, params: torch.rand(2, 3))
     with pytest.raises(TypeError, match="must subclass datc.credit.weights.WeightParams"):
         compute_credit(scheme, _batch(), scheme.make_params({}))
+
+
+def test_schemes_run_outside_the_steps_autocast_region():
+    """The training step runs in a bf16 autocast region; compute_credit takes every scheme (and
+    the weight step) out of it, so a scheme's matrix products stay in float32."""
+    seen = {}
+
+    def product_weights(batch, params):
+        seen["autocast"] = torch.is_autocast_enabled("cpu")
+        x = batch.advantages[:, None].expand(2, 3).contiguous()
+        seen["dtype"] = (x @ x.T).dtype  # bf16 inside an active CPU autocast region
+        return batch.response_mask.float()
+
+    scheme = credit_scheme("product_weights")(product_weights)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.is_autocast_enabled("cpu")
+        out = compute_credit(scheme, _batch(), scheme.make_params({}))
+        assert torch.is_autocast_enabled("cpu")  # restored for the rest of the step
+    assert seen == {"autocast": False, "dtype": torch.float32}
+    assert out.weights.dtype == torch.float32
