@@ -9,9 +9,9 @@ from datc.config import TrainConfig
 from datc.metrics import finite_mean, pearson
 from datc.model_set import Models
 from datc.passes import rollout_policy_pass
-from datc.prepare import gold_of
 from datc.rewards.model import score
 from datc.rollout import sample_groups
+from datc.tasks import gold_of
 
 
 @torch.no_grad()

@@ -13,12 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from datc.checkpoint import (
-    latest_loadable_checkpoint,
-    load_engine_checkpoint,
-    save_checkpoint,
-    save_engine_checkpoint,
-)
+from datc.checkpoint import latest_loadable_checkpoint
 from datc.config import ConfigError, TrainConfig
 from datc.distributed import Dist
 from datc.metrics import mean_of
@@ -76,15 +71,7 @@ def resume(s: Session, run: RunDir) -> tuple[int, float]:
     start, elapsed = 0, 0.0
     ckpt, state = latest_loadable_checkpoint(run.path) if run.resumable else (None, None)
     if ckpt is not None:
-        if s.engine is None:
-            if state.get("deepspeed"):
-                raise ConfigError(f"deepspeed: {ckpt} was written under DeepSpeed ({state['world_size']} processes); "
-                                  "resume it with the same deepspeed stage and process count")
-            s.m.policy.load_state_dict(state["policy"])
-            s.opt.load_state_dict(state["optimizer"])
-            s.sched.load_state_dict(state["scheduler"])
-        else:
-            state = load_engine_checkpoint(ckpt, s.engine, dist.rank, dist.world_size)
+        state = s.optim.load(ckpt, state)  # policy, optimizer and schedule (datc.optim)
         set_rng_state(state["rng"])
         start, elapsed = state["step"], state["elapsed"]
     if dist.is_main:
@@ -94,14 +81,7 @@ def resume(s: Session, run: RunDir) -> tuple[int, float]:
 
 def save(s: Session, run: RunDir, step: int, elapsed: float) -> None:
     """Checkpoint the run after ``step``: policy, optimizer, scheduler, RNG and trained seconds."""
-    t, dist = s.c.trainer, s.dist
-    if s.engine is None:
-        save_checkpoint(run.path, step, {"policy": s.m.policy.state_dict(), "optimizer": s.opt.state_dict(),
-                                         "scheduler": s.sched.state_dict(), "rng": rng_state(), "elapsed": elapsed},
-                        t.keep_checkpoints)
-    else:
-        save_engine_checkpoint(run.path, step, s.engine, {"elapsed": elapsed}, {"rng": rng_state()},
-                               dist.rank, dist.world_size, dist.barrier, t.keep_checkpoints)
+    s.optim.save(run.path, step, rng_state(), elapsed, s.c.trainer.keep_checkpoints)
 
 
 def finish(c: TrainConfig, run: RunDir, assets: Assets, elapsed: float) -> dict[str, Any]:

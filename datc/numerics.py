@@ -25,12 +25,10 @@ What each stage does with a response hit by a non-finite value:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
-
-from datc.credit.base import CreditOutput
 
 # Stages in the order of the spine; a report names the first one that was hit.
 SOURCES = ("reward", "advantage", "rm_grad", "weight", "loss")
@@ -97,22 +95,22 @@ def zero_nonfinite_rm_grad(rm_grad: Tensor | None) -> tuple[Tensor | None, Tenso
 
 
 def uniform_nonfinite_weights(
-    credit: CreditOutput, mask: Tensor, forced: Tensor | None = None
-) -> tuple[CreditOutput, Tensor]:
+    weights: Tensor, fallback: Tensor, mask: Tensor, forced: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """``w = 1`` on the valid tokens of each response with a non-finite weight there, or marked
     in ``forced`` (B,) bool; those responses are marked as fallbacks.
 
-    credit.weights: (B, T); mask: (B, T) bool. Returns ``(credit, bad (B,) bool)`` where ``bad``
-    marks only the responses whose weights were non-finite.
+    weights: (B, T); fallback: (B,) bool; mask: (B, T) bool. Returns ``(weights, fallback, bad
+    (B,) bool)`` where ``bad`` marks only the responses whose weights were non-finite.
     """
-    w = credit.weights
+    w = weights
     bad = ~(torch.isfinite(w) | ~mask).all(-1)  # (B,) non-finite on a valid token
     reset = bad if forced is None else bad | forced
     if not reset.any():
-        return credit, bad
+        return weights, fallback, bad
     uniform = mask.to(w.dtype)  # (B, T): 1 on valid tokens, 0 where masked
     w = torch.where(reset[:, None], uniform, torch.where(mask, w, 0.0))
-    return replace(credit, weights=w, fallback=credit.fallback | reset), bad
+    return w, fallback | reset, bad
 
 
 def loss_is_finite(loss: Tensor) -> bool:

@@ -6,6 +6,7 @@ size. Logits are divided by the sampling temperature, so log-probs are the sampl
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -28,13 +29,38 @@ class PassPlan(NamedTuple):
 
 def pass_plan(t, needs: frozenset[str], vocab_size: int) -> PassPlan:
     """Which no-grad passes of the rollout policy a step makes, for trainer settings ``t`` and a
-    scheme's declared inputs (also read by scripts/memory_plan.py)."""
+    scheme's declared inputs (the step plan's core, :func:`datc.step.plan.build_plan`; also read
+    by the memory plan)."""
     on_policy = t.epochs == 1 and t.mini_batch_size == t.batch_size
     wants_dist = bool(needs & {POLICY_LOGITS, ENTROPY, OLD_LOGPS, POLICY_HIDDEN})
     reuse = on_policy and wants_dist and POLICY_HIDDEN not in needs and (  # the sampler keeps no hidden states
         t.reuse_rollout_logits == "always"
         or (t.reuse_rollout_logits == "auto" and t.batch_size * t.max_new_tokens * vocab_size <= REUSE_LOGITS_MAX_ELEMENTS))
     return PassPlan(on_policy, wants_dist, reuse)
+
+
+@dataclass(frozen=True)
+class Passes:
+    """The policy-side passes of a run with its sampling temperature, micro-batch size and
+    shared-prompt switch bound once (the functions below take them explicitly)."""
+
+    temperature: float
+    micro: int  # rows per forward (trainer.micro_batch_size)
+    share: bool  # each distinct prompt forwarded once (datc.shared_prompt)
+
+    def logits(self, model, ro: Rollout, rows: slice | torch.Tensor) -> torch.Tensor:
+        """:func:`policy_logits` (with a graph where grad is enabled)."""
+        return policy_logits(model, ro, rows, self.temperature, self.share)
+
+    def rollout_pass(self, model, ro: Rollout, keep_logits: bool = False, keep_hidden: bool = False,
+                     with_entropy: bool = True):
+        """:func:`rollout_policy_pass`."""
+        return rollout_policy_pass(model, ro, self.temperature, self.micro, keep_logits, keep_hidden, with_entropy,
+                                   self.share)
+
+    def logps_under(self, model, tok, ro: Rollout, encoder=None):
+        """:func:`logps_under_prompts`."""
+        return logps_under_prompts(model, tok, ro, self.temperature, self.micro, encoder, self.share)
 
 
 def policy_forward(model, ro: Rollout, rows: slice | torch.Tensor, hidden: bool = False, share: bool = True):

@@ -24,7 +24,7 @@ from datc.metrics import pearson, within_group_corr
 from datc.models import build_causal_lm, build_reward_model, load_pretrained
 from datc.rewards.model import build_rm_inputs, rm_forward
 from datc.rollout import encode_prompts, position_ids, sample_groups
-from datc.tasks import TASKS, Task, gold_contributions
+from datc.tasks import TASKS, Task, gold_of
 from datc.tokenizer import build_testbed_tokenizer, load_tokenizer
 from datc.utils import atomic_dir, atomic_write_json, config_hash, quiet_libraries
 
@@ -43,20 +43,6 @@ class Assets:
     train: Any  # datasets.Dataset of prompt rows
     eval: Any
     task: Task | None
-
-
-def gold_of(task: Task, tok, examples, response_ids: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gold reward (B,) and per-token gold contribution (B, T) of sampled responses (float32, on
-    the CPU). The ids and lengths leave the tensors once and the contributions enter one tensor
-    at the end: per-row tensor indexing cost more than the task's own Python."""
-    B, T = response_ids.shape
-    ids, lens = response_ids.tolist(), response_mask.sum(-1).tolist()
-    rows = []
-    for i in range(B):
-        toks = tok.convert_ids_to_tokens(ids[i][: lens[i]])
-        rows.append(gold_contributions(task, examples[i], toks) + [0.0] * (T - lens[i]))
-    contrib = torch.tensor(rows, dtype=torch.float32).view(B, T)
-    return contrib.sum(-1), contrib
 
 
 def _pad_responses(tok, responses: list[list[int]], T: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,6 @@
-"""One training run's session: its config, models, optimizer (or DeepSpeed engine), credit
-scheme and prompt stream, built once by :func:`build_session` and read by every step."""
+"""One training run's session: its config, models, optimizer (plain or DeepSpeed, behind
+:class:`datc.optim.PolicyOptimizer`), credit scheme, step plan, seams and prompt stream, built
+once by :func:`build_session` and read by every step."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ from datc.credit.base import RM_EMBEDDING
 from datc.distributed import Dist, deepspeed_config, gathered
 from datc.model_set import Models, load_models
 from datc.models import resolve_device, resolve_dtype
-from datc.numerics import NonFiniteReport
+from datc.optim import DeepSpeedOptimizer, PolicyOptimizer, TorchOptimizer
 from datc.prepare import Assets, ensure_assets
+from datc.step.ops import StepOps
+from datc.step.plan import StepPlan, build_plan
 
 
 class PromptSampler:
@@ -42,7 +45,8 @@ class PromptSampler:
 
 @dataclass
 class Session:
-    """Everything one training run holds: config, models, optimizer, credit scheme, prompts."""
+    """Everything one training run holds: config, models, optimizer, credit scheme, step plan,
+    seams, prompts. The step reads it and never writes into it."""
 
     c: TrainConfig
     m: Models
@@ -50,27 +54,24 @@ class Session:
     device: torch.device
     scheme: Any  # datc.credit.CreditScheme
     credit_params: Any
-    opt: torch.optim.Optimizer
-    sched: Any
+    optim: PolicyOptimizer  # the policy's optimizer step (plain PyTorch or DeepSpeed)
+    plan: StepPlan  # the step's special cases, decided once (datc.step.plan)
     sampler: PromptSampler
     rm_embedding: torch.Tensor | None  # (V, d) when the scheme declares it
     amp_dtype: torch.dtype | None  # autocast dtype for the policy (bf16 on capable GPUs), None = fp32
-    nonfinite: NonFiniteReport | None = None  # the last step's non-finite hits (datc.numerics)
     dist: Dist = dataclasses.field(default_factory=Dist)  # this process's rank (datc.distributed)
-    engine: Any = None  # the policy's DeepSpeed engine (None = plain PyTorch)
-    completions: Any = None  # datc.logger.Completions of the last step before an eval (rank 0), for W&B
+    ops: StepOps = dataclasses.field(default_factory=StepOps)  # the step's seams (datc.step.ops)
 
     def autocast(self):
-        # No cast cache under DeepSpeed: ZeRO-3 re-partitions a weight between forward and
-        # backward, so a cached low-precision copy would be stale (an empty tensor) by then.
         return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None,
-                              cache_enabled=self.engine is None)
+                              cache_enabled=self.optim.autocast_cache)
 
 
-def build_session(c: TrainConfig, dist: Dist | None = None) -> Session:
+def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None = None) -> Session:
     """Prepare (or load from cache) the assets, load the models, build the optimizer (under
     DeepSpeed: the policy's engine, whose optimizer and schedule are the same AdamW and
-    transformers scheduler)."""
+    transformers scheduler) and decide the step plan. ``ops``: the step's seams (tests inject
+    a sampler, scorer, credit function or loss there)."""
     t = c.trainer
     dist = dist or Dist()
     device = resolve_device(t.device)
@@ -90,26 +91,34 @@ def build_session(c: TrainConfig, dist: Dist | None = None) -> Session:
         return get_scheduler(t.lr_scheduler, opt, num_warmup_steps=t.warmup_steps * updates_per_step,
                              num_training_steps=t.steps * updates_per_step)
 
-    engine = None
     if dist.enabled:
         import deepspeed
 
-        engine, opt, _, sched = deepspeed.initialize(model=m.policy, model_parameters=m.policy.parameters(),
-                                                     config=deepspeed_config(c, dist.world_size, device),
-                                                     lr_scheduler=make_scheduler)
+        engine, _, _, sched = deepspeed.initialize(model=m.policy, model_parameters=m.policy.parameters(),
+                                                   config=deepspeed_config(c, dist.world_size, device),
+                                                   lr_scheduler=make_scheduler)
         m.policy = engine.module
         m.policy.eval()
+        optim: PolicyOptimizer = DeepSpeedOptimizer(engine, sched, dist)
     else:
         opt = torch.optim.AdamW(m.policy.parameters(), lr=t.lr, betas=tuple(t.adam_betas), weight_decay=t.weight_decay,
                                 fused=True)  # one fused kernel (CPU and CUDA) instead of per-tensor loops
-        sched = make_scheduler(opt)
+        optim = TorchOptimizer(m.policy, opt, make_scheduler(opt), t.max_grad_norm)
+    plan = session_plan(c, scheme, m, dist)
     sampler = PromptSampler(len(assets.train), t.batch_size // t.num_generations, c.seed)
     rm_embedding = rm_embedding_of(m) if RM_EMBEDDING in scheme.needs else None
     dtype = resolve_dtype(c.policy.dtype, device)
     amp = dtype if dtype != torch.float32 else None  # fp32 master weights, low-precision compute
-    return Session(c, m, assets, device, scheme, credit_params, opt, sched, sampler, rm_embedding, amp,
-                   dist=dist, engine=engine)
+    return Session(c, m, assets, device, scheme, credit_params, optim, plan, sampler, rm_embedding, amp, dist=dist,
+                   ops=ops or StepOps())
 
+
+
+def session_plan(c: TrainConfig, scheme, m: Models, dist: Dist) -> StepPlan:
+    """The step plan of a run with config ``c``, credit scheme ``scheme`` and placed models ``m``."""
+    return build_plan(c.trainer, scheme, m.vocab_size, with_ref=m.ref is not None, trunk=m.trunk,
+                      share_prompts=m.share_prompts, synced_gpus=m.synced_gpus,
+                      keep_completions=dist.is_main and c.logger.name == "wandb")
 
 
 def rm_embedding_of(m: Models) -> torch.Tensor:

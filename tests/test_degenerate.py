@@ -9,11 +9,15 @@ import math
 import pytest
 import torch
 
-import datc.trainer as trainer_mod
 from datc.checkpoint import latest_checkpoint, load_checkpoint
 from datc.config import validate
 from datc.losses import AggNorm, aggregate
-from datc.trainer import build_session, train, train_step
+from datc.rewards.model import score
+from datc.rollout import sample_groups
+from datc.session import build_session
+from datc.step import train_step
+from datc.step.ops import StepOps
+from datc.trainer import train
 from tests.test_train_e2e import cfg_for
 
 
@@ -33,27 +37,24 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("degenerate_cache")
 
 
-def _session(cache, tmp_path, *overrides):
-    s = build_session(validate(cfg_for(cache, tmp_path / "unused", "trainer.warmup_steps=0", *overrides)))
+def _session(cache, tmp_path, *overrides, ops=None):
+    s = build_session(validate(cfg_for(cache, tmp_path / "unused", "trainer.warmup_steps=0", *overrides)), ops=ops)
     torch.manual_seed(0)
     return s
 
 
 @pytest.mark.slow
-def test_all_truncated_with_mask_truncated_takes_no_step(cache, tmp_path, monkeypatch):
-    real = trainer_mod.sample_groups
-
+def test_all_truncated_with_mask_truncated_takes_no_step(cache, tmp_path):
     def all_truncated(*a, **k):
-        return _truncate(real(*a, **k))
+        return _truncate(sample_groups(*a, **k))
 
     def _truncate(ro):
         ro.truncated = torch.ones_like(ro.truncated)
         return ro
 
-    monkeypatch.setattr(trainer_mod, "sample_groups", all_truncated)
-    s = _session(cache, tmp_path, "trainer.mask_truncated=true")
+    s = _session(cache, tmp_path, "trainer.mask_truncated=true", ops=StepOps(sample=all_truncated))
     before = {n: p.detach().clone() for n, p in s.m.policy.named_parameters()}
-    m = train_step(s, 0)
+    m = train_step(s, 0).metrics
     assert m["loss/skipped_steps"] == 1 and math.isfinite(m["loss/total"])
     assert all(torch.equal(p, before[n]) for n, p in s.m.policy.named_parameters())
 
@@ -61,23 +62,20 @@ def test_all_truncated_with_mask_truncated_takes_no_step(cache, tmp_path, monkey
 @pytest.mark.slow
 def test_single_token_responses_train_and_fall_back_to_uniform_credit(cache, tmp_path):
     s = _session(cache, tmp_path, "trainer.max_new_tokens=1", "credit=datc")
-    m = train_step(s, 0)
+    m = train_step(s, 0).metrics
     assert math.isfinite(m["loss/total"]) and m["rollout/response_len"] == 1.0
     assert m["credit/fallback_frac"] == 1.0  # one token: nothing to share, w = 1 (METHOD §2.5)
     assert m["credit/weight_std"] == 0.0
 
 
 @pytest.mark.slow
-def test_all_equal_rewards_give_zero_advantages_and_a_kl_only_loss(cache, tmp_path, monkeypatch):
-    real = trainer_mod.score
-
+def test_all_equal_rewards_give_zero_advantages_and_a_kl_only_loss(cache, tmp_path):
     def constant(*a, **k):
-        out = real(*a, **k)
+        out = score(*a, **k)
         return dataclasses.replace(out, scores=torch.full_like(out.scores, 0.3))
 
-    monkeypatch.setattr(trainer_mod, "score", constant)
     run = tmp_path / "run"
-    train(cfg_for(cache, run, "trainer.warmup_steps=0"))
+    train(cfg_for(cache, run, "trainer.warmup_steps=0"), ops=StepOps(score=constant))
     rows = [json.loads(x) for x in open(run / "metrics.jsonl")]
     steps = [r for r in rows if "loss/total" in r]
     assert all(r["reward/advantage_abs"] == 0.0 for r in steps)

@@ -7,10 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from datc import trainer
 from datc.config import ConfigError, validate
+from datc.passes import rollout_policy_pass
 from datc.rollout import cat_rollouts, sample_groups
-from datc.trainer import build_session, rollout_policy_pass, train_step
+from datc.session import build_session
+from datc.step import train_step
+from datc.step.ops import StepOps
 from tests.test_train_e2e import cfg_for
 
 
@@ -32,19 +34,18 @@ def test_joined_rollouts_compute_what_their_parts_did(policy, tok):
 
 
 @pytest.mark.slow
-def test_a_step_samples_in_calls_of_generation_batch_size(tmp_path, monkeypatch):
+def test_a_step_samples_in_calls_of_generation_batch_size(tmp_path):
     c = validate(cfg_for(tmp_path / "cache", tmp_path / "unused", "trainer.batch_size=16",
                          "trainer.mini_batch_size=16", "trainer.micro_batch_size=16",
                          "trainer.generation_batch_size=8"))
-    s = build_session(c)
     calls = []
 
     def counted(*args, **kwargs):
         calls.append(len(args[2]))  # prompts in this call
         return sample_groups(*args, **kwargs)
 
-    monkeypatch.setattr(trainer, "sample_groups", counted)
-    metrics = train_step(s, 0)
+    s = build_session(c, ops=StepOps(sample=counted))
+    metrics = train_step(s, 0).metrics
     assert calls == [2, 2]  # 16 responses = 4 prompts x 4, in calls of 8 responses (2 prompts)
     assert metrics["loss/grad_norm"] > 0
 

@@ -11,11 +11,12 @@ import pytest
 import torch
 
 import datc.evaluation as evaluation_mod
-import datc.trainer as trainer_mod
 from datc.advantages import group_advantages
 from datc.checkpoint import latest_checkpoint, load_checkpoint
 from datc.config import ConfigError, validate
-from datc.credit.base import CreditOutput
+from datc.credit import compute_credit
+from datc.evaluation import evaluate
+from datc.losses import clipped_policy_loss
 from datc.numerics import (
     SOURCES,
     NonFiniteError,
@@ -27,7 +28,9 @@ from datc.numerics import (
     zero_nonfinite_advantages,
     zero_nonfinite_rm_grad,
 )
-from datc.rewards.model import RMScore
+from datc.rewards.model import RMScore, score
+from datc.session import build_session
+from datc.step.ops import StepOps
 from datc.trainer import train
 from tests.test_train_e2e import cfg_for
 
@@ -94,21 +97,20 @@ def test_nonfinite_weights_fall_back_to_one_per_response():
     mask = torch.tensor([[True, True, False], [True, True, True], [True, False, False], [True, True, False]])
     w = torch.tensor([[0.5, 1.5, NAN],  # NaN on a masked position only: not a fault, zeroed
                       [NAN, 1.0, 2.0], [INF, 0.0, 0.0], [-INF, 2.0, 0.0]])
-    credit = CreditOutput(w, None, torch.zeros(4, dtype=torch.bool), "per_response")
-    out, bad = uniform_nonfinite_weights(credit, mask)
+    weights, fallback, bad = uniform_nonfinite_weights(w, torch.zeros(4, dtype=torch.bool), mask)
     assert bad.tolist() == [False, True, True, True]
-    assert out.weights.tolist() == [[0.5, 1.5, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]]
-    assert out.fallback.tolist() == [False, True, True, True]
+    assert weights.tolist() == [[0.5, 1.5, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]]
+    assert fallback.tolist() == [False, True, True, True]
 
 
 def test_forced_responses_get_uniform_weights_without_counting_as_weight_faults():
     mask = torch.tensor([[True, True], [True, False]])
-    credit = CreditOutput(torch.tensor([[0.2, 1.8], [1.0, 0.0]]), None, torch.zeros(2, dtype=torch.bool), "per_response")
-    out, bad = uniform_nonfinite_weights(credit, mask, forced=torch.tensor([True, False]))
+    w, none = torch.tensor([[0.2, 1.8], [1.0, 0.0]]), torch.zeros(2, dtype=torch.bool)
+    weights, fallback, bad = uniform_nonfinite_weights(w, none, mask, forced=torch.tensor([True, False]))
     assert not bad.any()
-    assert out.weights.tolist() == [[1.0, 1.0], [1.0, 0.0]] and out.fallback.tolist() == [True, False]
-    same, bad = uniform_nonfinite_weights(credit, mask)
-    assert same is credit and not bad.any()
+    assert weights.tolist() == [[1.0, 1.0], [1.0, 0.0]] and fallback.tolist() == [True, False]
+    same, same_fallback, bad = uniform_nonfinite_weights(w, none, mask)
+    assert same is w and same_fallback is none and not bad.any()
 
 
 @pytest.mark.parametrize("value,ok", [(1.5, True), (NAN, False), (INF, False), (-INF, False)])
@@ -179,11 +181,11 @@ def _calls(fn, inject):
     return wrapped
 
 
-def _patch_scores(monkeypatch, at: dict[int, list[tuple[int, float]]], grad: bool = False):
-    """Training reward calls (one per step, 0-based) in ``at`` get ``value`` in ``row``'s
-    score (or, with ``grad``, in its reward-model gradient). Eval calls are left alone."""
+def _patch_scores(at: dict[int, list[tuple[int, float]]], grad: bool = False) -> StepOps:
+    """The step's scorer, whose training reward calls (one per step, 0-based) in ``at`` get
+    ``value`` in ``row``'s score (or, with ``grad``, in its reward-model gradient)."""
     train_calls = {"n": 0}
-    real = trainer_mod.score
+    real = score
 
     def fake(*args, **kwargs):
         out = real(*args, **kwargs)
@@ -198,13 +200,12 @@ def _patch_scores(monkeypatch, at: dict[int, list[tuple[int, float]]], grad: boo
                 scores[row] = value
         return RMScore(scores, g)
 
-    monkeypatch.setattr(trainer_mod, "score", fake)
+    return StepOps(score=fake)
 
 
 @pytest.mark.slow
 def test_nonfinite_rewards_are_dropped_and_counted_in_a_run(nf_cache, tmp_path, monkeypatch):
-    _patch_scores(monkeypatch, {0: [(1, NAN), (5, INF)], 2: [(6, -INF)]})
-    train(cfg_for(nf_cache, tmp_path / "r"))
+    train(cfg_for(nf_cache, tmp_path / "r"), ops=_patch_scores({0: [(1, NAN), (5, INF)], 2: [(6, -INF)]}))
     rows = _train_rows(tmp_path / "r")
     assert [rows[s]["reward/nonfinite_frac"] for s in (1, 2, 3)] == [0.25, 0.0, 0.125]
     assert all(math.isfinite(rows[s]["reward/total"]) and math.isfinite(rows[s]["loss/total"]) for s in rows)
@@ -219,8 +220,7 @@ def test_nonfinite_advantages_are_zeroed_and_counted_in_a_run(nf_cache, tmp_path
             adv[3] = NAN
         return adv
 
-    monkeypatch.setattr(trainer_mod, "group_advantages", _calls(trainer_mod.group_advantages, inject))
-    train(cfg_for(nf_cache, tmp_path / "r"))
+    train(cfg_for(nf_cache, tmp_path / "r"), ops=StepOps(advantages=_calls(group_advantages, inject)))
     rows = _train_rows(tmp_path / "r")
     assert [rows[s]["reward/nonfinite_adv_frac"] for s in (1, 2, 3)] == [0.0, 0.125, 0.0]
     assert math.isfinite(rows[2]["reward/advantage_abs"])
@@ -229,8 +229,7 @@ def test_nonfinite_advantages_are_zeroed_and_counted_in_a_run(nf_cache, tmp_path
 
 @pytest.mark.slow
 def test_nonfinite_rm_grad_falls_back_to_uniform_credit_in_a_run(nf_cache, tmp_path, monkeypatch):
-    _patch_scores(monkeypatch, {1: [(0, NAN), (6, INF)]}, grad=True)
-    train(cfg_for(nf_cache, tmp_path / "r", "credit=datc"))
+    train(cfg_for(nf_cache, tmp_path / "r", "credit=datc"), ops=_patch_scores({1: [(0, NAN), (6, INF)]}, grad=True))
     rows = _train_rows(tmp_path / "r")
     assert [rows[s]["credit/nonfinite_rm_grad_frac"] for s in (1, 2, 3)] == [0.0, 0.25, 0.0]
     assert all(math.isfinite(rows[2][k]) for k in ("credit/weight_mean", "credit/weight_max", "loss/total"))
@@ -246,8 +245,7 @@ def test_nonfinite_credit_weights_fall_back_to_one_in_a_run(nf_cache, tmp_path, 
             w[4, 0] = -INF
         return replace(credit, weights=w)
 
-    monkeypatch.setattr(trainer_mod, "compute_credit", _calls(trainer_mod.compute_credit, inject))
-    train(cfg_for(nf_cache, tmp_path / "r", "credit=datc"))
+    train(cfg_for(nf_cache, tmp_path / "r", "credit=datc"), ops=StepOps(credit=_calls(compute_credit, inject)))
     rows = _train_rows(tmp_path / "r")
     assert [rows[s]["credit/nonfinite_weight_frac"] for s in (1, 2, 3)] == [0.125, 0.125, 0.25]
     assert all(math.isfinite(rows[s]["credit/weight_max"]) for s in rows)
@@ -258,14 +256,13 @@ def _nan_loss(calls: set[int]):
     def inject(i, out, kwargs):
         return replace(out, loss=out.loss * NAN) if i in calls else out
 
-    return _calls(trainer_mod.clipped_policy_loss, inject)
+    return StepOps(loss=_calls(clipped_policy_loss, inject))
 
 
 @pytest.mark.slow
 def test_nonfinite_micro_batch_loss_is_not_backpropagated_in_a_run(nf_cache, tmp_path, monkeypatch):
     # Two micro-batches of 4 per step: the first of step 2 (call 2) is NaN; half the responses.
-    monkeypatch.setattr(trainer_mod, "clipped_policy_loss", _nan_loss({2}))
-    train(cfg_for(nf_cache, tmp_path / "r", "trainer.micro_batch_size=4"))
+    train(cfg_for(nf_cache, tmp_path / "r", "trainer.micro_batch_size=4"), ops=_nan_loss({2}))
     rows = _train_rows(tmp_path / "r")
     assert [rows[s]["loss/nonfinite_micro_batches"] for s in (1, 2, 3)] == [0.0, 1.0, 0.0]
     assert rows[2]["loss/skipped_steps"] == 0.0  # the other micro-batch still gave a gradient
@@ -275,8 +272,7 @@ def test_nonfinite_micro_batch_loss_is_not_backpropagated_in_a_run(nf_cache, tmp
 
 @pytest.mark.slow
 def test_a_step_without_any_finite_loss_takes_no_optimizer_step(nf_cache, tmp_path, monkeypatch):
-    monkeypatch.setattr(trainer_mod, "clipped_policy_loss", _nan_loss({1}))
-    train(cfg_for(nf_cache, tmp_path / "r", "trainer.max_nonfinite_frac=1.0"))
+    train(cfg_for(nf_cache, tmp_path / "r", "trainer.max_nonfinite_frac=1.0"), ops=_nan_loss({1}))
     rows = _train_rows(tmp_path / "r")
     assert [rows[s]["loss/skipped_steps"] for s in (1, 2, 3)] == [0.0, 1.0, 0.0]
     _assert_finite_policy(tmp_path / "r")
@@ -285,12 +281,9 @@ def test_a_step_without_any_finite_loss_takes_no_optimizer_step(nf_cache, tmp_pa
 @pytest.mark.slow
 @pytest.mark.parametrize("source", ["reward", "loss"])
 def test_a_step_mostly_nonfinite_stops_the_run_and_names_the_source(nf_cache, tmp_path, monkeypatch, source):
-    if source == "reward":
-        _patch_scores(monkeypatch, {1: [(i, NAN) for i in range(8)]})
-    else:
-        monkeypatch.setattr(trainer_mod, "clipped_policy_loss", _nan_loss({1}))
+    ops = _patch_scores({1: [(i, NAN) for i in range(8)]}) if source == "reward" else _nan_loss({1})
     with pytest.raises(NonFiniteError, match=f"at the {source} stage at training step 2") as e:
-        train(cfg_for(nf_cache, tmp_path / "r"))
+        train(cfg_for(nf_cache, tmp_path / "r"), ops=ops)
     assert "trainer.max_nonfinite_frac=0.5" in str(e.value)
     rows = _train_rows(tmp_path / "r")
     assert sorted(rows) == [1, 2]  # the faulty step's metrics were logged, then the run stopped
@@ -301,7 +294,7 @@ def test_a_step_mostly_nonfinite_stops_the_run_and_names_the_source(nf_cache, tm
 
 @pytest.mark.slow
 def test_nonfinite_scores_at_eval_are_counted_not_averaged(nf_cache, tmp_path, monkeypatch):
-    real = trainer_mod.score
+    real = evaluation_mod.score
 
     def half_nan(*args, **kwargs):
         out = real(*args, **kwargs)
@@ -311,7 +304,7 @@ def test_nonfinite_scores_at_eval_are_counted_not_averaged(nf_cache, tmp_path, m
 
     monkeypatch.setattr(evaluation_mod, "score", half_nan)
     c = validate(cfg_for(nf_cache, tmp_path / "unused"))
-    s = trainer_mod.build_session(c)
-    metrics, _ = trainer_mod.evaluate(c, s.m, list(s.assets.eval)[:16], s.assets.task, s.device)
+    s = build_session(c)
+    metrics, _ = evaluate(c, s.m, list(s.assets.eval)[:16], s.assets.task, s.device)
     assert metrics["eval/rm_nonfinite_frac"] == 0.5
     assert math.isfinite(metrics["eval/rm_score"]) and math.isfinite(metrics["eval/rm_gold_corr"])

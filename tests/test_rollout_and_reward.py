@@ -88,7 +88,7 @@ def test_kept_generate_logits_equal_a_forward_pass(policy, tok):
     # Credit schemes may read the rollout distribution from generate's logits instead of a
     # second forward pass: both must be the same distribution at every valid position
     # (KV-cached vs full attention differ only by float32 rounding; tolerance 1e-4).
-    from datc.trainer import rollout_policy_pass
+    from datc.passes import rollout_policy_pass
 
     rows = [{"prompt": "write about food :"}, {"prompt": "compute 1 plus 12 ="}]
     torch.manual_seed(0)
@@ -102,8 +102,7 @@ def test_kept_generate_logits_equal_a_forward_pass(policy, tok):
 def test_gold_of_is_each_rows_task_gold(tok):
     """The batched gold: each row's contributions over its tokens up to the end token (0 from
     there and in the padding), and row sums equal to the task's own ``gold``."""
-    from datc.prepare import gold_of
-    from datc.tasks import TASKS
+    from datc.tasks import TASKS, gold_of
     from datc.tasks.keywords import CAMP_WORDS
 
     task = TASKS.get("keywords")(max_new_tokens=4)

@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import datc.trainer as trainer_mod
 from datc.config import validate
 from datc.logprobs import entropy_from_logits
-from datc.trainer import build_session, train_step
+from datc.session import build_session
+from datc.step import train_step
+from datc.step.ops import StepOps
 from tests.test_train_e2e import cfg_for
 
 
@@ -20,33 +21,26 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("entropy_cache")
 
 
-def _step(cache, tmp_path, monkeypatch, *overrides):
+def _step(cache, tmp_path, *overrides):
     """One step; returns its metrics, the kept rollout logits (temperature 1) and masks, and the
     entropies each credit chunk carried."""
     seen = {"ro": None, "chunk_entropy": []}
-    real_rollout, real_inputs = trainer_mod.rollout, trainer_mod.credit_inputs
 
-    def rollout_(*a, **k):
-        seen["ro"] = ro = real_rollout(*a, **k)
-        seen["logits"] = ro.logits  # the step drops ro.logits once the credit is made
-        return ro
+    def observe(phase, result):
+        if phase == "rollout":
+            seen["ro"], seen["logits"] = result, result.logits  # the step drops ro.logits once the credit is made
+        elif phase == "credit_inputs":
+            seen["chunk_entropy"].append(result.entropy)
 
-    def inputs_(*a, **k):
-        chunk = real_inputs(*a, **k)
-        seen["chunk_entropy"].append(chunk.entropy)
-        return chunk
-
-    monkeypatch.setattr(trainer_mod, "rollout", rollout_)
-    monkeypatch.setattr(trainer_mod, "credit_inputs", inputs_)
     c = validate(cfg_for(cache, tmp_path / "unused", "trainer.warmup_steps=0", "trainer.batch_size=8",
                          "trainer.num_generations=4", "trainer.micro_batch_size=8", *overrides))
-    s = build_session(c)
+    s = build_session(c, ops=StepOps(observe=observe))
     torch.manual_seed(5)
-    return train_step(s, 0), seen
+    return train_step(s, 0).metrics, seen
 
 
-def test_on_policy_datc_takes_the_rollout_entropy_from_the_update(cache, tmp_path, monkeypatch):
-    m, seen = _step(cache, tmp_path, monkeypatch, "credit=datc", "trainer.mini_batch_size=8",
+def test_on_policy_datc_takes_the_rollout_entropy_from_the_update(cache, tmp_path):
+    m, seen = _step(cache, tmp_path, "credit=datc", "trainer.mini_batch_size=8",
                     "trainer.reuse_rollout_logits=always", "trainer.skip_zero_advantage=false")
     assert seen["logits"] is not None and seen["chunk_entropy"] == [None]  # reused logits, no entropies made
     ro = seen["ro"]
@@ -58,8 +52,8 @@ def test_on_policy_datc_takes_the_rollout_entropy_from_the_update(cache, tmp_pat
     ("credit=entropy_top", "trainer.mini_batch_size=8"),  # the scheme reads them
     ("credit=datc", "trainer.mini_batch_size=4", "trainer.micro_batch_size=4"),  # two updates: the second's policy has moved
 ])
-def test_entropies_are_made_where_read_or_off_policy(cache, tmp_path, monkeypatch, overrides):
-    m, seen = _step(cache, tmp_path, monkeypatch, *overrides, "trainer.skip_zero_advantage=false")
+def test_entropies_are_made_where_read_or_off_policy(cache, tmp_path, overrides):
+    m, seen = _step(cache, tmp_path, *overrides, "trainer.skip_zero_advantage=false")
     ents = [e for e in seen["chunk_entropy"] if e is not None]
     assert ents and len(ents) == len(seen["chunk_entropy"])
     ro = seen["ro"]

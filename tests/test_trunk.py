@@ -133,7 +133,7 @@ def test_one_reference_pass_gives_the_plain_log_probs_scores_and_gradients(tok, 
 def test_a_training_step_with_the_shared_trunk_matches_one_without(tmp_path):
     from datc.config import validate
     from datc.session import build_session
-    from datc.trainer import train_step
+    from datc.step import train_step
     from tests.test_train_e2e import cfg_for
 
     overrides = ["policy=tiny_llama", "+reward.init=policy", "+reward.train.trainable_layers=1", "trainer.beta=0.04",
@@ -144,7 +144,7 @@ def test_a_training_step_with_the_shared_trunk_matches_one_without(tmp_path):
                                            f"trainer.share_trunk={share}")))
         depth.append(s.m.trunk)
         torch.manual_seed(0)  # the same samples
-        metrics.append(train_step(s, 0))
+        metrics.append(train_step(s, 0).metrics)
     assert depth == [1, 0]  # tiny_llama: 2 blocks, the top one trained
     for k in ("reward/rm_score", "reward/advantage_abs", "loss/kl", "loss/total", "loss/grad_norm"):
         assert k in metrics[0], k

@@ -13,13 +13,15 @@ import math
 import pytest
 import torch
 
-import datc.trainer as trainer_mod
 from datc.config import ConfigError, validate
-from datc.credit import CREDIT_SCHEMES, credit_scheme
+from datc.credit import CREDIT_SCHEMES, compute_credit, credit_scheme
 from datc.credit.base import CreditOutput
 from datc.credit.diagnostics import credit_metrics
 from datc.rewards.model import build_rm_inputs, score
-from datc.trainer import build_session, train_step
+from datc.rollout import sample_groups
+from datc.session import build_session
+from datc.step import train_step
+from datc.step.ops import StepOps
 from tests.test_train_e2e import cfg_for
 
 B, G = 16, 4  # four groups: tied by value, one non-finite reward, identical responses, ordinary
@@ -33,11 +35,11 @@ def cache(tmp_path_factory):
 
 
 @pytest.fixture
-def forced(monkeypatch):
+def forced():
     """Every step's batch holds a group tied by value (its responses differ), a response with a
     NaN reward, and a group of identical responses; records each reward phase's result and the
-    rows each reward-model call differentiates."""
-    real_score, real_sample, real_reward = trainer_mod.score, trainer_mod.sample_groups, trainer_mod.reward
+    rows each reward-model call differentiates. ``forced["ops"]``: the seams that do it."""
+    real_score, real_sample = score, sample_groups
     seen = {"rewarded": [], "grad_rows": [], "rm_grad": [], "split_same": False}
 
     def score_(rm, inputs, mask, with_grad=False, batch_size=64, grad_rows=None, share=True):
@@ -59,36 +61,33 @@ def forced(monkeypatch):
                 x[SAME] = x[SAME.start]
         return ro
 
-    def reward_(*a, **k):
-        rw = real_reward(*a, **k)
-        seen["rewarded"].append(rw)
-        seen["rm_grad"].append(rw.rm_grad)  # the step drops rw.rm_grad once the credit is made
-        return rw
+    def observe(phase, rw):
+        if phase == "reward":
+            seen["rewarded"].append(rw)
+            seen["rm_grad"].append(rw.rm_grad)  # the step drops rw.rm_grad once the credit is made
 
-    monkeypatch.setattr(trainer_mod, "score", score_)
-    monkeypatch.setattr(trainer_mod, "sample_groups", sample_)
-    monkeypatch.setattr(trainer_mod, "reward", reward_)
+    seen["ops"] = StepOps(score=score_, sample=sample_, observe=observe)
     return seen
 
 
-def _step(cache, tmp_path, skip, *overrides, share=False):
+def _step(cache, tmp_path, skip, *overrides, share=False, ops=None):
     c = validate(cfg_for(cache, tmp_path / "unused", "trainer.warmup_steps=0", f"trainer.batch_size={B}",
                          f"trainer.num_generations={G}", f"trainer.mini_batch_size={B}", f"trainer.micro_batch_size={B}",
                          f"trainer.skip_zero_advantage={str(skip).lower()}", f"trainer.share_prompts={str(share).lower()}",
                          *overrides))
-    s = build_session(c)
+    s = build_session(c, ops=ops)
     torch.manual_seed(123)
-    metrics = train_step(s, 0)
+    metrics = train_step(s, 0).metrics
     return metrics, {n: p.detach().clone() for n, p in s.m.policy.named_parameters()}
 
 
-def _same_update(cache, tmp_path, *overrides, share=False):
+def _same_update(cache, tmp_path, *overrides, share=False, ops=None):
     """One step with the skip on and one with it off, from the same state and seed: the same
     parameters and loss, bit for bit, and the same logged figures (but the skipped fraction and
     the rollout entropy, which on-policy comes from the update's forward when rows were skipped).
     With ``share`` (shared prompt forwards) the same up to float rounding."""
-    m_on, p_on = _step(cache, tmp_path, True, *overrides, share=share)
-    m_off, p_off = _step(cache, tmp_path, False, *overrides, share=share)
+    m_on, p_on = _step(cache, tmp_path, True, *overrides, share=share, ops=ops)
+    m_off, p_off = _step(cache, tmp_path, False, *overrides, share=share, ops=ops)
 
     def same(a, b, rel=0.0):
         return a == (pytest.approx(b, rel=max(rel, 1e-5), abs=1e-8) if share or rel else b)
@@ -117,7 +116,7 @@ def _same_update(cache, tmp_path, *overrides, share=False):
     ("credit=gcpo",),
 ], ids=lambda o: "-".join(x.split("=")[1] for x in o))
 def test_the_update_is_the_same_with_the_skip_on_or_off(cache, tmp_path, forced, overrides):
-    m_on, m_off = _same_update(cache, tmp_path, *overrides)
+    m_on, m_off = _same_update(cache, tmp_path, *overrides, ops=forced["ops"])
     on, off = forced["rewarded"]
     assert torch.equal(on.advantages, off.advantages) and m_off["credit/weight_std"] > 0
     assert torch.equal(on.credited, off.advantages != 0) and off.credited.all()
@@ -133,7 +132,7 @@ def test_the_update_is_the_same_with_the_skip_on_or_off(cache, tmp_path, forced,
 def test_the_update_is_the_same_with_shared_prompt_forwards_up_to_rounding(cache, tmp_path, forced):
     # credit in row chunks of 4 from its own pass: the skip changes which prompts are forwarded together
     m_on, _ = _same_update(cache, tmp_path, "credit=datc", "trainer.reuse_rollout_logits=never",
-                           "trainer.micro_batch_size=4", share=True)
+                           "trainer.micro_batch_size=4", share=True, ops=forced["ops"])
     on, off = forced["rewarded"]
     assert torch.equal(on.advantages, off.advantages) and m_on["credit/skipped_frac"] == ZERO_ADV / B
     g_on, g_off = forced["rm_grad"]
@@ -143,7 +142,7 @@ def test_the_update_is_the_same_with_shared_prompt_forwards_up_to_rounding(cache
 @pytest.mark.slow
 def test_identical_responses_whose_rewards_still_differ_get_their_gradient_afterwards(cache, tmp_path, forced):
     forced["split_same"] = True  # the group of identical responses is scored unequally: A != 0
-    _same_update(cache, tmp_path, "credit=datc")
+    _same_update(cache, tmp_path, "credit=datc", ops=forced["ops"])
     on, off = forced["rewarded"]
     assert on.credited[SAME].all() and int((on.advantages == 0).sum()) == ZERO_ADV - 4
     on_rows, repaired, off_rows = forced["grad_rows"]
@@ -156,7 +155,7 @@ def test_identical_responses_whose_rewards_still_differ_get_their_gradient_after
 @pytest.mark.parametrize("name", ["delta", "entropy_top", "datc_shuffled"])
 def test_schemes_that_are_not_row_separable_are_computed_in_full(cache, tmp_path, forced, name):
     assert not CREDIT_SCHEMES.get(name).row_separable
-    m_on, _ = _same_update(cache, tmp_path, f"credit={name}")
+    m_on, _ = _same_update(cache, tmp_path, f"credit={name}", ops=forced["ops"])
     on, _ = forced["rewarded"]
     assert m_on["credit/skipped_frac"] == 0.0 and on.credited.all() and (on.advantages == 0).sum() == ZERO_ADV
     assert all(rows.all() for rows in forced["grad_rows"])
@@ -164,7 +163,7 @@ def test_schemes_that_are_not_row_separable_are_computed_in_full(cache, tmp_path
 
 @pytest.mark.slow
 def test_skipped_fraction_is_the_fraction_of_zero_advantages(cache, tmp_path, forced):
-    m, _ = _step(cache, tmp_path, True, "credit=datc")
+    m, _ = _step(cache, tmp_path, True, "credit=datc", ops=forced["ops"])
     (rw,) = forced["rewarded"]
     assert m["credit/skipped_frac"] == float((rw.advantages == 0).float().mean()) == ZERO_ADV / B
 
@@ -172,14 +171,11 @@ def test_skipped_fraction_is_the_fraction_of_zero_advantages(cache, tmp_path, fo
 @pytest.mark.slow
 @pytest.mark.parametrize("overrides", [("credit=datc",), ("credit=datc", "trainer.epochs=2"), ("credit=gcpo",)],
                          ids=lambda o: "-".join(x.split("=")[1] for x in o))
-def test_a_batch_without_any_advantage_skips_everything(cache, tmp_path, monkeypatch, overrides):
-    real = trainer_mod.score
-    monkeypatch.setattr(trainer_mod, "score", lambda *a, **k: dataclasses.replace(out := real(*a, **k),
-                                                                                   scores=torch.full_like(out.scores, 0.3)))
+def test_a_batch_without_any_advantage_skips_everything(cache, tmp_path, overrides):
     calls = []
-    real_credit = trainer_mod.compute_credit
-    monkeypatch.setattr(trainer_mod, "compute_credit", lambda *a: calls.append(1) or real_credit(*a))
-    m_on, m_off = _same_update(cache, tmp_path, *overrides)
+    ops = StepOps(score=lambda *a, **k: dataclasses.replace(out := score(*a, **k), scores=torch.full_like(out.scores, 0.3)),
+                  credit=lambda *a: calls.append(1) or compute_credit(*a))
+    m_on, m_off = _same_update(cache, tmp_path, *overrides, ops=ops)
     assert len(calls) == 1  # the skip-off step's only: the skip-on step computed no credit at all
     assert m_on["credit/skipped_frac"] == 1.0 and m_on["reward/advantage_abs"] == 0.0
     assert math.isnan(m_on["credit/weight_std"]) and m_on["credit/fallback_frac"] == 0.0  # no response whose credit matters

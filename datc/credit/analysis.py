@@ -17,12 +17,13 @@ from torch import Tensor
 
 from datc.credit import CreditBatch, CreditOutput, compute_credit, resolve_scheme
 from datc.credit.base import NEEDS
-from datc.passes import PassPlan
 from datc.paths import CONFIG_DIR
 from datc.rollout import Rollout
 from datc.session import Session, build_session, rm_embedding_of
-from datc.trainer import credit_inputs as step_credit_inputs
-from datc.trainer import reward, rollout
+from datc.step.credit import credit_inputs as step_credit_inputs
+from datc.step.frozen import frozen_passes
+from datc.step.reward import reward
+from datc.step.sample import rollout
 
 
 @dataclass
@@ -70,19 +71,19 @@ def credit_inputs(
 
     Advantages come from the reward model's scores alone (no ``reward.scale``, no rules): the
     credit a scheme assigns is judged against the reward model it differentiates. The phases
-    are the trainer's (:func:`datc.trainer.rollout`, :func:`datc.trainer.reward`,
-    :func:`datc.trainer.credit_inputs`), with its non-finite guards.
+    are the step's (:mod:`datc.step`), under the plan :meth:`datc.step.plan.StepPlan.for_analysis`,
+    with its non-finite guards.
     """
-    ro = rollout(session, examples)
-    rw = reward(session, ro, ro.response_mask, with_grad=True, shaped=False)
+    plan = session.plan.for_analysis()
+    ro = rollout(session, examples, plan)
+    rw = reward(session, ro, frozen_passes(session, ro, plan), plan, mask=ro.response_mask, shaped=False)
     gold, contrib = rw.gold, rw.gold_contrib
     if gold is not None:  # gold_of works on the CPU; the masks it is compared with live on the session's device
         gold, contrib = gold.to(rw.advantages.device), contrib.to(rw.advantages.device)
     # every input any scheme may declare, from one pass of the rollout policy over the whole batch
     everything = dataclasses.replace(session, rm_embedding=session.rm_embedding if session.rm_embedding is not None
                                      else rm_embedding_of(session.m))
-    batch = step_credit_inputs(everything, ro, rw, slice(0, len(ro.examples)), PassPlan(True, True, False), None,
-                               needs=NEEDS).batch
+    batch = step_credit_inputs(everything, ro, rw, slice(0, len(ro.examples)), plan, None, needs=NEEDS).batch
     return CreditInputs(ro, batch, gold, contrib, generator_seed)
 
 

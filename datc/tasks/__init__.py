@@ -3,6 +3,6 @@ known exactly, so a run can measure gold reward (not just the reward model's sco
 credit accuracy. Each task is one module registered in :data:`TASKS`."""
 
 from datc.tasks import arithmetic, keywords, reviews  # noqa: F401  (registration)
-from datc.tasks.base import TASKS, Task, gold_contributions
+from datc.tasks.base import TASKS, Task, gold_contributions, gold_of
 
-__all__ = ["TASKS", "Task", "gold_contributions"]
+__all__ = ["TASKS", "Task", "gold_contributions", "gold_of"]

@@ -6,6 +6,8 @@ import random
 from abc import ABC, abstractmethod
 from typing import Any
 
+import torch
+
 from datc.registry import Registry
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
@@ -100,3 +102,17 @@ def gold_contributions(task: Task, example: dict[str, Any], tokens: list[str]) -
     end = next((i for i, t in enumerate(tokens) if t in task.end_tokens), len(tokens))
     out[:end] = task.contributions(example, tokens[:end])
     return out
+
+
+def gold_of(task: Task, tok, examples, response_ids: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gold reward (B,) and per-token gold contribution (B, T) of sampled responses (float32, on
+    the CPU). The ids and lengths leave the tensors once and the contributions enter one tensor
+    at the end: per-row tensor indexing cost more than the task's own Python."""
+    B, T = response_ids.shape
+    ids, lens = response_ids.tolist(), response_mask.sum(-1).tolist()
+    rows = []
+    for i in range(B):
+        toks = tok.convert_ids_to_tokens(ids[i][: lens[i]])
+        rows.append(gold_contributions(task, examples[i], toks) + [0.0] * (T - lens[i]))
+    contrib = torch.tensor(rows, dtype=torch.float32).view(B, T)
+    return contrib.sum(-1), contrib

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from datc.config import validate
-from datc.trainer import build_session, train_step
+from datc.session import build_session
+from datc.step import train_step
 from tests.test_train_e2e import cfg_for
 
 pytestmark = pytest.mark.slow
@@ -18,7 +19,7 @@ def _one_step(cache_dir, tmp_path, *overrides):
     c = validate(cfg_for(cache_dir, tmp_path / "unused", "trainer.warmup_steps=0", *overrides))
     s = build_session(c)
     torch.manual_seed(123)
-    metrics = train_step(s, 0)
+    metrics = train_step(s, 0).metrics
     params = {n: p.detach().clone() for n, p in s.m.policy.named_parameters()}
     grads = {n: p.grad.detach().clone() for n, p in s.m.policy.named_parameters()}
     return metrics, params, grads

@@ -9,11 +9,12 @@ import dataclasses
 import pytest
 import torch
 
-from datc import trainer
 from datc.config import validate
 from datc.credit import CREDIT_SCHEMES, compute_credit
 from datc.credit.base import POLICY_LOGITS
-from datc.trainer import build_session, train_step
+from datc.session import build_session, session_plan
+from datc.step import train_step
+from datc.step.ops import StepOps
 from tests.test_train_e2e import cfg_for
 
 pytestmark = pytest.mark.slow
@@ -22,7 +23,7 @@ CHUNKED = sorted(n for n in CREDIT_SCHEMES.names()
                  if CREDIT_SCHEMES.get(n).row_local and POLICY_LOGITS in CREDIT_SCHEMES.get(n).needs)
 
 
-def _one_step(cache_dir, tmp_path, name, row_local, monkeypatch):
+def _one_step(cache_dir, tmp_path, name, row_local):
     # 8 responses, micro-batches of 2 (four chunks); logits recomputed, not generate's. Plain
     # forwards: a shared prompt forward rounds with the prompts computed together, which differ
     # here, and the Adam step turns rounding on a near-zero gradient into a step of ~lr
@@ -30,13 +31,13 @@ def _one_step(cache_dir, tmp_path, name, row_local, monkeypatch):
     c = validate(cfg_for(cache_dir, tmp_path / "unused", f"credit={name}", "trainer.warmup_steps=0",
                          "trainer.micro_batch_size=2", "trainer.reuse_rollout_logits=never",
                          "trainer.share_prompts=false"))
-    s = build_session(c)
-    s.scheme = dataclasses.replace(s.scheme, row_local=row_local)
     calls = []
-    monkeypatch.setattr(trainer, "compute_credit", lambda scheme, batch, params: calls.append(batch.policy_logits.shape)
-                        or compute_credit(scheme, batch, params))
+    s = build_session(c, ops=StepOps(credit=lambda scheme, batch, params: calls.append(batch.policy_logits.shape)
+                                     or compute_credit(scheme, batch, params)))
+    s.scheme = dataclasses.replace(s.scheme, row_local=row_local)
+    s.plan = session_plan(s.c, s.scheme, s.m, s.dist)  # the plan follows the scheme's declaration
     torch.manual_seed(123)
-    metrics = train_step(s, 0)
+    metrics = train_step(s, 0).metrics
     assert [shape[0] for shape in calls] == ([2, 2, 2, 2] if row_local else [8])  # rows of logits per call
     return metrics, {n: p.detach().clone() for n, p in s.m.policy.named_parameters()}
 
@@ -47,10 +48,10 @@ def test_the_datc_family_is_row_local():
 
 
 @pytest.mark.parametrize("name", [n for n in CHUNKED if n != "datc_shuffled"])  # shuffled: other draws per chunk
-def test_chunked_credit_equals_the_whole_batch(tmp_path, name, monkeypatch):
+def test_chunked_credit_equals_the_whole_batch(tmp_path, name):
     cache = tmp_path / "cache"
-    m_whole, p_whole = _one_step(cache, tmp_path, name, False, monkeypatch)
-    m_chunk, p_chunk = _one_step(cache, tmp_path, name, True, monkeypatch)
+    m_whole, p_whole = _one_step(cache, tmp_path, name, False)
+    m_chunk, p_chunk = _one_step(cache, tmp_path, name, True)
     assert m_whole["credit/weight_std"] > 0  # non-uniform credit: the comparison can fail
     for k, v in m_whole.items():
         if not k.startswith("perf/"):

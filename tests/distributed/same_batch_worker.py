@@ -19,7 +19,8 @@ from datc.config import validate
 from datc.distributed import gathered
 from datc.distributed import init as init_distributed
 from datc.paths import CONFIG_DIR
-from datc.trainer import build_session, learn, rollout
+from datc.session import build_session
+from datc.step import learn, rollout
 from datc.utils import quiet_libraries
 
 
@@ -36,8 +37,8 @@ def main(out: str, overrides: list[str]) -> None:
         torch.manual_seed(1000 + it)  # the same global batch on every rank
         examples = [s.assets.train[i] for i in s.sampler.indices(it)]
         with s.autocast():
-            ro = rollout(s, examples)  # the global batch; then this rank's share of whole groups
-            metrics = learn(s, it, ro.select(dist.shard(ro.response_ids.shape[0])), time.perf_counter())
+            ro = rollout(s, examples, keep_logits=False)  # the global batch; then this rank's share of whole groups
+            metrics = learn(s, it, ro.select(dist.shard(ro.response_ids.shape[0])), time.perf_counter()).metrics
         steps.append({k: metrics[k] for k in ("loss/total", "loss/grad_norm", "loss/kl", "reward/rm_score")})
     params = {n: gathered(p).float().clone() for n, p in s.m.policy.named_parameters()}
     if dist.is_main:

@@ -1,0 +1,92 @@
+"""The loss and update phase: ``epochs`` passes over the rollout batch in mini-batches, one
+optimizer step each, through the session's :class:`datc.optim.PolicyOptimizer`."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from datc.logprobs import entropy_from_logits, selective_log_softmax
+from datc.losses import AggNorm, aggregate
+from datc.numerics import NonFiniteReport, loss_is_finite
+from datc.rollout import Rollout
+from datc.step.plan import StepPlan
+
+_SUMMED = ("total", "kl", "clip_frac", "ratio", "entropy")  # summed over ranks: each rank's share of the mini-batch
+
+
+def update(s, ro: Rollout, mask: Tensor, token_adv: Tensor, old_logps: Tensor | None, ref_logps: Tensor | None,
+           nf: NonFiniteReport, plan: StepPlan) -> dict[str, float]:
+    """Mini-batches accumulated over micro-batches; the aggregation normalizers are the
+    mini-batch's, so the accumulated gradient equals the mini-batch's gradient. A non-finite
+    micro-batch loss is not backpropagated (recorded in ``nf``); a mini-batch left without any
+    gradient, or with a non-finite gradient norm, takes no optimizer step (``skipped_steps``).
+
+    With W data-parallel ranks each holds 1/W of every mini-batch: the normalizers are the
+    global mini-batch's (token counts summed over ranks) and the optimizer scales each rank's
+    loss by W, so the reduced gradient is again exactly the mini-batch's. When the optimizer's
+    reductions are collective every rank must run the same backward passes, so a non-finite
+    micro-batch loss is zeroed token-wise rather than skipped. ``old_logps`` None: on-policy
+    (the current log-probs, ratio 1); ``ref_logps`` None: no KL term."""
+    t, dist, opt = s.c.trainer, s.dist, s.optim
+    W = opt.world_size
+    B, T = ro.response_ids.shape
+    mini = t.mini_batch_size // W
+    micro_size = min(t.micro_batch_size, mini)
+    sums = dict.fromkeys(("kl", "clip_frac", "ratio", "entropy", "total", "grad_norm", "skipped_steps"), 0.0)
+    n_tok_total, n_updates = 0.0, 0
+    for _ in range(t.epochs):
+        order = torch.randperm(B) if mini < B else torch.arange(B)
+        for mb in order.split(mini):
+            norm = AggNorm(num_seqs=len(mb) * W, num_tokens=dist.sum(mask[mb].sum()), norm_len=T)
+            if norm.num_tokens == 0:  # every response masked (e.g. all truncated with mask_truncated):
+                sums["skipped_steps"] += 1  # no step, or Adam's momentum alone would move the policy
+                opt.skip()
+                n_updates += 1
+                continue
+            opt.zero_grad()
+            backpropagated = 0
+            for micro in mb.split(micro_size):
+                z = plan.passes.logits(opt.module, ro, micro)
+                logps = selective_log_softmax(z, ro.response_ids[micro])
+                old = old_logps[micro] if old_logps is not None else logps.detach()
+                out = s.ops.loss(logps, old, token_adv[micro], t.epsilon_low, t.epsilon_high, t.beta,
+                                 ref_logps[micro] if ref_logps is not None else None)
+                mk = mask[micro]
+                loss = aggregate(out.loss, mk, t.loss_agg, norm)
+                if not loss_is_finite(loss):  # never backpropagate NaN/inf
+                    nf.nonfinite_micro_batches += 1
+                    nf.add("loss", torch.zeros(B, dtype=torch.bool).index_fill_(0, micro.cpu(), True))
+                    if not opt.collective:
+                        continue
+                    loss = aggregate(torch.where(torch.isfinite(out.loss), out.loss, torch.zeros_like(out.loss)), mk,
+                                     t.loss_agg, norm)
+                opt.backward(loss)
+                backpropagated += 1
+                mkf = mk.float()
+                with torch.no_grad():
+                    sums["total"] += float(loss)
+                    sums["clip_frac"] += float((out.clipped.float() * mkf).sum())
+                    sums["ratio"] += float((out.ratio * mkf).sum())
+                    sums["entropy"] += float((entropy_from_logits(z.detach()) * ro.response_mask[micro]).sum())
+                    if out.kl is not None:
+                        sums["kl"] += float((out.kl * mkf).sum())
+                n_tok_total += float(mkf.sum())
+            grad_norm, skipped = opt.step(backpropagated)
+            sums["skipped_steps"] += skipped
+            sums["grad_norm"] += grad_norm
+            n_updates += 1
+    # the global mini-batch's figures (each rank's loss is its share of it; one process: as they are)
+    sums = {k: dist.sum(v) if k in _SUMMED else v for k, v in sums.items()}
+    n_tok = max(dist.sum(n_tok_total), 1.0)
+    n_resp_tok = dist.sum(ro.response_mask.sum())
+    return {
+        "total": sums["total"] / n_updates,
+        "kl": sums["kl"] / n_tok,
+        "clip_frac": sums["clip_frac"] / n_tok,
+        "ratio": sums["ratio"] / n_tok,
+        "grad_norm": sums["grad_norm"] / n_updates,
+        "skipped_steps": sums["skipped_steps"],
+        "lr": opt.lr,
+        "entropy": sums["entropy"] / max(n_resp_tok * t.epochs, 1.0),
+    }
