@@ -11,7 +11,6 @@ import torch
 from afinn import Afinn
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from datc.prepare import _FrozenBottom, _rm_batch_scores, top_layers_view
 from datc.tasks import TASKS, gold_contributions
 from datc.tasks.reviews import (
     EVAL_SUBJECTS,
@@ -22,6 +21,7 @@ from datc.tasks.reviews import (
     text_and_owners,
     valence_contributions,
 )
+from datc.testbed import _FrozenBottom, _rm_batch_scores, top_layers_view
 
 _B2U = bytes_to_unicode()
 
