@@ -74,7 +74,26 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_the_graph_sees_deferred_and_package_imports():
     graph = import_graph()
     assert "datc.trainer" in graph["datc.train"]  # imported inside a function
-    assert "datc.credit.base" in graph["datc.credit.analysis"]
+    assert "datc.credit.base" in graph["datc.analysis.inputs"]
+
+
+def test_the_credit_package_imports_no_model_session_or_trainer_code():
+    # datc.credit is pure: schemes, their math and the credit config group, tested with hand-made tensors
+    allowed = {"datc.registry", "datc.paths"}
+    for name, deps in import_graph().items():
+        if name == "datc.credit" or name.startswith("datc.credit."):
+            outside = {d for d in deps if not (d == "datc.credit" or d.startswith("datc.credit.")) and d not in allowed}
+            assert not outside, f"{name} imports {sorted(outside)}"
+
+
+def test_the_analysis_sits_above_the_trainer():
+    graph = import_graph()
+    below = {n: deps for n, deps in graph.items() if n != "datc.analysis" and not n.startswith("datc.analysis.")}
+    users = sorted(n for n, deps in below.items() if any(d == "datc.analysis" or d.startswith("datc.analysis.") for d in deps))
+    assert not users, f"{users} import datc.analysis, which is above them"
+    # the calls into the trainer and the session are all in one module
+    callers = sorted(n for n, deps in graph.items() if n.startswith("datc.analysis.") and deps & {"datc.trainer", "datc.session"})
+    assert callers == ["datc.analysis.inputs"], callers
 
 
 def test_the_package_has_no_import_cycle():
