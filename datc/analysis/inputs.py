@@ -25,7 +25,7 @@ from datc.paths import CONFIG_DIR
 from datc.rollout import Rollout
 from datc.session import Session, build_session, rm_embedding_of
 
-# ---- calls into the trainer: every one of this package's is in this module ----------------
+# ---- the analysis calls the trainer here and in run_session below, nowhere else ------------
 from datc.trainer import credit_inputs as step_credit_inputs
 from datc.trainer import reward, rollout
 
