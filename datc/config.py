@@ -321,13 +321,16 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
     for i, rule in enumerate(c.reward.rules):
         if rule.name not in RULES:
             raise ConfigError(f"reward.rules[{i}].name: {rule.name!r} is unknown; choose one of {', '.join(RULES.names())}")
-    from datc.credit import CREDIT_SCHEMES, resolve_scheme
+    from datc.credit import CREDIT_SCHEMES, resolve_scheme, scheme_key
     from datc.registry import RegistryError
 
-    if "_target_" not in c.credit and c.credit.get("name") not in CREDIT_SCHEMES:
+    key = scheme_key(c.credit)  # credit.scheme, else credit.name (the run's label)
+    if "_target_" not in c.credit and key not in CREDIT_SCHEMES:
+        field = "credit.scheme" if c.credit.get("scheme") is not None else "credit.name"
         raise ConfigError(
-            f"credit.name: {c.credit.get('name')!r} is not a registered credit scheme; "
+            f"{field}: {key!r} is not a registered credit scheme; "
             f"choose one of {', '.join(CREDIT_SCHEMES.names())} or give a _target_"
+            + ("" if field == "credit.scheme" else " (or a registered credit.scheme, with credit.name as its label)")
         )
     try:
         resolve_scheme(c.credit)

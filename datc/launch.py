@@ -56,7 +56,7 @@ def _stage(overrides: list[str]) -> int | None:
     from hydra import compose, initialize_config_dir
 
     from datc.config import ConfigError, validate
-    from datc.train import CONFIG_DIR
+    from datc.paths import CONFIG_DIR
 
     try:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):

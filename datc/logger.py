@@ -162,7 +162,7 @@ def completions_of(tok, prompts: list[str], response_ids, response_mask, rewards
 
 
 def _weight_colour(w: float, span: float) -> str:
-    """Blue below w = 1, white at 1, red above (as scripts/heatmaps.py), on ±span around 1."""
+    """Blue below w = 1, white at 1, red above (as datc-heatmaps, datc/analysis/heatmaps.py), on ±span around 1."""
     x = max(-1.0, min(1.0, (w - 1.0) / span)) if math.isfinite(w) else 0.0
     lo, hi = (0x21, 0x66, 0xAC), (0xB2, 0x18, 0x2B)
     end = hi if x > 0 else lo

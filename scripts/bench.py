@@ -243,7 +243,7 @@ def perturb_(model, scale: float, seed: int) -> None:
 def datc_session(overrides: list[str], max_new_tokens: int | None = None):
     """This project's session; ``max_new_tokens`` (not None) replaces the response budget after
     the build, so the cache (keyed by the configured budget) is not prepared again."""
-    from datc.credit.analysis import session_for
+    from datc.analysis.inputs import session_for
 
     s = session_for(overrides)
     if max_new_tokens is not None:

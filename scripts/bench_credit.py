@@ -104,7 +104,7 @@ def bench_real_shape(repeats: int) -> dict:
 
 
 def bench_testbed(steps: int, overrides: list[str]) -> dict:
-    from datc.credit.analysis import session_for
+    from datc.analysis.inputs import session_for
     from datc.trainer import train_step
 
     sessions = {name: session_for([f"credit={name}", *overrides]) for name in ("grpo", "datc")}
@@ -138,7 +138,7 @@ def topk_agreement(session) -> dict:
     """Spearman correlation of top_k=64 scores with exact scores on fresh testbed rollouts."""
     from scipy.stats import spearmanr
 
-    from datc.credit.analysis import credit_inputs
+    from datc.analysis.inputs import credit_inputs
     from datc.credit.datc_math import datc_scores
 
     examples = [session.assets.eval[i] for i in range(64)]

@@ -22,7 +22,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
-    from datc.credit.analysis import session_for
+    from datc.analysis.inputs import session_for
     from datc.trainer import train_step
     from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
 

@@ -76,6 +76,18 @@ def test_bad_values_name_the_field_and_the_choices(override, field, hint):
     assert "\n" not in msg
 
 
+def test_credit_scheme_is_the_registry_key_and_name_the_label():
+    from datc.credit import CREDIT_SCHEMES
+
+    c = validate(_compose(["credit=datc_unsigned", "credit.name=my_label"]))
+    assert (c.credit["name"], c.credit["scheme"]) == ("my_label", "datc")  # the label changes, the scheme does not
+    assert c.run_name.startswith("keywords-tiny_gpt2-my_label-s0-")
+    with pytest.raises(ConfigError) as e:
+        validate(_compose(["credit=datc_unsigned", "credit.scheme=nope"]))
+    assert str(e.value) == ("credit.scheme: 'nope' is not a registered credit scheme; choose one of "
+                            f"{', '.join(CREDIT_SCHEMES.names())} or give a _target_")
+
+
 def test_cli_bad_value_is_one_clear_line_and_no_traceback(tmp_path):
     r = subprocess.run([sys.executable, "-m", "datc.train", "trainer.num_generations=1", f"run_dir={tmp_path}/r"],
                        capture_output=True, text=True, timeout=120)
@@ -84,6 +96,17 @@ def test_cli_bad_value_is_one_clear_line_and_no_traceback(tmp_path):
     assert "Traceback" not in r.stderr
     written = {p.name for p in (tmp_path / "r").iterdir()} if (tmp_path / "r").exists() else set()
     assert written <= {".hydra", "train.log"}  # stopped before the run directory was opened
+
+
+def test_cli_unknown_credit_scheme_stops_before_any_model_loads(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "datc.train", "credit=datc_identity", "credit.scheme=nope",
+                        f"run_dir={tmp_path}/r", f"cache_dir={tmp_path}/cache"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "credit.scheme: 'nope' is not a registered credit scheme; choose one of datc, datc_magnitude" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "cache").exists()  # nothing prepared or loaded
+    written = {p.name for p in (tmp_path / "r").iterdir()} if (tmp_path / "r").exists() else set()
+    assert written <= {".hydra", "train.log"}
 
 
 def test_cli_unknown_group_option_lists_the_choices(tmp_path):

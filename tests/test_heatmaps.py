@@ -1,6 +1,7 @@
 """Token-credit heatmaps and the shared credit-analysis helpers, on the tiny testbed: the page
 shows every scheme and token with the right colours, the figure is a PNG, the helpers are
-deterministic and complete, and the credit-accuracy script still runs on them."""
+deterministic and complete, and the credit-accuracy command still runs on them. The schemes
+shown are found (every credit config and registered scheme), never listed by hand."""
 
 from __future__ import annotations
 
@@ -12,20 +13,29 @@ import re
 import pytest
 import torch
 
+from datc.analysis import credit_accuracy, heatmaps
+from datc.analysis.inputs import credit_inputs, run_session
+from datc.analysis.schemes import analysed_schemes, scheme_outputs
 from datc.checkpoint import save_checkpoint
 from datc.config import validate
 from datc.credit import CREDIT_SCHEMES
-from datc.credit.analysis import credit_inputs, scheme_outputs
 from datc.credit.base import NEEDS
+from datc.credit.configs import credit_config_names
 from datc.lifecycle import resolved_config as _resolved
 from datc.rundir import RunDir
-from datc.trainer import build_session
-from scripts import credit_accuracy, heatmaps
+from datc.session import build_session
 from tests.test_train_e2e import cfg_for
 
 WHITE = "#ffffff"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-SHOWN = [n for n in heatmaps.SCHEMES if n in CREDIT_SCHEMES]
+SHOWN = analysed_schemes()
+
+
+def test_the_schemes_are_every_credit_config_and_registered_scheme():
+    assert set(SHOWN) == set(credit_config_names()) | set(CREDIT_SCHEMES.names())
+    assert SHOWN[0] == "grpo" and SHOWN[1:] == sorted(SHOWN[1:])  # the uniform baseline first
+    assert {"datc_identity", "datc_unsigned"} <= set(SHOWN) - set(CREDIT_SCHEMES.names())  # configs over datc
+    assert analysed_schemes(uniform=False) == SHOWN[1:]
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +99,7 @@ def test_datc_colours_weights_above_and_below_one_apart(shown, page):
     assert int(lo[5:7], 16) > int(lo[1:3], 16)  # below 1: blue
 
 
-def test_script_reads_the_runs_own_config_and_writes_into_the_run(cache_dir, tmp_path, capsys):
+def test_command_reads_the_runs_own_config_and_writes_into_the_run(cache_dir, tmp_path, capsys):
     # A tiny-Llama debug run: nothing repeated on the command line. Without the run's own config
     # the script built a GPT-2 (a state_dict error) or the full testbed's assets (silently).
     run = tmp_path / "run"
@@ -101,7 +111,7 @@ def test_script_reads_the_runs_own_config_and_writes_into_the_run(cache_dir, tmp
             p.add_(0.01)  # "trained": weights other than the warm start's
     save_checkpoint(run, 1, {"policy": trained.m.policy.state_dict()}, keep=1)
 
-    s, ckpt = heatmaps.run_session(run, [])
+    s, ckpt = run_session(run, [])
     assert (s.c.policy.name, s.c.policy.warm_start.steps) == ("tiny_llama", 20)  # debug=fast's own warm start
     assert s.assets.policy_path == trained.assets.policy_path
     for name, p in s.m.policy.state_dict().items():
@@ -149,14 +159,43 @@ def test_credit_inputs_are_complete_and_scheme_outputs_deterministic(session):
         assert torch.equal(first[name].weights, second[name].weights), name
 
 
-def test_credit_accuracy_script_runs_on_the_shared_helpers(cache_dir, tmp_path):
+def test_credit_accuracy_command_runs_on_the_shared_helpers(cache_dir, tmp_path):
     credit_accuracy.main(["--batches", "1", "--out", str(tmp_path), "debug=fast",
                           f"cache_dir={cache_dir}"])
     result = json.loads((tmp_path / "keywords-tiny_gpt2.json").read_text())
-    assert sorted(result["schemes"]) == sorted(credit_accuracy.SCHEMES)
+    assert list(result["schemes"]) == analysed_schemes(uniform=False)  # every scheme that ranks tokens
+    assert result["command"] == f"datc-credit-accuracy --batches 1 --out {tmp_path} debug=fast cache_dir={cache_dir}"
     assert result["batches"] == 1 and sum(result["tokens"].values()) > 0
     md = (tmp_path / "keywords-tiny_gpt2.md").read_text()
     assert "| scheme | credit accuracy | minus datc | mean w, agree | mean w, neutral | mean w, disagree |" in md
     ident = result["schemes"]["datc_identity"]  # an interval over responses, a paired difference to datc
     assert ident["responses"] >= 2 and ident["interval95"] > 0 and len(ident["minus_datc"]) == 2
     assert result["schemes"]["datc"]["minus_datc"] is None
+
+
+def test_an_unknown_scheme_is_refused_with_the_choices(capsys):
+    with pytest.raises(SystemExit) as e:
+        credit_accuracy.main(["--schemes", "datc,nope"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "datc-credit-accuracy: error: --schemes: nope not a credit config or registered scheme; choose from grpo, datc, " in err
+
+
+COMMANDS = {"datc.analysis.heatmaps": "datc-heatmaps", "datc.analysis.credit_accuracy": "datc-credit-accuracy"}
+
+
+@pytest.mark.parametrize("module", sorted(COMMANDS))
+def test_each_command_runs_as_a_module(module):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith(f"usage: {COMMANDS[module]} "), r.stderr
+
+
+def test_the_console_entry_points_name_the_commands():
+    from pathlib import Path
+
+    pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert '\ndatc-heatmaps = "datc.analysis.heatmaps:main"\n' in pyproject
+    assert '\ndatc-credit-accuracy = "datc.analysis.credit_accuracy:main"\n' in pyproject

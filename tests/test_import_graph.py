@@ -74,7 +74,26 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_the_graph_sees_deferred_and_package_imports():
     graph = import_graph()
     assert "datc.trainer" in graph["datc.train"]  # imported inside a function
-    assert "datc.credit.base" in graph["datc.credit.analysis"]
+    assert "datc.credit.base" in graph["datc.analysis.inputs"]
+
+
+def test_the_credit_package_imports_no_model_session_or_trainer_code():
+    # datc.credit is pure: schemes, their math and the credit config group, tested with hand-made tensors
+    allowed = {"datc.registry", "datc.paths"}
+    for name, deps in import_graph().items():
+        if name == "datc.credit" or name.startswith("datc.credit."):
+            outside = {d for d in deps if not (d == "datc.credit" or d.startswith("datc.credit.")) and d not in allowed}
+            assert not outside, f"{name} imports {sorted(outside)}"
+
+
+def test_the_analysis_sits_above_the_trainer():
+    graph = import_graph()
+    below = {n: deps for n, deps in graph.items() if n != "datc.analysis" and not n.startswith("datc.analysis.")}
+    users = sorted(n for n, deps in below.items() if any(d == "datc.analysis" or d.startswith("datc.analysis.") for d in deps))
+    assert not users, f"{users} import datc.analysis, which is above them"
+    # the calls into the trainer and the session are all in one module
+    callers = sorted(n for n, deps in graph.items() if n.startswith("datc.analysis.") and deps & {"datc.trainer", "datc.session"})
+    assert callers == ["datc.analysis.inputs"], callers
 
 
 def test_the_package_has_no_import_cycle():
@@ -97,3 +116,22 @@ def test_every_module_imports_alone_in_a_fresh_interpreter():
         "    importlib.import_module(n)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=PKG.parent, timeout=600)
+
+
+# The pure tensor math beside the credit package: no model, session, step or trainer code.
+PURE_MATH = ("datc.logprobs", "datc.losses", "datc.advantages", "datc.metrics")
+# Entry points: the commands' own modules (``python -m datc`` runs the first). Nothing else imports them.
+ENTRY_POINTS = {"datc.train"}
+
+
+def test_the_pure_math_imports_no_other_datc_module_but_the_pure_ones():
+    graph = import_graph()
+    for name in PURE_MATH:
+        outside = {d for d in graph[name] if d not in PURE_MATH}
+        assert not outside, f"{name} imports {sorted(outside)}"
+
+
+def test_nothing_imports_an_entry_point():
+    graph = import_graph()
+    bad = sorted(f"{m} -> {d}" for m, deps in graph.items() if m != "datc.__main__" for d in deps & ENTRY_POINTS)
+    assert not bad, "entry points imported: " + ", ".join(bad)

@@ -25,7 +25,8 @@ def _ignored(path: str) -> bool:
 @pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs the git checkout")
 def test_default_outputs_are_git_ignored():
     for path in ("runs/keywords-tiny_gpt2-grpo-s0-ca33da/summary.json", "runs/memory/presets.md",
-                 "runs/heatmaps/keywords-tiny_gpt2.png", "runs/multirun/x/final/model.safetensors"):
+                 "runs/heatmaps/keywords-tiny_gpt2.png", "runs/credit_accuracy/keywords-tiny_gpt2.json",
+                 "runs/multirun/x/final/model.safetensors"):
         assert _ignored(path), path
     assert not _ignored("results/demo/x.json")  # the committed copy is written only on purpose
 

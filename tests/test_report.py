@@ -434,10 +434,10 @@ def test_out_under_a_file_is_one_line_exit_2(runs_root, tmp_path, capsys):
 
 
 def test_every_scheme_has_its_own_style_and_the_baseline_stands_out(tmp_path):
+    from datc.credit.configs import credit_labels
     from datc.report.plots import _styles
 
-    schemes = ["grpo", "datc", "datc_unsigned", "datc_identity", "datc_magnitude", "datc_shuffled",
-               "rm_saliency", "prob_reweight", "entropy_top", "gcpo", "delta"]
+    schemes = credit_labels()  # every credit config and registered scheme: a new one needs no edit here
     root = tmp_path / "runs"
     for s in schemes:
         write_summary(root, summary("keywords", "tiny_gpt2", s, 0, 0.3))
@@ -446,7 +446,7 @@ def test_every_scheme_has_its_own_style_and_the_baseline_stands_out(tmp_path):
     assert styles["grpo"]["color"] == "black" and styles["grpo"]["linewidth"] > max(
         st["linewidth"] for s, st in styles.items() if s != "grpo")
     others = [(tuple(st["color"]), st["marker"]) for s, st in styles.items() if s != "grpo"]
-    assert len(set(c for c, _ in others)) == len(others)  # 10 schemes, 10 colours (tab10 repeated one)
+    assert len(set(c for c, _ in others)) == len(others)  # one colour per scheme (18 before tab20 repeats)
     assert len(set(m for _, m in others)) == len(others)
 
 

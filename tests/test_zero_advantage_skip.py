@@ -213,8 +213,7 @@ def test_credit_diagnostics_ignore_responses_without_advantage():
 
 def test_row_separable_schemes_are_the_verified_ones():
     separable = {n for n in CREDIT_SCHEMES.names() if CREDIT_SCHEMES.get(n).row_separable}
-    assert separable == {"grpo", "datc", "datc_identity", "datc_magnitude", "datc_unsigned", "rm_saliency",
-                         "prob_reweight", "gcpo"}
+    assert separable == {"grpo", "datc", "datc_magnitude", "rm_saliency", "prob_reweight", "gcpo"}
     assert all(CREDIT_SCHEMES.get(n).row_local for n in separable)
     assert not credit_scheme("mine")(lambda batch, params: batch.response_mask.float()).row_separable  # conservative
 

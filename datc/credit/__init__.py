@@ -35,6 +35,7 @@ __all__ = [
     "credit_scheme",
     "register_credit",
     "resolve_scheme",
+    "scheme_key",
 ]
 
 
@@ -82,14 +83,20 @@ def _import_schemes() -> None:
 def resolve_scheme(credit_cfg: dict[str, Any]) -> tuple[CreditScheme, Any]:
     """Turn a ``credit`` config node into (scheme, params).
 
-    ``name: <registered>`` picks a registered scheme; ``_target_: pkg.module.obj`` imports a
-    user's scheme (a :class:`CreditScheme`, e.g. made with :func:`credit_scheme`). All other
-    fields are the scheme's parameters, checked against its params dataclass.
+    ``name`` is the run's label (run names, tables, plots, summaries). ``scheme: <registered>``
+    picks the registered scheme that computes it, default ``name`` (so an ablation that only
+    changes a default is a config over its scheme's: ``name: datc_unsigned``, ``scheme: datc``,
+    ``direction: unsigned``); ``_target_: pkg.module.obj`` imports a user's scheme instead (a
+    :class:`CreditScheme`, e.g. made with :func:`credit_scheme`). All other fields are the
+    scheme's parameters, checked against its params dataclass.
     """
     fields = dict(credit_cfg)
     target = fields.pop("_target_", None)
     name = fields.pop("name", None)
+    key = fields.pop("scheme", None)
     if target is not None:
+        if key is not None:
+            raise ValueError(f"credit: give a registered 'scheme' ({key!r}) or a '_target_' ({target!r}), not both")
         from hydra.utils import get_object
 
         scheme = get_object(target)
@@ -98,11 +105,20 @@ def resolve_scheme(credit_cfg: dict[str, Any]) -> tuple[CreditScheme, Any]:
                 f"credit._target_ {target!r} is a {type(scheme).__name__}, not a CreditScheme; "
                 "decorate the function with datc.credit.credit_scheme(...)"
             )
-    elif name is not None:
-        scheme = CREDIT_SCHEMES.get(name)
+    elif key is not None or name is not None:
+        scheme = CREDIT_SCHEMES.get(scheme_key(credit_cfg))
     else:
         raise ValueError(f"credit needs a 'name' (one of {CREDIT_SCHEMES.names()}) or a '_target_'")
     return scheme, scheme.make_params(fields)
+
+
+def scheme_key(credit_cfg: Any) -> str | None:
+    """The registry key of a ``credit`` config node: its ``scheme``, else its ``name`` (None
+    for a ``_target_`` scheme, which is imported, not registered)."""
+    if credit_cfg.get("_target_") is not None:
+        return None
+    key = credit_cfg.get("scheme")
+    return credit_cfg.get("name") if key is None else key
 
 
 @torch.no_grad()

@@ -43,7 +43,7 @@ class StepPlan:
         return dataclasses.replace(self, reuse=reuse, chunk_rows=self.passes.micro if self._chunked and not reuse else None)
 
     def for_analysis(self) -> StepPlan:
-        """The credit analysis's plan (:mod:`datc.credit.analysis`): every input any scheme may
+        """The credit analysis's plan (:mod:`datc.analysis.inputs`): every input any scheme may
         declare from one pass over the whole batch, the reward model's gradient for every
         response, no reference and no skip."""
         return dataclasses.replace(self, on_policy=True, wants_dist=True, reuse=False, chunk_rows=None, skip_zero=False,

@@ -1,4 +1,5 @@
-"""Every registered scheme runs a short training on the testbed and logs the credit/ diagnostics."""
+"""Every credit config (each registered scheme, each ablation over one) runs a short training on
+the testbed and logs the credit/ diagnostics."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 
 import pytest
 
-from datc.credit import CREDIT_SCHEMES
+from datc.credit.configs import credit_config_names
 from datc.trainer import train
 from tests.test_train_e2e import cfg_for
 
@@ -19,7 +20,7 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("schemes_cache")
 
 
-@pytest.mark.parametrize("name", CREDIT_SCHEMES.names())
+@pytest.mark.parametrize("name", credit_config_names())
 def test_short_run_finishes_with_credit_diagnostics(cache, tmp_path, name):
     summary = train(cfg_for(cache, tmp_path / "run", f"credit={name}"))
     assert math.isfinite(summary["eval"]["final"]["eval/gold"])

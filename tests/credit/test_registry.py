@@ -12,6 +12,7 @@ from datc.credit import (
     credit_scheme,
     register_credit,
     resolve_scheme,
+    scheme_key,
 )
 from datc.credit.base import ENTROPY
 from datc.registry import Registry, RegistryError
@@ -31,8 +32,23 @@ def test_an_unknown_name_lists_the_registered_ones():
     with pytest.raises(RegistryError) as e:
         Registry("thing").get("nope")
     assert str(e.value) == "unknown thing 'nope'; registered: "
-    with pytest.raises(RegistryError, match="datc, datc_identity"):
+    with pytest.raises(RegistryError) as e:
         resolve_scheme({"name": "nope"})
+    assert str(e.value) == f"unknown credit scheme 'nope'; registered: {', '.join(CREDIT_SCHEMES.names())}"
+    with pytest.raises(RegistryError, match="unknown credit scheme 'nope'; registered: datc, datc_magnitude"):
+        resolve_scheme({"name": "datc_unsigned", "scheme": "nope"})  # the registry key is scheme, not the label
+
+
+def test_scheme_names_the_registered_scheme_and_name_stays_the_label():
+    scheme, params = resolve_scheme({"name": "my_ablation", "scheme": "datc", "direction": "unsigned"})
+    assert scheme is CREDIT_SCHEMES.get("datc") and "my_ablation" not in CREDIT_SCHEMES
+    assert params.direction == "unsigned"  # scheme is not a parameter: the params dataclass never sees it
+    assert resolve_scheme({"scheme": "grpo"})[0] is CREDIT_SCHEMES.get("grpo")
+    assert scheme_key({"name": "my_ablation", "scheme": "datc"}) == "datc"
+    assert scheme_key({"name": "datc"}) == "datc"
+    assert scheme_key({"name": "mine", "_target_": "my.module.mine"}) is None
+    with pytest.raises(ValueError, match="a registered 'scheme' \\('datc'\\) or a '_target_'"):
+        resolve_scheme({"name": "mine", "scheme": "datc", "_target_": "my.module.mine"})
 
 
 def test_unknown_declared_inputs_and_outputs_are_refused():

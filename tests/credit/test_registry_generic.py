@@ -15,11 +15,13 @@ import yaml
 
 from datc.credit import CREDIT_SCHEMES, compute_credit, resolve_scheme
 from datc.credit.base import CreditBatch
+from datc.credit.configs import credit_config, credit_config_names, credit_labels
 from datc.credit.weights import WeightParams
 
 B, T, V, D = 6, 7, 23, 8
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "credit"
-# Schemes of this module's author whose YAML must list every field at its default.
+# Schemes of this module's author whose YAML must list every field at its default (or, for a
+# config over another, every field through the one it is over).
 COMPLETE_CONFIGS = [
     "datc",
     "datc_unsigned",
@@ -97,11 +99,30 @@ def test_lambda_zero_is_grpo(name):
 
 @pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("*.yaml")), ids=lambda p: p.stem)
 def test_config_resolves(path):
-    cfg = yaml.safe_load(path.read_text())
-    assert cfg["name"] == path.stem
+    cfg = credit_config(path.stem)  # as credit=<stem> composes it (defaults lists followed)
+    assert cfg["name"] == path.stem  # the label is the option's name
     scheme, params = resolve_scheme(cfg)
-    assert scheme is CREDIT_SCHEMES.get(path.stem)
+    assert scheme is CREDIT_SCHEMES.get(cfg.get("scheme", path.stem))
+    own = yaml.safe_load(path.read_text())  # the file alone
+    changed = {}
+    if "defaults" in own:  # a config over another: the base's fields, then this file's
+        base = [d for d in own["defaults"] if d != "_self_"]
+        assert own["defaults"][-1] == "_self_" and len(base) == 1, own["defaults"]
+        fields = {k: v for k, v in own.items() if k != "defaults"}
+        assert cfg == {**credit_config(base[0]), **fields}
+        changed = {k: v for k, v in fields.items() if k not in ("name", "scheme")}
     if path.stem in COMPLETE_CONFIGS:
         fields = {f.name for f in dataclasses.fields(scheme.params)}
-        assert set(cfg) - {"name"} == fields
-        assert params == scheme.params()  # every value is the dataclass default
+        assert set(cfg) - {"name", "scheme"} == fields
+        assert params == scheme.params(**changed)  # every other value is the dataclass default
+
+
+def test_a_config_over_another_is_a_label_not_a_registered_scheme():
+    for name, field, value in (("datc_identity", "logit_map", "identity"), ("datc_unsigned", "direction", "unsigned")):
+        cfg = credit_config(name)
+        assert (cfg["name"], cfg["scheme"], cfg[field]) == (name, "datc", value)
+        assert name not in CREDIT_SCHEMES and name in credit_labels()
+    assert set(CREDIT_SCHEMES.names()) <= set(credit_labels()) and credit_labels() == sorted(credit_labels())
+    assert credit_config_names() == sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    with pytest.raises(ValueError, match="credit=nope: no such option in credit/; choose one of datc, datc_identity"):
+        credit_config("nope")

@@ -1,6 +1,6 @@
 """A ``row_local`` scheme that reads the policy's logits is computed one micro-batch of rows at
 a time (the (B, T, V) logits are never all held): the step's credit, loss, gradients and update
-equal the whole-batch computation, for every registered row-local scheme."""
+equal the whole-batch computation, for every credit config whose scheme is row-local."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from datc.config import validate
-from datc.credit import CREDIT_SCHEMES, compute_credit
+from datc.credit import CREDIT_SCHEMES, compute_credit, scheme_key
 from datc.credit.base import POLICY_LOGITS
+from datc.credit.configs import credit_config, credit_config_names
 from datc.session import build_session, session_plan
 from datc.step import train_step
 from datc.step.ops import StepOps
@@ -19,8 +20,8 @@ from tests.test_train_e2e import cfg_for
 
 pytestmark = pytest.mark.slow
 
-CHUNKED = sorted(n for n in CREDIT_SCHEMES.names()
-                 if CREDIT_SCHEMES.get(n).row_local and POLICY_LOGITS in CREDIT_SCHEMES.get(n).needs)
+SCHEME_OF = {n: CREDIT_SCHEMES.get(scheme_key(credit_config(n))) for n in credit_config_names()}  # label -> scheme
+CHUNKED = sorted(n for n, scheme in SCHEME_OF.items() if scheme.row_local and POLICY_LOGITS in scheme.needs)
 
 
 def _one_step(cache_dir, tmp_path, name, row_local):

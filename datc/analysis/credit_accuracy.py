@@ -1,5 +1,6 @@
-"""Credit accuracy of every score-based scheme on the same rollouts, written to
-results/credit_accuracy/<data>-<policy>.{json,md} (or to ``--out``).
+"""Credit accuracy of every scheme that ranks tokens on the same rollouts, written to
+runs/credit_accuracy/<data>-<policy>.{json,md} (or to ``--out``; the committed tables:
+``--out results/credit_accuracy``).
 
 Rollouts come from the warm-started policy (early training, where credit matters most), or
 from a checkpoint; every scheme scores the *same* batches. Reported per scheme: credit accuracy
@@ -8,11 +9,13 @@ from a checkpoint; every scheme scores the *same* batches. Reported per scheme: 
 the mean weight of tokens whose gold contribution agrees with the advantage's sign
 (``sign(A)·c > 0``: the tokens that earned the response its advantage), is zero, or disagrees.
 
-    python scripts/credit_accuracy.py [--batches 8] [--out results/credit_accuracy]
-                                      [--schemes a,b,...] [hydra overrides ...]
+    datc-credit-accuracy [--batches 8] [--out runs/credit_accuracy] [--schemes a,b,...]
+                         [hydra overrides ...]
 
-A scheme that returns weights rather than scores is judged by ``sign(A)·w``, as the training
-diagnostics do.
+(or ``python -m datc.analysis.credit_accuracy``). The default schemes are every credit config
+and registered scheme but the uniform ones (``grpo``: no token ranked), found by
+:func:`datc.analysis.schemes.analysed_schemes`. A scheme that returns weights rather than
+scores is judged by ``sign(A)·w``, as the training diagnostics do.
 """
 
 from __future__ import annotations
@@ -24,25 +27,30 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-SCHEMES = ["datc", "datc_shuffled", "datc_unsigned", "datc_identity", "datc_magnitude",
-           "rm_saliency", "prob_reweight", "entropy_top", "gcpo", "delta"]
+COMMAND = "datc-credit-accuracy"
 
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__,
+    ap = argparse.ArgumentParser(prog=COMMAND, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=int, default=8)
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "credit_accuracy",
-                    help="output directory (default: results/credit_accuracy)")
-    ap.add_argument("--schemes", default=",".join(SCHEMES),
-                    help="comma-separated registered schemes (default: %(default)s)")
+    ap.add_argument("--out", type=Path, default=Path("runs") / "credit_accuracy",
+                    help="output directory (default: runs/credit_accuracy)")
+    ap.add_argument("--schemes", default=None,
+                    help="comma-separated credit configs or registered schemes (default: all but the uniform ones)")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args(args)
-    schemes = [n for n in a.schemes.split(",") if n]
+    from datc.analysis.schemes import analysed_schemes
+
+    schemes = analysed_schemes(uniform=False) if a.schemes is None else [n for n in a.schemes.split(",") if n]
+    unknown = sorted(set(schemes) - set(analysed_schemes()))
+    if unknown:
+        ap.error(f"--schemes: {', '.join(unknown)} not a credit config or registered scheme; "
+                 f"choose from {', '.join(analysed_schemes())}")
     torch.set_num_threads(1)
-    from datc.credit.analysis import credit_inputs, scheme_outputs, session_for
+    from datc.analysis.inputs import credit_inputs, session_for
+    from datc.analysis.schemes import scheme_outputs
     from datc.credit.diagnostics import credit_accuracy_rows
     from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
 
@@ -72,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
                 wsum[name][k] += float(out.weights[g].sum())
     rows = {n: torch.cat(v) for n, v in acc.items()}
     result = {
-        "command": "python scripts/credit_accuracy.py " + " ".join(args),
+        "command": " ".join([COMMAND, *args]),
         "setting": f"{c.data.name}-{c.policy.name}", "batches": a.batches,
         "responses_per_batch": t.batch_size,
         "rm_within_group_corr": (s.assets.rm_report or {}).get("heldout_within_group_corr"),

@@ -14,7 +14,10 @@ overridden (e.g. ``cache_dir=...``). Without it, the Hydra overrides compose the
 Output goes to ``<run>/heatmaps`` (with ``--run``) or ``runs/heatmaps``, never into the checkout
 unless ``--out`` says so (the committed figures: ``--out results/four_settings/heatmaps``).
 
-    python scripts/heatmaps.py [--run RUN_DIR] [--examples 4] [--out DIR] [--wandb] [overrides ...]
+    datc-heatmaps [--run RUN_DIR] [--examples 4] [--out DIR] [--wandb] [overrides ...]
+
+(or ``python -m datc.analysis.heatmaps``). The rows are every credit config and registered
+scheme (:func:`datc.analysis.schemes.analysed_schemes`), ``grpo`` first.
 """
 
 from __future__ import annotations
@@ -34,8 +37,6 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.colors import LinearSegmentedColormap, TwoSlopeNorm, to_hex, to_rgb
 from matplotlib.figure import Figure
 
-SCHEMES = ["grpo", "datc", "datc_unsigned", "datc_identity", "datc_magnitude", "datc_shuffled",
-           "rm_saliency", "prob_reweight", "entropy_top", "gcpo", "delta"]
 GOLD_ROW = "gold contribution"
 # Blue below the centre, white at it, red above. An odd N puts a LUT entry exactly at 0.5, so
 # the centre value (w = 1, gold 0) is drawn pure white.
@@ -71,14 +72,14 @@ def token_text(tok, token_id: int) -> str:
 
 def shown_responses(session, n_examples: int) -> list[ShownResponse]:
     """Sample one group for each of the first ``n_examples`` held-out prompts and keep, per
-    group, the responses with the highest and the lowest advantage, weighed by every
-    registered scheme of :data:`SCHEMES` on the same rollouts."""
-    from datc.credit import CREDIT_SCHEMES
-    from datc.credit.analysis import credit_inputs, scheme_outputs
+    group, the responses with the highest and the lowest advantage, weighed by every scheme
+    (:func:`datc.analysis.schemes.analysed_schemes`) on the same rollouts."""
+    from datc.analysis.inputs import credit_inputs
+    from datc.analysis.schemes import analysed_schemes, scheme_outputs
 
     examples = [session.assets.eval[i] for i in range(n_examples)]
     inputs = credit_inputs(session, examples, generator_seed=session.c.seed)
-    outputs = scheme_outputs(inputs, [n for n in SCHEMES if n in CREDIT_SCHEMES])
+    outputs = scheme_outputs(inputs, analysed_schemes())
     ro, adv, G = inputs.rollout, inputs.advantages, session.c.trainer.num_generations
     contrib = inputs.gold_contrib
     shown = []
@@ -266,38 +267,8 @@ def log_to_wandb(key: str, page: str, png: Path, out_dir: Path) -> None:
               file=sys.stderr)
 
 
-GROUPS = ("policy", "reward", "credit", "data", "trainer", "logger", "deepspeed", "experiment", "debug")
-
-
-def run_session(run_dir: Path, overrides: list[str]):
-    """The session of a run directory: its own resolved config (``config.yaml``), with plain
-    ``key=value`` overrides (not group choices: the run already made those), and the policy's
-    weights from its latest checkpoint. Returns (session, checkpoint directory)."""
-    from omegaconf import OmegaConf
-
-    from datc.checkpoint import latest_checkpoint
-    from datc.config import validate
-    from datc.export import checkpoint_state_dict, load_policy_weights
-    from datc.trainer import build_session
-
-    if not (run_dir / "config.yaml").exists():
-        raise SystemExit(f"--run {run_dir}: not a datc run directory (no config.yaml)")
-    ckpt = latest_checkpoint(run_dir)
-    if ckpt is None:
-        raise SystemExit(f"--run {run_dir}: no complete checkpoint under {run_dir / 'checkpoints'}")
-    groups = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") in GROUPS]
-    if groups:
-        raise SystemExit(f"--run: {' '.join(groups)}: the run's own config ({run_dir / 'config.yaml'}) sets its groups; "
-                         "only plain fields can be overridden (e.g. cache_dir=...)")
-    cfg = OmegaConf.merge(OmegaConf.load(run_dir / "config.yaml"), OmegaConf.from_dotlist(list(overrides)))
-    s = build_session(validate(cfg))
-    load_policy_weights(s.m.policy, checkpoint_state_dict(ckpt))
-    torch.manual_seed(s.c.seed)  # after the build, as session_for: samples never depend on a warm cache
-    return s, ckpt
-
-
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__,
+    ap = argparse.ArgumentParser(prog="datc-heatmaps", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", type=Path, help="run directory; the policy loads its last checkpoint")
     ap.add_argument("--examples", type=int, default=4, help="held-out prompts, one group each")
@@ -311,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.examples < 1:
         ap.error("--examples must be at least 1")
     torch.set_num_threads(1)
-    from datc.credit.analysis import session_for
+    from datc.analysis.inputs import run_session, session_for
     from datc.utils import atomic_write_bytes, atomic_write_text, quiet_libraries
 
     quiet_libraries()

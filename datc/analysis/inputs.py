@@ -1,25 +1,31 @@
-"""Credit analysis on fixed rollouts: every scheme's weights on the *same* sampled responses.
+"""The inputs of the credit analysis: a session, and one sampled batch with every input any
+scheme may declare.
 
-Shared by ``scripts/credit_accuracy.py`` (credit accuracy against the gold contributions) and
-``scripts/heatmaps.py`` (token-credit heatmaps). Shapes: B responses (prompts × G, groups
-contiguous), T response positions (right-padded), V vocabulary, d reward-model hidden size.
+This is the analysis's only module that calls the step's phases (:mod:`datc.step`: ``rollout``,
+the frozen passes, ``reward``, ``credit_inputs``) or builds a session: the phases are a run's
+own, under the plan :meth:`datc.step.plan.StepPlan.for_analysis`, so the analysed credit is the
+credit a run computes. Everything else in
+:mod:`datc.analysis` works on what these functions return. Shapes: B responses (prompts × G,
+groups contiguous), T response positions (right-padded), V vocabulary, d reward-model hidden size.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from datc.credit import CreditBatch, CreditOutput, compute_credit, resolve_scheme
+from datc.credit import CreditBatch
 from datc.credit.base import NEEDS
 from datc.paths import CONFIG_DIR
 from datc.rollout import Rollout
 from datc.session import Session, build_session, rm_embedding_of
+
+# ---- the analysis calls the step's phases here, nowhere else --------------------------------
 from datc.step.credit import credit_inputs as step_credit_inputs
 from datc.step.frozen import frozen_passes
 from datc.step.reward import reward
@@ -87,14 +93,31 @@ def credit_inputs(
     return CreditInputs(ro, batch, gold, contrib, generator_seed)
 
 
-def scheme_outputs(inputs: CreditInputs, names: Iterable[str]) -> dict[str, CreditOutput]:
-    """Each registered scheme (default parameters) on the same inputs: name -> its output, with
-    weights (B, T). Deterministic: a random scheme gets a generator seeded with
-    ``inputs.generator_seed`` afresh, whatever ran before it."""
-    out = {}
-    for name in names:
-        scheme, params = resolve_scheme({"name": name})
-        batch = dataclasses.replace(inputs.batch,
-                                    generator=torch.Generator().manual_seed(inputs.generator_seed))
-        out[name] = compute_credit(scheme, batch, params)
-    return out
+
+GROUPS = ("policy", "reward", "credit", "data", "trainer", "logger", "deepspeed", "experiment", "debug")
+
+
+def run_session(run_dir: Path, overrides: list[str]) -> tuple[Session, Path]:
+    """The session of a run directory: its own resolved config (``config.yaml``), with plain
+    ``key=value`` overrides (not group choices: the run already made those), and the policy's
+    weights from its latest checkpoint. Returns (session, checkpoint directory)."""
+    from omegaconf import OmegaConf
+
+    from datc.checkpoint import latest_checkpoint
+    from datc.config import validate
+    from datc.export import checkpoint_state_dict, load_policy_weights
+
+    if not (run_dir / "config.yaml").exists():
+        raise SystemExit(f"--run {run_dir}: not a datc run directory (no config.yaml)")
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise SystemExit(f"--run {run_dir}: no complete checkpoint under {run_dir / 'checkpoints'}")
+    groups = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") in GROUPS]
+    if groups:
+        raise SystemExit(f"--run: {' '.join(groups)}: the run's own config ({run_dir / 'config.yaml'}) sets its groups; "
+                         "only plain fields can be overridden (e.g. cache_dir=...)")
+    cfg = OmegaConf.merge(OmegaConf.load(run_dir / "config.yaml"), OmegaConf.from_dotlist(list(overrides)))
+    s = build_session(validate(cfg))
+    load_policy_weights(s.m.policy, checkpoint_state_dict(ckpt))
+    torch.manual_seed(s.c.seed)  # after the build, as session_for: samples never depend on a warm cache
+    return s, ckpt
