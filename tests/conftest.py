@@ -1,11 +1,14 @@
-"""Shared fixtures: the testbed tokenizer and tiny models of both families, built in memory."""
+"""Shared fixtures and helpers: the testbed tokenizer and tiny models of both families, built in
+memory; a composed debug config (:func:`cfg_for`) and the session's prepare cache (``cache_dir``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 
 from datc.models import build_causal_lm, build_reward_model
+from datc.paths import CONFIG_DIR
 from datc.tokenizer import build_testbed_tokenizer, load_tokenizer
 from datc.utils import quiet_libraries
 
@@ -44,3 +47,16 @@ def policy(tok, family):
 @pytest.fixture
 def reward_model(tok, family):
     return build_reward_model(ARCHS[family], tok, 0).eval()
+
+
+def cfg_for(cache_dir, run_dir, *overrides):
+    """``configs/train.yaml`` composed with ``debug=fast``, the given cache and run directories
+    and the overrides (not yet validated)."""
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose(config_name="train", overrides=["debug=fast", f"cache_dir={cache_dir}", f"run_dir={run_dir}", *overrides])
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    """One prepare cache for the session's end-to-end tests (assets are keyed by their config)."""
+    return str(tmp_path_factory.mktemp("cache"))

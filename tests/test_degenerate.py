@@ -18,7 +18,7 @@ from datc.session import build_session
 from datc.step import train_step
 from datc.step.ops import StepOps
 from datc.trainer import train
-from tests.test_train_e2e import cfg_for
+from tests.conftest import cfg_for
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])

@@ -15,7 +15,7 @@ from datc.checkpoint import checkpoint_dirs, load_checkpoint
 from datc.export import export_checkpoint
 from datc.models import load_pretrained
 from datc.trainer import train
-from tests.test_train_e2e import cache_dir, cfg_for  # noqa: F401  (the session's prepared cache)
+from tests.conftest import cfg_for
 
 pytestmark = pytest.mark.slow
 

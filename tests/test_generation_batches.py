@@ -13,7 +13,7 @@ from datc.rollout import cat_rollouts, sample_groups
 from datc.session import build_session
 from datc.step import train_step
 from datc.step.ops import StepOps
-from tests.test_train_e2e import cfg_for
+from tests.conftest import cfg_for
 
 
 def test_joined_rollouts_compute_what_their_parts_did(policy, tok):

@@ -24,7 +24,7 @@ from datc.credit.configs import credit_config_names
 from datc.lifecycle import resolved_config as _resolved
 from datc.rundir import RunDir
 from datc.session import build_session
-from tests.test_train_e2e import cfg_for
+from tests.conftest import cfg_for
 
 WHITE = "#ffffff"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -36,11 +36,6 @@ def test_the_schemes_are_every_credit_config_and_registered_scheme():
     assert SHOWN[0] == "grpo" and SHOWN[1:] == sorted(SHOWN[1:])  # the uniform baseline first
     assert {"datc_identity", "datc_unsigned"} <= set(SHOWN) - set(CREDIT_SCHEMES.names())  # configs over datc
     assert analysed_schemes(uniform=False) == SHOWN[1:]
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("cache"))
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from datc.logger import completions_of, completions_table, job_type, run_tags
-from tests.test_train_e2e import cache_dir  # noqa: F401  (the session's prepared cache)
 
 
 def test_completions_table_colours_each_token_by_its_weight(tok):
@@ -42,7 +41,7 @@ def test_wandb_job_type_and_tags_slice_a_sweep():
 @pytest.mark.slow
 def test_an_offline_run_logs_the_completions_table_at_each_eval(cache_dir, tmp_path, monkeypatch):  # noqa: F811
     from datc.trainer import train
-    from tests.test_train_e2e import cfg_for
+    from tests.conftest import cfg_for
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))

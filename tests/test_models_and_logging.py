@@ -13,8 +13,7 @@ import pytest
 
 from datc.models import ModelLoadError, build_causal_lm, build_reward_model, load_pretrained
 from datc.trainer import train
-from tests.conftest import ARCHS
-from tests.test_train_e2e import cfg_for
+from tests.conftest import ARCHS, cfg_for
 
 
 def test_hub_id_offline_fails_fast_and_says_how_to_fix(monkeypatch):

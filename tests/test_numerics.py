@@ -32,7 +32,7 @@ from datc.rewards.model import RMScore, score
 from datc.session import build_session
 from datc.step.ops import StepOps
 from datc.trainer import train
-from tests.test_train_e2e import cfg_for
+from tests.conftest import cfg_for
 
 NAN, INF = math.nan, math.inf
 

@@ -12,7 +12,6 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from datc.train import CONFIG_DIR
-from tests.test_train_e2e import cache_dir  # noqa: F401  (the session's prepared cache)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,7 +55,7 @@ def test_results_dir_is_written_for_a_finished_run_too(cache_dir, tmp_path):  # 
     import json
 
     from datc.trainer import train
-    from tests.test_train_e2e import cfg_for
+    from tests.conftest import cfg_for
 
     run = tmp_path / "run"
     summary = train(cfg_for(cache_dir, run))

@@ -28,14 +28,10 @@ from datc.checkpoint import (
 from datc.config import ConfigError
 from datc.rundir import RunDir
 from datc.signals import Interrupted
-from tests.test_train_e2e import _comparable, _rows, cfg_for
+from tests.conftest import cfg_for
+from tests.test_train_e2e import _comparable, _rows
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("cache"))
 
 
 def _cli(cache, run_dir, *overrides):

@@ -13,7 +13,7 @@ from datc.logprobs import entropy_from_logits
 from datc.session import build_session
 from datc.step import train_step
 from datc.step.ops import StepOps
-from tests.test_train_e2e import cfg_for
+from tests.conftest import cfg_for
 
 
 @pytest.fixture(scope="module")

@@ -14,25 +14,14 @@ import time
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from datc.checkpoint import latest_checkpoint, load_checkpoint
 from datc.config import ConfigError
 from datc.models import load_pretrained
-from datc.train import CONFIG_DIR
 from datc.trainer import train
+from tests.conftest import cfg_for
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("cache"))
-
-
-def cfg_for(cache_dir, run_dir, *overrides):
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose(config_name="train", overrides=["debug=fast", f"cache_dir={cache_dir}", f"run_dir={run_dir}", *overrides])
 
 
 def _comparable(rows):

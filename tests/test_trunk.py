@@ -82,7 +82,7 @@ def test_the_trunk_is_off_without_shared_prompts_or_a_reference(tmp_path):
     plain prompt forwards (``trainer.share_prompts: false``) or no KL term turn it off."""
     from datc.config import validate
     from datc.session import build_session
-    from tests.test_train_e2e import cfg_for
+    from tests.conftest import cfg_for
 
     base = ["policy=tiny_llama", "+reward.init=policy", "+reward.train.trainable_layers=1", "trainer.beta=0.04"]
     depth = {}
@@ -134,7 +134,7 @@ def test_a_training_step_with_the_shared_trunk_matches_one_without(tmp_path):
     from datc.config import validate
     from datc.session import build_session
     from datc.step import train_step
-    from tests.test_train_e2e import cfg_for
+    from tests.conftest import cfg_for
 
     overrides = ["policy=tiny_llama", "+reward.init=policy", "+reward.train.trainable_layers=1", "trainer.beta=0.04",
                  "credit=datc", "trainer.eval_every=100"]

@@ -22,7 +22,7 @@ from datc.rollout import sample_groups
 from datc.session import build_session
 from datc.step import train_step
 from datc.step.ops import StepOps
-from tests.test_train_e2e import cfg_for
+from tests.conftest import cfg_for
 
 B, G = 16, 4  # four groups: tied by value, one non-finite reward, identical responses, ordinary
 TIED, NAN_ROW, SAME = slice(0, 4), 4, slice(8, 12)

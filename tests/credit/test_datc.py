@@ -10,21 +10,13 @@ from datc.credit import CREDIT_SCHEMES, compute_credit
 from datc.credit.base import CreditBatch
 from datc.credit.datc_math import reference_scores
 from datc.credit.schemes.datc import DATCParams
+from tests.credit.conftest import make_batch as _make_batch
 
 F64 = torch.float64
 
 
 def make_batch(seed: int = 0, B: int = 4, T: int = 6, V: int = 11, d: int = 5) -> CreditBatch:
-    gen = torch.Generator().manual_seed(seed)
-    lengths = torch.tensor([T, 3, 1, 5])[:B]
-    return CreditBatch(
-        response_ids=torch.randint(V, (B, T), generator=gen),
-        response_mask=torch.arange(T) < lengths[:, None],
-        advantages=torch.tensor([1.3, -0.7, 0.4, -2.0], dtype=F64)[:B],
-        rm_grad=torch.randn(B, T, d, generator=gen, dtype=F64),
-        rm_embedding=torch.randn(V, d, generator=gen, dtype=F64),
-        policy_logits=torch.randn(B, T, V, generator=gen, dtype=F64) * 2,
-    )
+    return _make_batch(seed, B, T, V, d, lengths=(T, 3, 1, 5), advantages=(1.3, -0.7, 0.4, -2.0))
 
 
 def test_scores_match_reference_on_valid_tokens():

@@ -4,23 +4,11 @@ import pytest
 import torch
 
 from datc.credit import CREDIT_SCHEMES
-from datc.credit.base import CreditBatch
 from datc.credit.datc_math import reference_force
 from datc.credit.schemes.datc_magnitude import MagnitudeParams
+from tests.credit.conftest import make_batch
 
 F64 = torch.float64
-
-
-def make_batch(seed: int = 0, B: int = 3, T: int = 5, V: int = 9, d: int = 4) -> CreditBatch:
-    gen = torch.Generator().manual_seed(seed)
-    return CreditBatch(
-        response_ids=torch.randint(V, (B, T), generator=gen),
-        response_mask=torch.arange(T) < torch.tensor([5, 4, 2])[:, None],
-        advantages=torch.tensor([0.8, -1.1, 0.5], dtype=F64),
-        rm_grad=torch.randn(B, T, d, generator=gen, dtype=F64),
-        rm_embedding=torch.randn(V, d, generator=gen, dtype=F64),
-        policy_logits=torch.randn(B, T, V, generator=gen, dtype=F64) * 2,
-    )
 
 
 @pytest.mark.parametrize("logit_map", ["jacobian", "identity"])

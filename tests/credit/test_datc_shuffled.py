@@ -1,26 +1,18 @@
 """``datc_shuffled``: DATC's weights permuted within each response (METHOD §3)."""
 
+from functools import partial
+
 import torch
 
 from datc.credit import CREDIT_SCHEMES, compute_credit
-from datc.credit.base import CreditBatch
 from datc.credit.schemes.datc import DATCParams
 from datc.credit.schemes.datc_shuffled import permute_valid
+from tests.credit.conftest import make_batch as _make_batch
 
 F64 = torch.float64
 
 
-def make_batch(seed: int = 0, B: int = 3, T: int = 8, V: int = 9, d: int = 4) -> CreditBatch:
-    gen = torch.Generator().manual_seed(seed)
-    return CreditBatch(
-        response_ids=torch.randint(V, (B, T), generator=gen),
-        response_mask=torch.arange(T) < torch.tensor([8, 5, 3])[:, None],
-        advantages=torch.tensor([0.8, -1.1, 0.5], dtype=F64),
-        rm_grad=torch.randn(B, T, d, generator=gen, dtype=F64),
-        rm_embedding=torch.randn(V, d, generator=gen, dtype=F64),
-        policy_logits=torch.randn(B, T, V, generator=gen, dtype=F64) * 2,
-        generator=torch.Generator().manual_seed(seed),
-    )
+make_batch = partial(_make_batch, T=8, lengths=(8, 5, 3), generator=True)
 
 
 def test_weights_are_a_permutation_of_datc_weights_within_each_response():

@@ -10,7 +10,7 @@ import pytest
 
 from datc.credit.configs import credit_config_names
 from datc.trainer import train
-from tests.test_train_e2e import cfg_for
+from tests.conftest import cfg_for
 
 pytestmark = pytest.mark.slow
 

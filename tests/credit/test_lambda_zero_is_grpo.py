@@ -9,7 +9,7 @@ import torch
 from datc.config import validate
 from datc.session import build_session
 from datc.step import train_step
-from tests.test_train_e2e import cfg_for
+from tests.conftest import cfg_for
 
 pytestmark = pytest.mark.slow
 

@@ -1,23 +1,18 @@
 """``rm_saliency``: s_t = |g_t · E[y_t]|, ignoring the policy (METHOD §3)."""
 
+from functools import partial
+
 import torch
 
 from datc.credit import CREDIT_SCHEMES, compute_credit
-from datc.credit.base import POLICY_LOGITS, CreditBatch
+from datc.credit.base import POLICY_LOGITS
 from datc.credit.weights import WeightParams
+from tests.credit.conftest import make_batch as _make_batch
 
 F64 = torch.float64
 
 
-def make_batch(seed: int = 0, B: int = 3, T: int = 5, V: int = 9, d: int = 4) -> CreditBatch:
-    gen = torch.Generator().manual_seed(seed)
-    return CreditBatch(
-        response_ids=torch.randint(V, (B, T), generator=gen),
-        response_mask=torch.arange(T) < torch.tensor([5, 4, 2])[:, None],
-        advantages=torch.tensor([0.8, -1.1, 0.5], dtype=F64),
-        rm_grad=torch.randn(B, T, d, generator=gen, dtype=F64),
-        rm_embedding=torch.randn(V, d, generator=gen, dtype=F64),
-    )
+make_batch = partial(_make_batch, logit_scale=None)
 
 
 def test_scores_match_the_definition_without_policy_logits():
