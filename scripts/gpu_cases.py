@@ -39,7 +39,7 @@ def compose(family: str, overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from datc.train import CONFIG_DIR
+    from datc.paths import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return hydra_compose(config_name="train", overrides=[f"experiment=paper/{FAMILIES[family][0]}", *overrides])

@@ -205,7 +205,7 @@ def compose(preset: str, overrides: list[str] = ()):  # -> TrainConfig
     from hydra import initialize_config_dir
 
     from datc.config import validate
-    from datc.train import CONFIG_DIR
+    from datc.paths import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = hydra_compose(config_name="train", overrides=[f"experiment=paper/{preset}", *overrides])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from datc.train import CONFIG_DIR
+from datc.paths import CONFIG_DIR
 from tests.test_train_e2e import cache_dir  # noqa: F401  (the session's prepared cache)
 
 ROOT = Path(__file__).resolve().parents[1]

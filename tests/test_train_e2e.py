@@ -19,7 +19,7 @@ from hydra import compose, initialize_config_dir
 from datc.checkpoint import latest_checkpoint, load_checkpoint
 from datc.config import ConfigError
 from datc.models import load_pretrained
-from datc.train import CONFIG_DIR
+from datc.paths import CONFIG_DIR
 from datc.trainer import train
 
 pytestmark = pytest.mark.slow
