@@ -198,11 +198,11 @@ def _cuda_memory() -> dict[str, float]:
 
 
 def plan_memory(family: str, overrides: list[str], stage: str, counts: dict[str, int]) -> dict[str, Any]:
-    """scripts/memory_plan.py's estimate for this case's shape on one GPU (``counts``: the
+    """The memory plan's estimate (datc-memory-plan) for this case's shape on one GPU (``counts``: the
     parameters of the models built, equal to ``memory_plan.param_count`` of their arch blocks).
     ``none`` (plain PyTorch AdamW) is the ZeRO-2 plan without DeepSpeed's own fp32 copy of the
     parameters (4Φ) and its reduce buckets."""
-    from scripts import memory_plan as mp_
+    from datc import memory_plan as mp_
 
     c = mp_.compose(FAMILIES[family][0], overrides)
     p = mp_.plan(c, counts, 2 if stage == "none" else 3 if stage == "zero3" else 2, 1)

@@ -264,7 +264,7 @@ def render(report: dict[str, Any]) -> str:
         "Medians over the steps after the first. MFU: generation 2·N·(generated tokens)/rollout s, update "
         "6·N·B·(P+T)/update s (N policy parameters, attention FLOPs not counted), against 989 TFLOP/s "
         "(H200 dense bf16, datasheet). Peak: `torch.cuda.max_memory_allocated` over the run (its step-0 "
-        "evaluation included; without a GPU the process's peak resident memory); plan: scripts/memory_plan.py for the same shape on one GPU.", "",
+        "evaluation included; without a GPU the process's peak resident memory); plan: datc-memory-plan for the same shape on one GPU.", "",
         "| case | status | step s | rollout | reward | credit | update | gen tok/s | upd tok/s | MFU gen | MFU upd | peak GiB | plan GiB | autocast |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     # The fork server imports the heavy libraries once; DeepSpeed only without a GPU (its import
     # queries the accelerator, which the server must not initialise).
     preload = ["torch", "transformers", "datasets", "hydra", "omegaconf", "datc.trainer", "datc.prepare",
-               "datc.credit.datc_math", "scripts.memory_plan", "scripts.gpu_cases", *([] if on_gpu else ["deepspeed"])]
+               "datc.credit.datc_math", "datc.memory_plan", "scripts.gpu_cases", *([] if on_gpu else ["deepspeed"])]
     runner = Runner(work, deadline, a.start_method, preload)
     cases = build_cases(a, scale, work)
     report: dict[str, Any] = {
