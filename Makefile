@@ -41,10 +41,10 @@ test: venv  ## the test suite, slow end-to-end tests included
 
 BENCH_ARGS ?=
 bench: $(VENV)/.installed-bench  ## this project's GRPO against TRL's GRPOTrainer -> results/bench/trl.md
-	$(BIN)/python scripts/bench.py $(BENCH_ARGS)
+	$(BIN)/python -m scripts.bench $(BENCH_ARGS)
 
 bench-real: $(VENV)/.installed-bench  ## the same at a real model's scale (SmolLM2-135M-Instruct; about an hour on 2 cores) -> results/bench/trl_real.md
-	$(BIN)/python scripts/bench.py --scale real $(BENCH_ARGS)
+	$(BIN)/python -m scripts.bench --scale real $(BENCH_ARGS)
 
 GPU_KIT_ARGS ?=
 gpu-kit: venv  ## wheels the GPU machine's image lacks (CPython 3.12, manylinux x86-64) -> .whl/ (see README, GPU check)

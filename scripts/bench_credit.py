@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from datc.credit_cost import paired_steps
 from datc.utils import peak_rss_mb
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,13 +71,17 @@ def _hwm_mb() -> float:
 def _peak_mem_mb(kind: str) -> float:
     """Peak resident memory growth of one call, in a fresh process so that nothing allocated
     earlier hides it."""
-    code = (
-        f"import sys, torch; torch.set_num_threads(1); sys.path.insert(0, {str(ROOT)!r});"
-        "from scripts.bench_credit import _hwm_mb, _real_inputs, _run_real;"
-        f"x = _real_inputs(); base = _hwm_mb(); _run_real({kind!r}, x); print(_hwm_mb() - base)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    out = subprocess.run([sys.executable, str(Path(__file__)), "--memory-child", kind], capture_output=True, text=True,
+                         check=True, cwd=ROOT)
     return float(out.stdout.strip().splitlines()[-1])
+
+
+def _memory_child(kind: str) -> None:
+    """The fresh process of :func:`_peak_mem_mb`: one call's growth of the peak, printed."""
+    x = _real_inputs()
+    base = _hwm_mb()
+    _run_real(kind, x)
+    print(_hwm_mb() - base)
 
 
 def bench_real_shape(repeats: int) -> dict:
@@ -97,40 +102,6 @@ def bench_real_shape(repeats: int) -> dict:
         "seconds_all": times,
         "ratio_to_lm_head": {k: med[k] / med["lm_head"] for k in kinds},
         "peak_rss_growth_mb": mem,
-    }
-
-
-# ---- 1 and 3. the testbed ---------------------------------------------------------------------
-
-
-def bench_testbed(steps: int, overrides: list[str]) -> dict:
-    from datc.analysis.inputs import session_for
-    from datc.trainer import train_step
-
-    sessions = {name: session_for([f"credit={name}", *overrides]) for name in ("grpo", "datc")}
-    keys = ["perf/step_s", "perf/rollout_s", "perf/reward_s", "perf/credit_s", "perf/update_s"]
-    rows: dict[str, list[dict]] = {name: [] for name in sessions}
-    warmup = 2
-    for it in range(steps + warmup):
-        order = ["grpo", "datc"] if it % 2 == 0 else ["datc", "grpo"]
-        # Same weights and same random stream for both: the two steps sample the same responses,
-        # so the comparison is of the same work (diverged policies would write other lengths).
-        state = {k: v.clone() for k, v in sessions["grpo"].m.policy.state_dict().items()}
-        for name in order:
-            sessions[name].m.policy.load_state_dict(state)
-            torch.manual_seed(10_000 + it)
-            m = train_step(sessions[name], it)
-            if it >= warmup:
-                rows[name].append({k: m[k] for k in keys})
-    med = {name: {k: statistics.median(r[k] for r in rs) for k in keys} for name, rs in rows.items()}
-    ratios = [d["perf/step_s"] / g["perf/step_s"] for d, g in zip(rows["datc"], rows["grpo"], strict=True)]
-    return {
-        "steps_measured": steps,
-        "median_seconds": med,
-        "datc_over_grpo_step": med["datc"]["perf/step_s"] / med["grpo"]["perf/step_s"],
-        "paired_ratio_quartiles": statistics.quantiles(ratios, n=4),
-        "rm_gradient_extra_s": med["datc"]["perf/reward_s"] - med["grpo"]["perf/reward_s"],
-        "sessions": sessions,
     }
 
 
@@ -157,13 +128,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--memory-child", choices=("lm_head", "datc_exact", "datc_top64"), help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
     torch.set_num_threads(1)
+    if a.memory_child:
+        _memory_child(a.memory_child)
+        return
     from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
 
     quiet_libraries()
-    tb = bench_testbed(a.steps, a.overrides)
+    tb = paired_steps(a.steps, a.overrides)
     topk = topk_agreement(tb.pop("sessions")["datc"])
     real = bench_real_shape(a.repeats)
     result = {

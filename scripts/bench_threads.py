@@ -23,7 +23,7 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
     from datc.analysis.inputs import session_for
-    from datc.trainer import train_step
+    from datc.step import train_step
     from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
 
     quiet_libraries()
@@ -32,7 +32,7 @@ def main() -> None:
     for it in range(a.steps + 1):
         for n in a.threads if it % 2 == 0 else reversed(a.threads):
             torch.set_num_threads(n)
-            m = train_step(s, it)
+            m = train_step(s, it).metrics
             if it > 0:  # the first round warms up
                 times[n].append(m["perf/step_s"])
     res = {n: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v), "cv": statistics.stdev(v) / statistics.mean(v)}

@@ -20,7 +20,7 @@ Cases, most important first (a global deadline skips what does not fit, and says
 - ``fused_adam``: whether DeepSpeed's FusedAdam (the optimizer ``deepspeed.optimizer_impl=auto``
   picks on GPUs) JIT-compiles; the training cases use torch's AdamW so that no case waits on it.
 
-Every case (its code: scripts/gpu_cases.py) runs in its own process, forked from a server that
+Every case (its code: datc/gpu_cases.py) runs in its own process, forked from a server that
 imported the libraries once, with its own time limit, so a hang or a crash costs that case only; errors are reported with one line
 and the traceback's tail. A training case ends as soon as its last step is in metrics.jsonl: the
 run's closing evaluation and checkpoint (several GB of optimizer state) are not part of the
@@ -51,11 +51,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from datc.gpu_cases import FAMILIES, _child, set_environment
 
-from scripts.gpu_cases import FAMILIES, _child  # noqa: E402  (sets the environment before torch is imported)
+set_environment()  # before torch is imported (here, in the fork server and in the cases)
 
 CREDITS = ("grpo", "datc")
 STAGES = ("none", "zero2", "zero3")
@@ -264,7 +262,7 @@ def render(report: dict[str, Any]) -> str:
         "Medians over the steps after the first. MFU: generation 2·N·(generated tokens)/rollout s, update "
         "6·N·B·(P+T)/update s (N policy parameters, attention FLOPs not counted), against 989 TFLOP/s "
         "(H200 dense bf16, datasheet). Peak: `torch.cuda.max_memory_allocated` over the run (its step-0 "
-        "evaluation included; without a GPU the process's peak resident memory); plan: scripts/memory_plan.py for the same shape on one GPU.", "",
+        "evaluation included; without a GPU the process's peak resident memory); plan: datc-memory-plan for the same shape on one GPU.", "",
         "| case | status | step s | rollout | reward | credit | update | gen tok/s | upd tok/s | MFU gen | MFU upd | peak GiB | plan GiB | autocast |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -385,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     # The fork server imports the heavy libraries once; DeepSpeed only without a GPU (its import
     # queries the accelerator, which the server must not initialise).
     preload = ["torch", "transformers", "datasets", "hydra", "omegaconf", "datc.trainer", "datc.prepare",
-               "datc.credit.datc_math", "scripts.memory_plan", "scripts.gpu_cases", *([] if on_gpu else ["deepspeed"])]
+               "datc.credit.datc_math", "datc.memory_plan", "datc.gpu_cases", *([] if on_gpu else ["deepspeed"])]
     runner = Runner(work, deadline, a.start_method, preload)
     cases = build_cases(a, scale, work)
     report: dict[str, Any] = {

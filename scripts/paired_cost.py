@@ -1,8 +1,9 @@
 """``credit=datc`` step time over ``credit=grpo`` for any preset, paired: both sessions start
 every step from the same weights and random stream (so they sample the same responses), steps
-interleaved (grpo, datc, datc, grpo, ...); the measurement is ``bench_credit.bench_testbed``'s,
-here with the preset's overrides and a JSON + Markdown report in ``--out``. Also the phase
-breakdown (rollout / reward (+ RM gradient) / credit / update) and this process's peak RSS.
+interleaved (grpo, datc, datc, grpo, ...); the measurement is ``datc.credit_cost.paired_steps``
+(scripts/bench_credit.py's testbed figure), here with the preset's overrides and a JSON +
+Markdown report in ``--out``. Also the phase breakdown (rollout / reward (+ RM gradient) /
+credit / update) and this process's peak RSS.
 
     python scripts/paired_cost.py [--steps 6] [--out results/real_model] [hydra overrides ...]
 """
@@ -27,13 +28,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "real_model")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args(args)
-    sys.path.insert(0, str(ROOT))
+    from datc.credit_cost import paired_steps
     from datc.utils import atomic_write_json, atomic_write_text, peak_rss_mb, quiet_libraries
-    from scripts.bench_credit import bench_testbed
 
     quiet_libraries()
     load_before = os.getloadavg()
-    tb = bench_testbed(a.steps, a.overrides)
+    tb = paired_steps(a.steps, a.overrides)
     c = tb.pop("sessions")["datc"].c
     med = tb["median_seconds"]
     result = {"command": "python scripts/paired_cost.py " + " ".join(args), "setting": f"{c.data.name}-{c.policy.name}",

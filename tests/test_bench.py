@@ -1,5 +1,6 @@
-"""Pure helpers of scripts/bench.py (the comparison with TRL); none of them needs trl. The
-same-loss check against TRL itself runs at the start of every benchmark, which stops if it fails."""
+"""Pure helpers of scripts/bench/ (the comparison with TRL, ``python -m scripts.bench``); none of
+them needs trl. The same-loss check against TRL itself runs at the start of every benchmark,
+which stops if it fails."""
 
 from __future__ import annotations
 
@@ -12,24 +13,11 @@ import torch
 from datc.chat import PromptEncoder, RewardInputs
 from datc.rewards.model import build_rm_inputs, score
 from datc.rollout import encode_prompts, sample_groups
-from scripts.bench import (
-    OUT,
-    PHASES,
-    SCALES,
-    RMReward,
-    block_summary,
-    close,
-    load_results,
-    pad_completions,
-    perturb_,
-    render,
-    rotated_order,
-    side_by_side,
-    spread,
-    trl_prompt,
-    unpadded,
-    write_markdown,
-)
+from scripts.bench.render import load_results, render, side_by_side, write_markdown
+from scripts.bench.same_loss import perturb_
+from scripts.bench.scales import OUT, PHASES, SCALES, read_notes
+from scripts.bench.stats import block_summary, close, rotated_order, spread
+from scripts.bench.trl_side import RMReward, pad_completions, trl_prompt, unpadded
 from tests.test_chat import chat_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,7 +142,7 @@ def fake_results(scale: str, grpo_ms: float, trl_ms: float, datc_ms: float) -> d
     one = {"q1": 0, "q3": 0, "min": 0, "max": 0, "n": 1}
     sc = SCALES[scale]
     return {
-        "command": f"python scripts/bench.py --scale {scale}", "commit": "abc1234", "date": "2026-12-01", "threads": 1,
+        "command": f"python -m scripts.bench --scale {scale}", "commit": "abc1234", "date": "2026-12-01", "threads": 1,
         "machine": {"torch": "2", "transformers": "5", "trl": "1.16.0", "cpus": 2},
         "load_average_1_5_15min": {"start": [1.0, 1, 1], "end": [1.0, 1, 1]},
         "work": "8 prompts x 4 responses, 48 tokens each (forced with min_new_tokens on both sides), temperature 1.0",
@@ -214,3 +202,59 @@ def test_committed_markdown_is_what_its_results_file_renders():
     assert all(r is not None for r in res.values()), "results/bench lacks a scale's results file"
     for k, other in (("testbed", "real"), ("real", "testbed")):
         assert render(res[k], res[other]) == (OUT / f"{SCALES[k].stem}.md").read_text(), k
+
+
+
+def test_notes_template_gives_the_notes_of_the_committed_runs():
+    """notes.md, read with the reward callable's place as it was (scripts/bench.py), gives each
+    scale's notes exactly as the committed results files hold them; a new run gets its place now."""
+    notes = read_notes(values={"rm_reward": "`RMReward` in scripts/bench.py"})
+    for k in SCALES:
+        assert list(notes[k]) == load_results(OUT, k)["notes"], k
+    assert all("`RMReward` in scripts/bench/trl_side.py" in " ".join(SCALES[k].notes) for k in SCALES)
+
+# ---- this project's side: its step with a forced length, and with a given rollout -----------------
+
+
+@pytest.mark.slow
+def test_datc_side_steps_are_the_trainers_own(tmp_path, monkeypatch):
+    """``datc_side.step`` with ``min_new_tokens`` is ``train_step`` with every sampling call given
+    ``min_new_tokens`` (here two calls per step), and ``datc_side.learn`` on a rollout is
+    ``train_step`` with that rollout as its sample: the same metrics, timings aside."""
+    import functools
+
+    from datc import trainer
+    from datc.config import validate
+    from scripts.bench.datc_side import learn, step
+    from tests.test_train_e2e import cfg_for
+
+    def session(credit, *overrides):
+        return trainer.build_session(validate(cfg_for(tmp_path / "cache", tmp_path / "unused", f"credit={credit}",
+                                                      *overrides)))
+
+    def timeless(m):
+        return {k: v for k, v in m.items() if not k.startswith("perf/")}
+
+    T = session("grpo").c.trainer.max_new_tokens
+    torch.manual_seed(3)
+    assert trainer.train_step(session("grpo"), 0)["rollout/response_len"] < T  # unforced, some responses end early
+    for credit in ("grpo", "datc"):
+        split = "trainer.generation_batch_size=4"  # one group per sampling call: two calls per step
+        torch.manual_seed(3)
+        ours = timeless(step(session(credit, split), 0, T))
+        with monkeypatch.context() as mp:
+            mp.setattr(trainer, "sample_groups", functools.partial(sample_groups, min_new_tokens=T))
+            torch.manual_seed(3)
+            theirs = timeless(trainer.train_step(session(credit, split), 0))
+        assert ours == theirs, credit
+        assert ours["rollout/response_len"] == T
+    s = session("grpo")
+    t = s.c.trainer
+    torch.manual_seed(5)
+    ro = sample_groups(s.m.policy, s.m.tok, [s.assets.train[i] for i in s.sampler.indices(0)], t.num_generations,
+                       t.max_new_tokens, encoder=s.m.encoder)
+    ours = timeless(learn(s, 0, ro))
+    with monkeypatch.context() as mp:
+        mp.setattr(trainer, "sample_groups", lambda *a, **k: ro)
+        theirs = timeless(trainer.train_step(session("grpo"), 0))
+    assert ours == theirs

@@ -27,8 +27,8 @@ from datc.chat import (
 from datc.chat_formats import FORMATS
 from datc.config import ConfigError, validate
 from datc.models import build_causal_lm, build_reward_model
+from datc.paths import CONFIG_DIR
 from datc.tokenizer import build_testbed_tokenizer, load_tokenizer
-from datc.train import CONFIG_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 

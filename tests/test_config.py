@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from datc.config import ConfigError, validate
-from datc.train import CONFIG_DIR
+from datc.paths import CONFIG_DIR
 
 GROUPS = ["policy", "reward", "credit", "data", "trainer", "logger", "deepspeed", "experiment", "debug"]
 # Options that need a path the user must supply (no model is bundled for them).

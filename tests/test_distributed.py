@@ -37,8 +37,8 @@ def cache_dir(tmp_path_factory):
     from hydra import compose, initialize_config_dir
 
     from datc.config import validate
+    from datc.paths import CONFIG_DIR
     from datc.prepare import ensure_assets
-    from datc.train import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         for credit in ("grpo", "datc"):
@@ -175,7 +175,7 @@ def test_launch_refuses_several_processes_without_deepspeed():
 def test_slurm_launcher_config_composes_one_task_per_gpu():
     from hydra import compose, initialize_config_dir
 
-    from datc.train import CONFIG_DIR
+    from datc.paths import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="train", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu",
@@ -202,7 +202,7 @@ def _cfg(*overrides):
     from hydra import compose, initialize_config_dir
 
     from datc.config import validate
-    from datc.train import CONFIG_DIR
+    from datc.paths import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return validate(compose(config_name="train", overrides=list(overrides)))

@@ -1,5 +1,6 @@
-"""scripts/memory_plan.py: its arithmetic against hand numbers, its activation formulas against
-the tensors torch saves for tiny models, and the plan of every paper preset."""
+"""The memory plan (datc.memory_formulas, datc.memory_plan: ``datc-memory-plan``): its arithmetic
+against hand numbers, its activation formulas against the tensors torch saves for tiny models,
+and the plan of every paper preset."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from scripts import memory_plan as mp
+from datc import memory_formulas as mf
+from datc import memory_plan as mp
 
 # A tiny Llama: V=100, h=16, I=32, L=2, 4 query heads and 2 KV heads of width 4 (q=16, kv=8).
 TINY = dict(model_type="llama", num_hidden_layers=2, hidden_size=16, intermediate_size=32, num_attention_heads=4,
@@ -19,31 +21,31 @@ TINY = dict(model_type="llama", num_hidden_layers=2, hidden_size=16, intermediat
 def test_param_count_by_hand():
     # per layer: q 16·16 + k,v 2·16·8 + o 16·16 + MLP 3·16·32 + 2 norms 2·16 = 256+256+256+1536+32 = 2336
     # model: embedding 100·16 = 1600, 2 layers 4672, final norm 16 -> 6288 (LM head tied)
-    assert mp.param_count(TINY, "causal_lm") == 6288
-    assert mp.param_count(dict(TINY, tie_word_embeddings=False), "causal_lm") == 6288 + 1600  # own LM head
-    assert mp.param_count(TINY, "reward") == 6288 + 16  # score head h -> 1, no bias
+    assert mf.param_count(TINY, "causal_lm") == 6288
+    assert mf.param_count(dict(TINY, tie_word_embeddings=False), "causal_lm") == 6288 + 1600  # own LM head
+    assert mf.param_count(TINY, "reward") == 6288 + 16  # score head h -> 1, no bias
     # Qwen3 adds q/k norms (2·head_dim = 8 per layer)
-    assert mp.param_count(dict(TINY, model_type="qwen3"), "causal_lm") == 6288 + 2 * 8
+    assert mf.param_count(dict(TINY, model_type="qwen3"), "causal_lm") == 6288 + 2 * 8
     for kind in ("causal_lm", "reward"):
         for mt in ("llama", "qwen3"):
             arch = dict(TINY, model_type=mt)
-            assert mp.param_count_formula(mp.arch_of(arch), kind) == mp.param_count(arch, kind)
+            assert mf.param_count_formula(mf.arch_of(arch), kind) == mf.param_count(arch, kind)
 
 
 def test_zero_arithmetic_by_hand():
     # Φ = 1e9 on 4 GPUs: ZeRO-2 weights 4e9 (replicated), grads 4e9/4, optimizer (copy + 2 moments) 12e9/4
-    assert mp.zero_memory(10**9, 2, 4) == {"weights": 4e9, "grads": 1e9, "optimizer": 3e9}
+    assert mf.zero_memory(10**9, 2, 4) == {"weights": 4e9, "grads": 1e9, "optimizer": 3e9}
     # ZeRO-3: everything /4, and no separate fp32 copy: 4e9/4 + 4e9/4 + 8e9/4
-    assert mp.zero_memory(10**9, 3, 4) == {"weights": 1e9, "grads": 1e9, "optimizer": 2e9}
-    assert mp.frozen_memory(10**9, 2, 4) == 2e9 and mp.frozen_memory(10**9, 3, 4) == 0.5e9
-    assert mp.zero_buffers(2, True) == 2 * 5e8 * 4 and mp.zero_buffers(2, False) == 5e8 * 4 == mp.zero_buffers(3, True)
+    assert mf.zero_memory(10**9, 3, 4) == {"weights": 1e9, "grads": 1e9, "optimizer": 2e9}
+    assert mf.frozen_memory(10**9, 2, 4) == 2e9 and mf.frozen_memory(10**9, 3, 4) == 0.5e9
+    assert mf.zero_buffers(2, True) == 2 * 5e8 * 4 and mf.zero_buffers(2, False) == 5e8 * 4 == mf.zero_buffers(3, True)
 
 
 def test_kv_cache_by_hand():
-    a = mp.arch_of(TINY)  # 2 layers, kv = 2·4 = 8
+    a = mf.arch_of(TINY)  # 2 layers, kv = 2·4 = 8
     # 3 responses x 10 tokens: 2 layers · 3 · 10 · 8 · (4 + 2) bytes = 2880
-    assert mp.kv_cache_bytes(a, 3, 10) == 2880
-    assert mp.kv_cache_bytes(a, 3, 10, key_bytes=2) == 2 * 3 * 10 * 8 * 4
+    assert mf.kv_cache_bytes(a, 3, 10) == 2880
+    assert mf.kv_cache_bytes(a, 3, 10, key_bytes=2) == 2 * 3 * 10 * 8 * 4
 
 
 def test_kv_cache_dtypes_under_autocast():
@@ -90,20 +92,20 @@ def test_activation_formula_matches_saved_tensors(model_type):
         for seq in (40, 80):
             ids = torch.randint(1, 8, (2, seq))
             measured[layers, seq] = (_saved_bytes(pol, ids, False), _saved_bytes(rm, ids, True))
-    a = mp.arch_of(dict(base, num_hidden_layers=1))
+    a = mf.arch_of(dict(base, num_hidden_layers=1))
     for i, weight_grads in ((0, True), (1, False)):
         per = (measured[2, 80][i] - measured[2, 40][i] - measured[1, 80][i] + measured[1, 40][i]) / 80
-        formula = mp.activation_bytes(a, 1, 1, weight_grads) - mp.activation_bytes(
-            mp.arch_of(dict(base, num_hidden_layers=0)), 1, 1, weight_grads)
+        formula = mf.activation_bytes(a, 1, 1, weight_grads) - mf.activation_bytes(
+            mf.arch_of(dict(base, num_hidden_layers=0)), 1, 1, weight_grads)
         assert abs(formula - per) <= 0.10 * per, (weight_grads, formula, per)
 
 
 def test_logits_by_hand():
     # m=2, P=3, T=4, V=10: bf16 2·2·7·10 = 280, fp32 3·4·2·4·10 = 960
-    assert mp.update_logits_bytes(2, 3, 4, 10) == 1240
-    assert mp.entropy_pass_bytes(2, 4, 10) == 4 * 4 * 2 * 4 * 10
-    assert mp.datc_chunk_bytes(256, 10) == 3 * 4 * 256 * 10
-    assert mp.datc_chunk_bytes(None, 49152) == 3 * 4 * 341 * 49152  # sized by memory: 341 fp32 rows in 64 MiB
+    assert mf.update_logits_bytes(2, 3, 4, 10) == 1240
+    assert mf.entropy_pass_bytes(2, 4, 10) == 4 * 4 * 2 * 4 * 10
+    assert mf.datc_chunk_bytes(256, 10) == 3 * 4 * 256 * 10
+    assert mf.datc_chunk_bytes(None, 49152) == 3 * 4 * 341 * 49152  # sized by memory: 341 fp32 rows in 64 MiB
 
 
 @pytest.fixture(scope="module")
@@ -118,11 +120,11 @@ def test_every_preset_plans_and_files_are_written(written):
     assert [p["preset"] for p in plans] == list(mp.PRESETS)
     md = (out / "presets.md").read_text()
     data = json.loads((out / "presets.json").read_text())
-    assert data["command"] == "python scripts/memory_plan.py --out " + str(out)
+    assert data["command"] == "datc-memory-plan --out " + str(out)
     assert len(data["plans"]) == 4 and "| preset | ZeRO |" in md
     for p in plans:
-        pol = mp.arch_of(mp.compose(p["preset"]).policy.arch)
-        assert p["params"]["policy"] == mp.param_count_formula(pol, "causal_lm")
+        pol = mf.arch_of(mp.compose(p["preset"]).policy.arch)
+        assert p["params"]["policy"] == mf.param_count_formula(pol, "causal_lm")
         for stage in ("zero2", "zero3"):
             per = p["stages"][stage]["per_gpus"]
             totals = [per[n]["total"] for n in mp.GPU_COUNTS]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from datc.train import CONFIG_DIR
+from datc.paths import CONFIG_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,7 +42,7 @@ def test_the_demo_writes_only_its_run_directory():
 
 
 def test_memory_plan_writes_under_runs_by_default(tmp_path, monkeypatch):
-    from scripts import memory_plan
+    from datc import memory_plan
 
     monkeypatch.chdir(tmp_path)
     memory_plan.main(["--presets", "llama32_ultrafeedback"])

@@ -384,7 +384,7 @@ def test_wandb_mapping():
 def test_cli(runs_root, tmp_path):
     out = tmp_path / "results" / "four_settings"
     proc = subprocess.run(
-        [sys.executable, "scripts/compare.py", str(runs_root), "--out", str(out)],
+        [sys.executable, "-m", "datc.report", str(runs_root), "--out", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -398,7 +398,7 @@ def test_cli(runs_root, tmp_path):
     lines = (out / "runs.csv").read_text().splitlines()
     assert len(lines) == 13 and lines[0].startswith("run_name,run_id,data,policy,credit,seed")
     empty = subprocess.run(
-        [sys.executable, "scripts/compare.py", str(tmp_path / "none"), "--out", str(out)],
+        [sys.executable, "-m", "datc.report", str(tmp_path / "none"), "--out", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -1,8 +1,9 @@
-"""What runs inside one case's process of the GPU check (scripts/gpu_check.py): building the
-random models at the presets' shapes, the credit timing, a few training steps through
+"""What runs inside one case's process of the GPU check (``python scripts/gpu_check.py``): building
+the random models at the presets' shapes, the credit timing, a few training steps through
 ``datc.trainer.train``, synced_gpus sampling under ZeRO-3, the FusedAdam build. Each case
 function takes its (picklable) spec and its folder and returns its numbers; :func:`_child` turns
-whatever happens into ``result.json`` there.
+whatever happens into ``result.json`` there. Importable without CUDA (every heavy import is
+inside a case); :func:`set_environment` is called by the script before torch is imported.
 """
 
 from __future__ import annotations
@@ -21,12 +22,17 @@ from typing import Any
 
 # Set before torch is imported anywhere (the parent, the fork server, the cases): CUDA
 # availability through NVML (does not initialise CUDA, so forking stays safe), nothing online.
-for _k, _v in {"PYTORCH_NVML_BASED_CUDA_CHECK": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-               "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_TELEMETRY": "1"}.items():
-    os.environ.setdefault(_k, _v)
+ENVIRONMENT = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+               "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_DISABLE_TELEMETRY": "1"}
 
 FAMILIES = {"qwen3": ("qwen3_ultrafeedback", "chatml"), "llama32": ("llama32_ultrafeedback", "llama3")}
 
+
+def set_environment() -> None:
+    """:data:`ENVIRONMENT` into ``os.environ`` (values already set are kept). The processes of
+    the cases (fork server or spawn) inherit it."""
+    for k, v in ENVIRONMENT.items():
+        os.environ.setdefault(k, v)
 
 
 # =============================================================================================
@@ -39,7 +45,7 @@ def compose(family: str, overrides: list[str]):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from datc.train import CONFIG_DIR
+    from datc.paths import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return hydra_compose(config_name="train", overrides=[f"experiment=paper/{FAMILIES[family][0]}", *overrides])
@@ -198,11 +204,11 @@ def _cuda_memory() -> dict[str, float]:
 
 
 def plan_memory(family: str, overrides: list[str], stage: str, counts: dict[str, int]) -> dict[str, Any]:
-    """scripts/memory_plan.py's estimate for this case's shape on one GPU (``counts``: the
+    """The memory plan's estimate (datc-memory-plan) for this case's shape on one GPU (``counts``: the
     parameters of the models built, equal to ``memory_plan.param_count`` of their arch blocks).
     ``none`` (plain PyTorch AdamW) is the ZeRO-2 plan without DeepSpeed's own fp32 copy of the
     parameters (4Φ) and its reduce buckets."""
-    from scripts import memory_plan as mp_
+    from datc import memory_plan as mp_
 
     c = mp_.compose(FAMILIES[family][0], overrides)
     p = mp_.plan(c, counts, 2 if stage == "none" else 3 if stage == "zero3" else 2, 1)

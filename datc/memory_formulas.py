@@ -1,0 +1,177 @@
+"""The arithmetic of the per-GPU memory plan (:mod:`datc.memory_plan`, ``datc-memory-plan``), in
+bytes: parameter counts of a Llama/Qwen3 decoder, DeepSpeed ZeRO-2/ZeRO-3 model states, KV cache,
+activations, logits and buffers. Small pure functions, checked against hand numbers and the
+tensors torch saves for tiny models in tests/test_memory_plan.py; nothing here loads a model
+(:func:`param_count` builds one on the ``meta`` device)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+GIB = 2**30
+# DeepSpeed defaults the configs leave untouched (deepspeed/runtime/zero/config.py).
+REDUCE_BUCKET = 500_000_000  # elements, zero_optimization.reduce_bucket_size
+
+
+@dataclass(frozen=True)
+class Arch:
+    """The fields of a policy/reward ``arch`` block that memory depends on."""
+
+    model_type: str
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tie: bool
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def qk_norm(self) -> bool:  # Qwen3 normalizes q and k per head
+        return self.model_type == "qwen3"
+
+
+def arch_of(arch: dict[str, Any]) -> Arch:
+    a = dict(arch)
+    h, heads = a["hidden_size"], a["num_attention_heads"]
+    return Arch(a["model_type"], a["num_hidden_layers"], h, a["intermediate_size"], heads,
+                a.get("num_key_value_heads", heads), a.get("head_dim") or h // heads, a["vocab_size"],
+                bool(a.get("tie_word_embeddings", False)))
+
+
+def param_count_formula(a: Arch, kind: str) -> int:
+    """Parameters of a Llama/Qwen3 decoder by hand: embedding V·h; per layer q/k/v/o projections
+    (h·q + 2·h·kv + q·h, no biases), q/k norms (Qwen3: 2·head_dim), SwiGLU MLP 3·h·I and two
+    RMSNorms 2·h; final norm h; then an untied LM head V·h (``causal_lm``) or a score head h
+    (``reward``, one output, no bias)."""
+    layer = a.hidden * a.q_dim + 2 * a.hidden * a.kv_dim + a.q_dim * a.hidden + 3 * a.hidden * a.intermediate + 2 * a.hidden
+    layer += 2 * a.head_dim if a.qk_norm else 0
+    n = a.vocab * a.hidden + a.layers * layer + a.hidden
+    if kind == "causal_lm":
+        return n + (0 if a.tie else a.vocab * a.hidden)
+    return n + a.hidden
+
+
+def param_count(arch: dict[str, Any], kind: str) -> int:
+    """Exact parameter count of the model transformers builds from ``arch`` (``causal_lm`` or
+    ``reward``: ...ForSequenceClassification with one output), instantiated on the meta device
+    (no memory, no download). Tied weights are counted once."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    a = dict(arch)
+    extra = {"num_labels": 1} if kind == "reward" else {}
+    conf = AutoConfig.for_model(a.pop("model_type"), **a, **extra)
+    cls = AutoModelForCausalLM if kind == "causal_lm" else AutoModelForSequenceClassification
+    with torch.device("meta"):
+        model = cls.from_config(conf)
+    return sum(p.numel() for p in model.parameters())  # parameters() yields a tied tensor once
+
+
+def zero_memory(n_params: int, stage: int, n_gpus: int) -> dict[str, float]:
+    """Bytes per GPU of the trained policy's model states under DeepSpeed with fp32 parameters
+    (bf16 only through torch autocast) and AdamW:
+
+    - ``weights``: the model's fp32 parameters, 4Φ (ZeRO-2, replicated) or 4Φ/N (ZeRO-3);
+    - ``grads``: fp32 gradient partition, 4Φ/N (both stages);
+    - ``optimizer``: AdamW's two fp32 moments 8Φ/N, plus under ZeRO-2 the optimizer's own fp32
+      copy of its parameter partition 4Φ/N (DeepSpeed clones it even when the model is fp32;
+      ZeRO-3 updates the fp32 partition in place).
+    """
+    shard = n_params / n_gpus
+    return {"weights": 4 * (n_params if stage == 2 else shard), "grads": 4 * shard,
+            "optimizer": (12 if stage == 2 else 8) * shard}
+
+
+def frozen_memory(n_params: int, stage: int, n_gpus: int, bytes_per_param: int = 2) -> float:
+    """A frozen bf16 model: replicated under ZeRO-2, sharded under ZeRO-3."""
+    return bytes_per_param * n_params / (1 if stage == 2 else n_gpus)
+
+
+def gathered_working_set(a: Arch, n_params: int, bytes_per_param: int) -> float:
+    """ZeRO-3: the full parameters gathered while a forward runs through them, taken as the
+    largest module (the embedding / LM head, V·h) plus two transformer layers (the current one and
+    the prefetched next)."""
+    layer = (n_params - a.vocab * a.hidden) / a.layers
+    return bytes_per_param * (a.vocab * a.hidden + 2 * layer)
+
+
+def kv_cache_bytes(a: Arch, batch: int, tokens: int, key_bytes: int = 4, value_bytes: int = 2) -> float:
+    """KV cache of ``generate``: per layer, per token, kv_heads·head_dim keys and values. Under
+    bf16 autocast with fp32 weights the values are bf16 but the keys are fp32 (RoPE multiplies the
+    bf16 projection by fp32 cos/sin), hence 4 + 2 bytes by default."""
+    return a.layers * batch * tokens * a.kv_dim * (key_bytes + value_bytes)
+
+
+def activation_bytes(a: Arch, rows: int, seq: int, weight_grads: bool) -> float:
+    """Tensors a forward saves for its backward (no recomputation, SDPA/flash attention so no
+    seq² term, no dropout), per token:
+
+    - trained policy (``weight_grads``; bf16 autocast over an fp32 residual stream), per layer
+      2·(2h + 3q + 2kv + 4I) bytes of bf16 (the inputs of the q/k/v and gate/up projections,
+      attention's q, k, v and output, the o_proj input, the SiLU input and output, up and the
+      down_proj input) + 16h (two RMSNorms each keep their fp32 input and output) + Qwen3's
+      q/k norms 8(q + kv); outside the layers 8h + 8·head_dim (final norm, fp32 RoPE tables);
+    - frozen reward model differentiated to its inputs only (bf16 weights that need no
+      gradient, so matmul inputs are not kept), per layer 8h + 2·(2q + 2kv + 3I) (+ Qwen3
+      4(q + kv)); outside the layers 4h + 4·head_dim.
+
+    h hidden, q = heads·head_dim, kv = kv_heads·head_dim, I intermediate. Checked against the
+    tensors torch saves for tiny models in tests/test_memory_plan.py."""
+    h, q, kv, i = a.hidden, a.q_dim, a.kv_dim, a.intermediate
+    if weight_grads:
+        layer = 2 * (2 * h + 3 * q + 2 * kv + 4 * i) + 16 * h + (8 * (q + kv) if a.qk_norm else 0)
+        outside = 8 * h + 8 * a.head_dim
+    else:
+        layer = 8 * h + 2 * (2 * q + 2 * kv + 3 * i) + (4 * (q + kv) if a.qk_norm else 0)
+        outside = 4 * h + 4 * a.head_dim
+    return rows * seq * (a.layers * layer + outside)
+
+
+def update_logits_bytes(rows: int, prompt: int, response: int, vocab: int) -> float:
+    """Logits of one update micro-batch: the bf16 LM-head output over all P+T positions
+    (2·m·(P+T)·V), then over the T response positions three fp32 (m, T, V) tensors at once: the
+    ``[:, P-1:-1]`` fp32 copy, its temperature-scaled copy (kept by the log-softmax for
+    backward) and, in backward, its gradient (3·4·m·T·V)."""
+    return 2 * rows * (prompt + response) * vocab + 3 * 4 * rows * response * vocab
+
+
+def entropy_pass_bytes(rows: int, response: int, vocab: int) -> float:
+    """The no-grad entropy of a micro-batch's fp32 logits: the logits, log_softmax, its exp and
+    their product, four fp32 (m, T, V) tensors."""
+    return 4 * 4 * rows * response * vocab
+
+
+def no_grad_pass_bytes(rows: int, prompt: int, response: int, vocab: int, hidden: int, intermediate: int) -> float:
+    """One no-grad policy pass of ``rows`` responses (old/reference log-probs, evaluation): the
+    bf16 logits over P+T positions, the fp32 (m, T, V) working set of the log-softmax and the
+    entropy (4 tensors), and one layer's transients (fp32 residual 4h, bf16 gate/up 2·2I)."""
+    return (2 * rows * (prompt + response) * vocab + entropy_pass_bytes(rows, response, vocab)
+            + rows * (prompt + response) * (4 * hidden + 4 * intermediate))
+
+
+def datc_chunk_bytes(chunk: int | None, vocab: int) -> float:
+    """DATC's closed forms per chunk of tokens: the gathered logits, π (then, in place, the
+    two weightings of ρ) and ρ = E g, three fp32 (chunk, V) tensors; ``chunk`` None: the rows
+    ``datc_math.chunk_rows`` sizes by memory."""
+    from datc.credit.datc_math import chunk_rows
+
+    return 3 * 4 * chunk_rows(chunk, vocab) * vocab
+
+
+def zero_buffers(stage: int, overlap_comm: bool, reduce_bucket: int = REDUCE_BUCKET, grad_bytes: int = 4) -> float:
+    """DeepSpeed's gradient-reduction buckets during backward: ZeRO-2 one contiguous bucket of
+    reduce_bucket_size elements (two with overlap_comm), ZeRO-3 one."""
+    n = (2 if overlap_comm else 1) if stage == 2 else 1
+    return n * reduce_bucket * grad_bytes
+
