@@ -18,7 +18,6 @@ import torch
 from datc.checkpoint import latest_checkpoint, load_checkpoint
 from datc.config import ConfigError
 from datc.models import load_pretrained
-from datc.paths import CONFIG_DIR
 from datc.trainer import train
 from tests.conftest import cfg_for
 
