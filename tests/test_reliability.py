@@ -319,6 +319,30 @@ def test_files_and_folders_follow_the_umask(tmp_path):
     assert stat.S_IMODE((tmp_path / "metrics.jsonl").stat().st_mode) == 0o664
 
 
+def test_files_written_by_libraries_follow_the_umask(tmp_path, tok):
+    # safetensors creates model.safetensors 0600 whatever the umask; every directory datc
+    # writes through atomic_dir (final/, datc-export, the cached policy and reward model)
+    # gives its files the user's umask like datc's own.
+    from datc.export import save_pretrained_dir
+    from datc.models import build_causal_lm
+    from tests.conftest import ARCHS
+
+    old = os.umask(0o022)
+    try:
+        out = save_pretrained_dir(build_causal_lm(ARCHS["gpt2"], tok, 0), tok, tmp_path / "final")
+        with atomic_dir(tmp_path / "lib") as d:
+            os.close(os.open(d / "secret", os.O_WRONLY | os.O_CREAT, 0o600))
+            os.mkdir(d / "sub", 0o700)
+            os.close(os.open(d / "sub" / "tool", os.O_WRONLY | os.O_CREAT, 0o700))
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
+    assert stat.S_IMODE((tmp_path / "lib" / "secret").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "lib" / "sub").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "lib" / "sub" / "tool").stat().st_mode) == 0o755
+
+
 READ_ONLY_AS_ROOT = """
 import builtins, errno, os, sys
 RO = sys.argv.pop(1)
