@@ -129,6 +129,7 @@ class TrainerConfig:
     device: str = "auto"
     progress: bool = True
     max_nonfinite_frac: float = 0.5
+    accept_changed_inputs: bool = False
 
 
 @dataclass

@@ -32,7 +32,7 @@ from datc.utils import atomic_write_json, atomic_write_text, config_hash
 # Settings that change how a run is executed or reported, not what it computes.
 NON_IDENTITY = {"run_dir", "run_name", "results_dir", "cache_dir", "logger"}
 # (skip_zero_advantage leaves out only work whose result the loss multiplies by A = 0)
-NON_IDENTITY_TRAINER = {"resume", "progress", "threads", "device", "skip_zero_advantage"}
+NON_IDENTITY_TRAINER = {"resume", "progress", "threads", "device", "skip_zero_advantage", "accept_changed_inputs"}
 LOCK_FILE = ".lock"
 IGNORED_FILES = {".hydra", "train.log", "wandb", LOCK_FILE}
 
@@ -268,7 +268,7 @@ class RunDir:
         name is free again for the corrected command. A resumable run is never touched."""
         if self.resumable:
             return
-        for name in ("run.json", "config.yaml", "metrics.jsonl"):
+        for name in ("run.json", "config.yaml", "metrics.jsonl", "inputs.json"):
             (self.path / name).unlink(missing_ok=True)
         for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
             (self.path / ".hydra" / name).unlink(missing_ok=True)

@@ -5,6 +5,7 @@ once by :func:`build_session` and read by every step."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,11 +68,13 @@ class Session:
                               cache_enabled=self.optim.autocast_cache)
 
 
-def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None = None) -> Session:
+def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None = None,
+                  on_assets: Callable[[Assets], None] | None = None) -> Session:
     """Prepare (or load from cache) the assets, load the models, build the optimizer (under
     DeepSpeed: the policy's engine, whose optimizer and schedule are the same AdamW and
     transformers scheduler) and decide the step plan. ``ops``: the step's seams (tests inject
-    a sampler, scorer, credit function or loss there)."""
+    a sampler, scorer, credit function or loss there). ``on_assets``: called on every rank with
+    the prepared assets before any model loads (the trainer checks a resumed run's inputs)."""
     t = c.trainer
     dist = dist or Dist()
     device = resolve_device(t.device)
@@ -83,6 +86,8 @@ def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None 
     assets = ensure_assets(c)
     if dist.is_main:
         dist.barrier()
+    if on_assets is not None:
+        on_assets(assets)
     m = load_models(c, assets, device, dist)
     m.policy.eval()  # dropout off: the loss must see the distribution that sampled (ratio = 1 on-policy)
     updates_per_step = t.epochs * (t.batch_size // t.mini_batch_size)

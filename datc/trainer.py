@@ -22,7 +22,7 @@ from datc.distributed import Dist
 from datc.distributed import init as init_distributed
 from datc.evaluation import evaluate
 from datc.export import save_final_policy
-from datc.lifecycle import NoLogger, finish, open_run, resolved_config, resume, save
+from datc.lifecycle import NoLogger, check_inputs, finish, open_run, resolved_config, resume, save
 from datc.logger import RunLogger
 from datc.numerics import NonFiniteReport
 from datc.rundir import release_run_locks
@@ -65,7 +65,7 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
         keep_freed_memory()
     quiet_libraries()
     try:
-        s = build_session(c, dist, ops)
+        s = build_session(c, dist, ops, on_assets=lambda assets: check_inputs(dist, c, run, assets))
     except BaseException:
         if dist.is_main:
             run.discard()

@@ -1,0 +1,133 @@
+"""A run's files changing under its feet: a model, tokenizer or data file replaced between a kill
+and the resume, ``config.yaml`` edited after the run, ``run.json`` deleted, garbage appended to
+a finished run's metrics. Each test fails on the code before these guards."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from datc.config import ConfigError
+from datc.fingerprint import changes, fingerprints
+from tests.conftest import cfg_for
+
+OVERRIDES = ("trainer.steps=4", "trainer.checkpoint_every=2", "trainer.eval_every=2")
+
+
+# ---- fingerprints ---------------------------------------------------------------------------------
+
+
+def test_fingerprints_see_content_not_times_for_small_files(tmp_path):
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text('{"a": 1}')
+    (d / "warm_start.json").write_text('{"seconds": 1}')  # a record of how it was made: not read
+    before = fingerprints({"policy": str(d), "reward": None, "data": "some/hub-dataset"})
+    assert set(before["inputs"]) == {"policy"}  # unset inputs and hub ids are left out
+    assert set(before["inputs"]["policy"]["files"]) == {"config.json"}
+    os.utime(d / "config.json", ns=(1, 1))  # a copy or a rebuilt cache entry: same bytes
+    (d / "warm_start.json").write_text('{"seconds": 2}')
+    assert changes(before, fingerprints({"policy": str(d)})) == []
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(d, moved)  # the same files reached by another path
+    assert changes(before, fingerprints({"policy": str(moved)})) == []
+    (d / "config.json").write_text('{"a": 2}')
+    assert changes(before, fingerprints({"policy": str(d)})) == [
+        f"policy: {d / 'config.json'} changed content (same size, another hash)"]
+    (d / "extra.bin").write_bytes(b"x")
+    assert f"policy: {d / 'extra.bin'} is new" in changes(before, fingerprints({"policy": str(d)}))
+
+
+def test_a_large_file_is_hashed_at_its_edges_and_its_time_counts(tmp_path, monkeypatch):
+    import datc.fingerprint as fp
+
+    monkeypatch.setattr(fp, "WHOLE_HASH_BYTES", 64)
+    monkeypatch.setattr(fp, "EDGE_BYTES", 16)
+    f = tmp_path / "weights.bin"
+    f.write_bytes(bytes(range(200)))
+    before = fingerprints({"reward": str(f)})
+    assert before["inputs"]["reward"]["files"]["weights.bin"]["hashed"] == "edges"
+    f.write_bytes(bytes(range(100)) + b"\xff" + bytes(range(101, 200)))  # the middle, same size
+    now = fingerprints({"reward": str(f)})
+    os.utime(f, ns=(before["inputs"]["reward"]["files"]["weights.bin"]["mtime_ns"] + 10**9,) * 2)
+    now = fingerprints({"reward": str(f)})
+    assert changes(before, now) == [f"reward: {f} was modified (its time changed; only its first and last 4 MiB are hashed)"]
+
+
+# ---- a resume after an input changed --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def own_cache(cache_dir, tmp_path_factory):
+    """A copy of the session's cache, so its files can be changed."""
+    from datc.trainer import train
+
+    train(cfg_for(cache_dir, tmp_path_factory.mktemp("warm") / "r", "trainer.steps=1"))  # fills cache_dir
+    out = tmp_path_factory.mktemp("own") / "cache"
+    shutil.copytree(cache_dir, out)
+    return out
+
+
+def _killed_after_step_2(cache, tmp_path):
+    """A 4-step run as a kill after its step-2 checkpoint leaves it."""
+    from datc.trainer import train
+
+    run = tmp_path / "run"
+    train(cfg_for(cache, run, *OVERRIDES))
+    for p in ("summary.json", "final", "checkpoints/step_0000004"):
+        shutil.rmtree(run / p) if (run / p).is_dir() else (run / p).unlink()
+    return run
+
+
+@pytest.mark.slow
+def test_a_resume_refuses_when_the_reward_model_or_the_data_changed(own_cache, tmp_path, capfd):
+    from safetensors.torch import load_file, save_file
+
+    from datc.trainer import train
+
+    cache = tmp_path / "cache"
+    shutil.copytree(own_cache, cache)
+    run = _killed_after_step_2(cache, tmp_path)
+    assert set(json.loads((run / "inputs.json").read_text())["inputs"]) == {"policy", "reward", "tokenizer", "data"}
+    rm_weights = next((cache / "reward").glob("*/model.safetensors"))
+    original = rm_weights.read_bytes()
+    state = load_file(rm_weights)
+    save_file({k: v + 0.01 for k, v in state.items()}, rm_weights, metadata={"format": "pt"})  # another reward model
+    with pytest.raises(ConfigError) as e:
+        train(cfg_for(cache, run, *OVERRIDES))
+    assert str(e.value).startswith(f"trainer.accept_changed_inputs: {run} was started with other inputs: reward: {rm_weights} ")
+    assert "trainer.accept_changed_inputs=true" in str(e.value)
+    assert not (run / "summary.json").exists()
+
+    rm_weights.write_bytes(original)  # restored: the same bytes resume (its time moved, its content did not)
+    data = next((cache / "data").glob("*/train.jsonl"))
+    lines = data.read_text().splitlines(keepends=True)
+    data.write_text("".join(lines[1:] + lines[:1]))  # the same prompts in another order
+    with pytest.raises(ConfigError, match=f"data: {data} changed content"):
+        train(cfg_for(cache, run, *OVERRIDES))
+
+    capfd.readouterr()
+    summary = train(cfg_for(cache, run, *OVERRIDES, "trainer.accept_changed_inputs=true"))  # deliberate
+    assert "resuming" in capfd.readouterr().err and summary["steps"] == 4
+    recorded = json.loads((run / "inputs.json").read_text())  # now the new inputs
+    assert changes(recorded, fingerprints({k: v["path"] for k, v in recorded["inputs"].items()})) == []
+
+
+@pytest.mark.slow
+def test_a_resume_with_unchanged_inputs_equals_an_uninterrupted_run(own_cache, tmp_path):
+    from datc.trainer import train
+    from tests.test_train_e2e import _comparable, _rows
+
+    cache = tmp_path / "cache"
+    shutil.copytree(own_cache, cache)
+    full = train(cfg_for(cache, tmp_path / "full", *OVERRIDES))
+    run = _killed_after_step_2(cache, tmp_path)
+    for p in Path(cache).rglob("*"):  # every file touched (as a copy or `cp -r` of the cache would)
+        if p.is_file():
+            os.utime(p)
+    assert train(cfg_for(cache, run, *OVERRIDES))["eval"]["final"] == full["eval"]["final"]
+    assert _comparable(_rows(run)) == _comparable(_rows(tmp_path / "full"))
