@@ -116,11 +116,13 @@ def export_checkpoint(run_dir: str | Path, step: int | None = None, out: str | P
     from datc.prepare import ensure_assets
     from datc.tokenizer import load_tokenizer
 
+    from datc.rundir import read_run_config
+
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").exists():
         raise ExportError(f"{run_dir}: not a datc run directory (no config.yaml)")
     ckpt = _checkpoint_dir(run_dir, step)
-    c = validate(OmegaConf.load(run_dir / "config.yaml"))
+    c = validate(OmegaConf.create(read_run_config(run_dir)))  # checked against run.json
     if c.policy.path is not None:  # a given model: no data or cache needed
         policy_path, tok_path = c.policy.path, c.policy.tokenizer or c.policy.path
     else:

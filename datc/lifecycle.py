@@ -56,6 +56,8 @@ def open_run(dist: Dist, path: str | Path, resolved: dict[str, Any], resume: str
         try:
             run = RunDir.open(path, resolved, resume)
             outcome = ("ok", run, run.read_summary())
+            if outcome[2] is not None:
+                run.check_finished_metrics()
         except ConfigError as e:
             dist.broadcast(("error", str(e), None))
             raise

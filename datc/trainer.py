@@ -26,6 +26,7 @@ from datc.lifecycle import NoLogger, check_inputs, finish, open_run, resolved_co
 from datc.logger import RunLogger
 from datc.numerics import NonFiniteReport
 from datc.rundir import release_run_locks
+from datc.runlock import note
 from datc.session import build_session
 from datc.signals import stop_if_requested, stop_requested, stop_signals
 from datc.step import train_step
@@ -57,6 +58,8 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
     t = c.trainer
     run, done = open_run(dist, run_dir or c.run_dir, resolved, t.resume)
     if done is not None:  # this run already finished: nothing to redo
+        if dist.is_main:
+            note(f"{run.path} already holds this run, finished: returning its summary (nothing retrained)")
         if dist.is_main and c.results_dir is not None:  # e.g. `make demo-results` after `make demo`
             atomic_write_json(Path(c.results_dir) / f"{c.run_name}.json", done)
         return done
@@ -78,6 +81,8 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
     start, elapsed = resume(s, run)
     if dist.is_main:
         log.info("step plan: %s", s.plan.describe())
+        if start > 0:
+            note(f"resumed {run.path} from its checkpoint of step {start} of {t.steps}")
     completions = None  # of the last step before an eval (W&B's table)
 
     def do_eval(step: int) -> None:

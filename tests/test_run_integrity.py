@@ -131,3 +131,81 @@ def test_a_resume_with_unchanged_inputs_equals_an_uninterrupted_run(own_cache, t
             os.utime(p)
     assert train(cfg_for(cache, run, *OVERRIDES))["eval"]["final"] == full["eval"]["final"]
     assert _comparable(_rows(run)) == _comparable(_rows(tmp_path / "full"))
+
+
+# ---- a finished run's files edited or deleted -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished(own_cache, tmp_path_factory):
+    from datc.trainer import train
+
+    run = tmp_path_factory.mktemp("finished") / "run"
+    return run, train(cfg_for(own_cache, run, *OVERRIDES))
+
+
+def _copy(finished, tmp_path):
+    run = tmp_path / "copy"
+    shutil.copytree(finished[0], run)
+    return run
+
+
+@pytest.mark.slow
+def test_an_edited_config_yaml_is_said_and_restored_and_export_refuses_it(own_cache, finished, tmp_path, capfd):
+    from datc.export import main as export_main
+    from datc.trainer import train
+
+    run = _copy(finished, tmp_path)
+    original = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(original.replace("steps: 4", "steps: 80", 1))
+    assert export_main([str(run), "--out", str(tmp_path / "x")]) == 2
+    err = capfd.readouterr().err
+    assert err.startswith(f"datc-export: {run / 'config.yaml'} was edited: it differs from run.json at trainer.steps, ")
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
+
+    summary = train(cfg_for(own_cache, run, *OVERRIDES))  # the same command again
+    err = capfd.readouterr().err
+    assert "was edited: it differs from run.json at trainer.steps; rewritten" in err
+    assert "already holds this run, finished" in err
+    assert summary == finished[1]
+    assert "steps: 80" not in (run / "config.yaml").read_text()  # this run's config again (run_dir: the copy's)
+    assert export_main([str(run), "--out", str(tmp_path / "x")]) == 0
+
+
+@pytest.mark.slow
+def test_a_deleted_run_json_is_rebuilt_from_this_runs_config_yaml(own_cache, finished, tmp_path, capfd):
+    from datc.trainer import train
+
+    run = _copy(finished, tmp_path)
+    identity = json.loads((run / "run.json").read_text())["identity"]
+    (run / "run.json").unlink()
+    with pytest.raises(ConfigError, match="has no run.json, and its config.yaml is another run's .it differs at trainer.lr"):
+        train(cfg_for(own_cache, run, *OVERRIDES, "trainer.lr=1e-3"))
+    assert not (run / "run.json").exists()
+    capfd.readouterr()
+    assert train(cfg_for(own_cache, run, *OVERRIDES)) == finished[1]
+    assert "run.json was missing; rebuilt from config.yaml" in capfd.readouterr().err
+    assert json.loads((run / "run.json").read_text())["identity"] == identity
+
+
+@pytest.mark.slow
+def test_garbage_in_a_finished_runs_metrics_is_said(own_cache, finished, tmp_path, capfd):
+    from datc.trainer import train
+
+    run = _copy(finished, tmp_path)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write("\x00\x00 garbage\n")
+    n = (run / "metrics.jsonl").read_text().count("\n")
+    capfd.readouterr()
+    assert train(cfg_for(own_cache, run, *OVERRIDES)) == finished[1]
+    assert f"metrics.jsonl: unreadable line(s) {n} in a finished run" in capfd.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_resumed_run_says_from_which_step(own_cache, tmp_path, capfd):
+    from datc.trainer import train
+
+    run = _killed_after_step_2(own_cache, tmp_path)
+    capfd.readouterr()
+    train(cfg_for(own_cache, run, *OVERRIDES))
+    assert f"datc: resumed {run} from its checkpoint of step 2 of 4" in capfd.readouterr().err
