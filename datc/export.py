@@ -114,9 +114,8 @@ def export_checkpoint(run_dir: str | Path, step: int | None = None, out: str | P
     from datc.config import validate
     from datc.models import load_pretrained
     from datc.prepare import ensure_assets
-    from datc.tokenizer import load_tokenizer
-
     from datc.rundir import read_run_config
+    from datc.tokenizer import load_tokenizer
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").exists():
