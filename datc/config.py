@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -315,6 +316,12 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
         raise ConfigError(f"data.task: {c.data.task!r} is not a testbed task; choose one of {', '.join(TASKS.names())} or null")
     if c.policy.path is None and not c.policy.arch:
         raise ConfigError("policy.arch: a testbed policy (policy.path=null) needs an architecture")
+    if c.data.path is not None and _looks_local(c.data.path) and not os.path.exists(c.data.path):
+        raise ConfigError(f"data.path: {c.data.path!r} does not exist (a local file or directory; a hub dataset is "
+                          "a name such as 'imdb' or 'owner/name')")
+    if c.policy.path is None and c.policy.gguf_file is None and c.data.task is None:
+        raise ConfigError("policy.path: the testbed policy (policy.path=null) is warm-started on a testbed task, and "
+                          "data.task is null; give a pretrained model (policy=pretrained policy.path=...) or a data.task")
     if c.reward.path is None and c.data.task is None:
         raise ConfigError("reward.path: a real dataset has no gold reward to train a testbed reward model on; set reward.path")
     from datc.rewards.rules import RULES
@@ -338,6 +345,11 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
     except (ValueError, TypeError, ImportError, RegistryError) as e:
         raise ConfigError(f"credit: {e}") from None
     return c
+
+
+def _looks_local(path: str) -> bool:
+    """Whether ``data.path`` names a local file or directory rather than a hub dataset."""
+    return path.startswith(("/", "./", "../", "~")) or path.endswith((".json", ".jsonl", ".csv", ".parquet", ".txt"))
 
 
 def hydra_error_line(e: Exception) -> str:

@@ -13,6 +13,8 @@ The resolver is registered when :mod:`datc` is imported, before any config is co
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -20,12 +22,16 @@ from omegaconf import DictConfig, OmegaConf
 CONFIG_ID_LEN = 6  # hex digits: 16.7 M values, plenty for the runs one project holds
 
 
+def config_hash(obj: Any, n: int = 10) -> str:
+    """A short stable hash of a JSON-serialisable object (cache keys, run identity)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:n]
+
+
 def config_id(root: DictConfig) -> str:
     """The hash of the identity of the config ``root`` (a composed config, with or without
     Hydra's node; raw or already merged into the schema: both give the same hash)."""
     from datc.config import TrainConfig
     from datc.rundir import NON_IDENTITY, identity
-    from datc.utils import config_hash
 
     # Only the identity fields are resolved (run_name and run_dir refer to this hash).
     keys = [k for k in root if k not in NON_IDENTITY and k != "hydra"]

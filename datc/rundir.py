@@ -20,7 +20,12 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from datc.atomic import (  # no torch: the run name's resolver imports this
+    atomic_write_json,
+    atomic_write_text,
+)
 from datc.config import ConfigError
+from datc.naming import config_hash
 from datc.runlock import (  # noqa: F401
     LOCK_FILE,
     RunBusyError,
@@ -30,7 +35,6 @@ from datc.runlock import (  # noqa: F401
     remove_stray,
     warn,
 )
-from datc.utils import atomic_write_json, atomic_write_text, config_hash
 
 # Settings that change how a run is executed or reported, not what it computes.
 NON_IDENTITY = {"run_dir", "run_name", "results_dir", "cache_dir", "logger"}

@@ -16,6 +16,9 @@ import sys
 import time
 from pathlib import Path
 
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
 from datc.config import ConfigError
 
 LOCK_FILE = ".lock"
@@ -140,3 +143,34 @@ def remove_stray(path: str | Path) -> None:
     with contextlib.suppress(OSError):
         (path / "train.log").unlink(missing_ok=True)
         path.rmdir()
+
+
+class NewDirs(Callback):
+    """Remembers the highest directory of ``hydra.run.dir`` that does not exist yet, before
+    Hydra creates it with its parents, so that a refused command removes all it created."""
+
+    top: Path | None = None
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        try:
+            d = Path(str(OmegaConf.select(config, "hydra.run.dir"))).absolute()
+        except Exception:  # a config that does not resolve: validation says why later
+            return
+        while not d.exists() and d != d.parent:
+            NewDirs.top, d = d, d.parent
+
+
+def remove_new_dirs(run_dir: str) -> None:
+    """A refused command leaves no directory behind: the run directory if it holds nothing of
+    a run, then the parents this command created, while they are empty."""
+    remove_stray(run_dir)
+    top = NewDirs.top
+    d = Path(run_dir).absolute().parent
+    while top is not None and top in (d, *d.parents) and not Path(run_dir).exists():
+        try:
+            d.rmdir()
+        except OSError:
+            return
+        if d == top:
+            return
+        d = d.parent

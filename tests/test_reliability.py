@@ -394,7 +394,7 @@ def test_a_read_only_run_directory(finished, tmp_path):
 @pytest.mark.parametrize("override,line", [
     ("credit=DATC", "datc-train: credit=DATC: no such option in credit/; choose one of datc, "),
     ("policy=tiny-gpt2", "datc-train: policy=tiny-gpt2: no such option in policy/; choose one of "),
-    ("trainer.step=10", "datc-train: trainer.step: not a config key; valid keys of trainer: adam_betas, "),
+    ("trainer.step=10", "datc-train: trainer.step: not a config key; valid keys of trainer: accept_changed_inputs, adam_betas, "),
 ])
 def test_hydra_errors_are_one_line_and_exit_2(tmp_path, override, line):
     r = subprocess.run(_cli(tmp_path / "cache", tmp_path / "r", override), capture_output=True, text=True, timeout=120)
@@ -493,3 +493,43 @@ def test_a_gguf_file_in_a_subfolder_is_a_model_and_a_tokenizer(tmp_path):
             check_model_path(str(tmp_path), "policy.path", what, gguf_file="pkg/other.gguf")
         with pytest.raises(ModelLoadError, match="holds no"):  # without gguf_file: no model files at its top
             check_model_path(str(tmp_path), "policy.path", what)
+
+
+# ---- bad data and what a refused command leaves -------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,overrides,line", [
+    ("latin1", ["data.eval_split=train"], "datc-train: data.path: '{path}' is not UTF-8 text (invalid continuation byte"),
+    ("missing", ["data.task=null"], "datc-train: data.path: '{path}' does not exist"),
+    ("ok", ["data.task=null", "reward.path=."], "datc-train: policy.path: the testbed policy (policy.path=null) is "
+     "warm-started on a testbed task, and data.task is null"),
+    ("ok", [], "datc-train: data.train_split / data.eval_split: split 'eval' is not in '{path}'; splits: ['train']; "
+     "a single file is one split: evaluate on it too with data.eval_split=train"),
+])
+def test_bad_data_files_are_one_line_and_leave_no_directories(cache_dir, tmp_path, name, overrides, line):
+    # Before: a bare UnicodeDecodeError traceback (exit 1) for a Latin-1 file, an AttributeError
+    # in the warm start for a real dataset with the testbed policy, reward.path named before a
+    # missing data file, no hint for a single file's eval split; and the new run directory's
+    # parents stayed behind.
+    data = tmp_path / f"{name}.jsonl"
+    if name == "latin1":
+        data.write_bytes(b'{"prompt": "caf\xe9 au lait"}\n{"prompt": "two words"}\n')
+    elif name == "ok":
+        data.write_text('{"prompt": "one two"}\n{"prompt": "three four"}\n')
+    run = tmp_path / "new" / "deeper" / "r"
+    r = subprocess.run(_cli(cache_dir, run, f"data.path={data}", *overrides), capture_output=True, text=True,
+                       timeout=300, cwd=REPO)
+    err = [ln for ln in r.stderr.splitlines() if "Setting accelerator to CPU" not in ln]
+    assert r.returncode == 2 and len(err) == 1 and err[0].startswith(line.format(path=data)), r.stderr
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_bad_value_is_said_before_torch_is_imported(tmp_path):
+    # Value errors took about 12 s: the run name's resolver and the entry point imported torch
+    # (and the trainer) before validating.
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "datc.train", f"run_dir={tmp_path / 'r'}",
+                        "trainer.lr=-1"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 2 and "datc-train: trainer.lr: must be > 0, got -1.0" in r.stderr
+    imported = {ln.split("|")[-1].strip() for ln in r.stderr.splitlines() if ln.startswith("import time:")}
+    assert "hydra" in imported and "torch" not in imported and "datc.trainer" not in imported
