@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -367,4 +368,10 @@ def hydra_error_line(e: Exception) -> str:
         hint = f"; valid keys{' of ' + parent if parent else ''}: {', '.join(valid)}" if valid else ""
         return f"{key}: not a config key{hint} (add one with +{key}=...)"
     lines = [ln.strip() for ln in str(e).split("Config search path")[0].splitlines() if ln.strip()]
-    return " ".join(lines) or type(e).__name__
+    line = " ".join(lines) or type(e).__name__
+    if "LexerNoViableAltException" in line or "mismatched input" in line or "extraneous input" in line:
+        found = re.search(r"([\w.+~]+)=", line)
+        key = found.group(1) if found else "key"
+        line += (f"; a value with spaces, quotes or non-ASCII characters must be quoted for Hydra, inside the shell's "
+                 f"quotes: '{key}=\"...\"' (with an apostrophe in the value: \"{key}=\\\"...\\\"\")")
+    return line

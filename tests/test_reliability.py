@@ -533,3 +533,13 @@ def test_a_bad_value_is_said_before_torch_is_imported(tmp_path):
     assert r.returncode == 2 and "datc-train: trainer.lr: must be > 0, got -1.0" in r.stderr
     imported = {ln.split("|")[-1].strip() for ln in r.stderr.splitlines() if ln.startswith("import time:")}
     assert "hydra" in imported and "torch" not in imported and "datc.trainer" not in imported
+
+
+def test_an_unquoted_path_with_an_apostrophe_says_how_to_quote_it(tmp_path):
+    r = subprocess.run(_cli(tmp_path / "cache", "x") [:4] + [f"run_dir={tmp_path}/café's run"], capture_output=True,
+                       text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "must be quoted for Hydra, inside the shell's quotes: 'run_dir=\"...\"'" in r.stderr
+    ok = subprocess.run(_cli(tmp_path / "cache", "x")[:4] + [f'run_dir="{tmp_path}/café\'s run"', "trainer.lr=-1"],
+                        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert ok.returncode == 2 and "trainer.lr: must be > 0" in ok.stderr, ok.stderr  # quoted: it parses
