@@ -47,6 +47,7 @@ def save_pretrained_dir(model, tok, out: str | Path, state_dict: dict[str, torch
     out = Path(out)
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp, state_dict=state_dict)
+        tok.init_kwargs["padding_side"] = tok.padding_side  # saved, so every loader pads as the policy did (left)
         tok.save_pretrained(tmp)
     return out
 
