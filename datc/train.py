@@ -41,6 +41,7 @@ def _run(cfg: DictConfig) -> float | None:
         print(f"datc-train: {e}", file=sys.stderr)
         sys.exit(2)
     except Interrupted as e:
+        remove_new_dirs(run_dir)  # stopped in the set-up of a fresh run: nothing of it stays
         print(f"datc-train: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
     except OSError as e:

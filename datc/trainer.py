@@ -110,8 +110,11 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
         stopping = stop_requested(dist)
         if step % t.checkpoint_every == 0 or step == t.steps or stopping:
             save(s, run, step, elapsed)
-        bar.set_postfix({k.split("/")[1]: f"{metrics[k]:.3f}" for k in ("reward/gold", "reward/rm_score", "loss/kl")
-                         if k in metrics})
+        shown = {k.split("/")[1]: f"{metrics[k]:.3f}" for k in ("reward/gold", "reward/rm_score", "loss/kl") if k in metrics}
+        bar.set_postfix(shown)
+        if dist.is_main and not t.progress:  # no bar: one log line per step (train.log and stderr)
+            log.info("step %d/%d: %s, %.2fs", step, t.steps, ", ".join(f"{k} {v}" for k, v in shown.items()),
+                     metrics["perf/step_s"])
         stop_if_requested(stopping and step < t.steps, step)  # the last step finishes the run instead
 
     save_final_policy(s.optim.module, s.m.tok, run.path / "final", dist)  # a Hugging Face checkpoint

@@ -543,3 +543,26 @@ def test_an_unquoted_path_with_an_apostrophe_says_how_to_quote_it(tmp_path):
     ok = subprocess.run(_cli(tmp_path / "cache", "x")[:4] + [f'run_dir="{tmp_path}/café\'s run"', "trainer.lr=-1"],
                         capture_output=True, text=True, timeout=120, cwd=REPO)
     assert ok.returncode == 2 and "trainer.lr: must be > 0" in ok.stderr, ok.stderr  # quoted: it parses
+
+
+@pytest.mark.slow
+def test_sigterm_in_the_prepare_step_stops_within_seconds_keeping_the_cache(tmp_path):
+    # Before: "stopping after the current step", then minutes more of reward-model training, so
+    # a scheduler's SIGKILL after its grace period lost the whole prepare step.
+    cache, run = tmp_path / "cache", tmp_path / "r"
+    cmd = _cli(cache, run, "reward.train.steps=100000", "policy.warm_start.steps=5")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    deadline = time.time() + 300
+    while not list((cache / "policy").glob("*/config.json")):  # the warm start is cached: the reward model trains
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else "timed out"
+        time.sleep(0.05)
+    time.sleep(1.0)
+    t0 = time.time()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert time.time() - t0 < 60, "the prepare step went on after SIGTERM"
+    assert "stopped by SIGTERM in the prepare step (reward-model" in err and "Traceback" not in err, err
+    assert list((cache / "policy").glob("*/config.json"))  # the finished part stays cached
+    assert not (cache / "reward").exists() or not list((cache / "reward").iterdir())  # no half-trained entry
+    assert not run.exists() or {p.name for p in run.iterdir()} <= {"train.log", ".lock"}  # its log, no run files

@@ -202,10 +202,15 @@ def test_garbage_in_a_finished_runs_metrics_is_said(own_cache, finished, tmp_pat
 
 
 @pytest.mark.slow
-def test_a_resumed_run_says_from_which_step(own_cache, tmp_path, capfd):
+def test_a_resumed_run_says_from_which_step_and_logs_each_step_without_a_bar(own_cache, tmp_path, capfd, caplog):
+    import logging
+
     from datc.trainer import train
 
     run = _killed_after_step_2(own_cache, tmp_path)
     capfd.readouterr()
-    train(cfg_for(own_cache, run, *OVERRIDES))
+    with caplog.at_level(logging.INFO, logger="datc.trainer"):
+        train(cfg_for(own_cache, run, *OVERRIDES))  # debug=fast: trainer.progress=false
     assert f"datc: resumed {run} from its checkpoint of step 2 of 4" in capfd.readouterr().err
+    steps = [r.getMessage().split(":")[0] for r in caplog.records if r.getMessage().startswith("step ") and "/" in r.getMessage()]
+    assert steps == ["step 3/4", "step 4/4"]
