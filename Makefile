@@ -38,7 +38,8 @@ $(VENV)/.installed-bench: pyproject.toml $(CONSTRAINTS) | $(VENV)/.installed
 demo: venv  ## the default experiment: GRPO on the dense task with a tiny GPT-2 (prepare step included) -> runs/
 	$(BIN)/datc-train experiment=demo
 
-demo-results: venv  ## the demo, its summary also written to results/demo/ (refreshes the committed figure)
+demo-results: venv  ## the demo, its summary also written to results/demo/ (replaces the committed figure)
+	rm -f results/demo/*.json  # one summary there: a new run name (the numerics changed) replaces the old file
 	$(BIN)/datc-train experiment=demo results_dir=results/demo
 
 test: venv  ## the test suite, slow end-to-end tests included

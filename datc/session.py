@@ -91,6 +91,11 @@ def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None 
     m = load_models(c, assets, device, dist)
     m.policy.eval()  # dropout off: the loss must see the distribution that sampled (ratio = 1 on-policy)
     updates_per_step = t.epochs * (t.batch_size // t.mini_batch_size)
+    if t.warmup_steps > 0 and "warmup" in t.lr_scheduler and t.steps * updates_per_step == 1 and dist.is_main:
+        from datc.runlock import warn
+
+        warn(f"trainer.steps={t.steps}: a warm-up's first optimizer update has learning rate 0, so this run's only "
+             "update changes nothing; use trainer.warmup_steps=0 or more steps")
 
     def make_scheduler(opt):
         return get_scheduler(t.lr_scheduler, opt, num_warmup_steps=t.warmup_steps * updates_per_step,

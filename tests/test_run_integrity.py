@@ -214,3 +214,18 @@ def test_a_resumed_run_says_from_which_step_and_logs_each_step_without_a_bar(own
     assert f"datc: resumed {run} from its checkpoint of step 2 of 4" in capfd.readouterr().err
     steps = [r.getMessage().split(":")[0] for r in caplog.records if r.getMessage().startswith("step ") and "/" in r.getMessage()]
     assert steps == ["step 3/4", "step 4/4"]
+
+
+@pytest.mark.slow
+def test_the_logged_learning_rate_is_the_one_the_step_used(own_cache, tmp_path, capfd):
+    # debug=fast: one optimizer update per step. constant_with_warmup over 4 updates: step 1 uses
+    # lr * 0/4 = 0, step 2 lr * 1/4 (the log showed the next step's, which hid the zero).
+    from datc.trainer import train
+    from tests.test_train_e2e import _rows
+
+    train(cfg_for(own_cache, tmp_path / "r", "trainer.steps=2", "trainer.warmup_steps=4", "trainer.lr=0.01"))
+    lrs = [r["loss/lr"] for r in _rows(tmp_path / "r") if "loss/lr" in r]
+    assert lrs == [0.0, pytest.approx(0.0025)]
+    capfd.readouterr()
+    train(cfg_for(own_cache, tmp_path / "one", "trainer.steps=1", "trainer.warmup_steps=4"))
+    assert "trainer.steps=1: a warm-up's first optimizer update has learning rate 0" in capfd.readouterr().err

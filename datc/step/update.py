@@ -35,6 +35,7 @@ def update(s, ro: Rollout, mask: Tensor, token_adv: Tensor, old_logps: Tensor | 
     micro_size = min(t.micro_batch_size, mini)
     sums = dict.fromkeys(("kl", "clip_frac", "ratio", "entropy", "total", "grad_norm", "skipped_steps"), 0.0)
     n_tok_total, n_updates = 0.0, 0
+    lr = opt.lr  # the rate of this step's first update (read after the updates, it was the next step's)
     for _ in range(t.epochs):
         order = torch.randperm(B) if mini < B else torch.arange(B)
         for mb in order.split(mini):
@@ -87,6 +88,6 @@ def update(s, ro: Rollout, mask: Tensor, token_adv: Tensor, old_logps: Tensor | 
         "ratio": sums["ratio"] / n_tok,
         "grad_norm": sums["grad_norm"] / n_updates,
         "skipped_steps": sums["skipped_steps"],
-        "lr": opt.lr,
+        "lr": lr,
         "entropy": sums["entropy"] / max(n_resp_tok * t.epochs, 1.0),
     }
