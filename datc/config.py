@@ -151,6 +151,7 @@ class DeepSpeedConfig:
     offload_param: str = "none"
     optimizer_impl: str = "auto"
     overlap_comm: bool = False
+    gather_for_generation: str = "auto"
     config: dict[str, Any] = field(default_factory=dict)
 
 
@@ -190,6 +191,7 @@ CHOICES = {
     "deepspeed.offload_optimizer": ("none", "cpu"),
     "deepspeed.offload_param": ("none", "cpu"),
     "deepspeed.optimizer_impl": ("auto", "torch", "deepspeed"),
+    "deepspeed.gather_for_generation": ("auto", "gather", "synced"),
 }
 
 POSITIVE = [

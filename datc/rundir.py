@@ -36,6 +36,8 @@ NON_IDENTITY_TRAINER = {"resume", "progress", "threads", "device", "skip_zero_ad
 # Later switches whose default (None) is the behaviour from before they existed: part of the
 # identity only when set, so adding them renamed no existing run.
 IDENTITY_WHEN_SET_TRAINER = {"lm_head_chunk"}
+# How ZeRO-3 gathers the policy's parameters for sampling: the same samples either way.
+NON_IDENTITY_DEEPSPEED = {"gather_for_generation"}
 LOCK_FILE = ".lock"
 IGNORED_FILES = {".hydra", "train.log", "wandb", LOCK_FILE}
 
@@ -173,6 +175,8 @@ def identity(cfg: dict[str, Any]) -> dict[str, Any]:
     ident = {k: v for k, v in cfg.items() if k not in NON_IDENTITY}
     ident["trainer"] = {k: v for k, v in ident["trainer"].items()
                         if k not in NON_IDENTITY_TRAINER and not (k in IDENTITY_WHEN_SET_TRAINER and v is None)}
+    if isinstance(ident.get("deepspeed"), dict):
+        ident["deepspeed"] = {k: v for k, v in ident["deepspeed"].items() if k not in NON_IDENTITY_DEEPSPEED}
     return ident
 
 
