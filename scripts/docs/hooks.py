@@ -3,7 +3,8 @@ the site at build time, so nothing generated is committed and nothing can drift.
 
 - ``reference/config.md``: the configuration reference (:func:`reference.config_reference_md`);
 - ``schemes/<label>.md``: one page per credit label, and the table in ``schemes/index.md``
-  (the ``{{ schemes_table }}`` marker);
+  (the ``{{ schemes_table }}`` marker), and the config groups' table
+  (``{{ config_groups }}``, in ``configuration.md``);
 - ``api/<module>.md``: each pure module's API, rendered by mkdocstrings from its docstrings;
 - ``results/...``: the committed results, served from the repository's own folder, so the pages
   link to the files that hold each figure.
@@ -20,7 +21,10 @@ from mkdocs.structure.pages import Page
 
 from scripts.docs import reference
 
-SCHEMES_MARKER = "{{ schemes_table }}"
+MARKERS = {  # a marker in a hand-written page -> the generated Markdown that replaces it
+    "{{ schemes_table }}": reference.schemes_table_md,
+    "{{ config_groups }}": reference.config_groups_md,
+}
 
 
 def on_files(files: Files, config) -> Files:
@@ -42,8 +46,9 @@ def on_files(files: Files, config) -> Files:
 
 
 def on_page_markdown(markdown: str, page: Page, config, files: Files) -> str:
-    if SCHEMES_MARKER in markdown:
-        markdown = markdown.replace(SCHEMES_MARKER, reference.schemes_table_md())
+    for marker, make in MARKERS.items():
+        if marker in markdown:
+            markdown = markdown.replace(marker, make())
     return markdown
 
 

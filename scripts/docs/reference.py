@@ -93,6 +93,19 @@ def default_options() -> dict[str, str]:
     return {k: v for d in defaults if isinstance(d, dict) for k, v in d.items() if v is not None}
 
 
+def config_groups_md() -> str:
+    """The config groups, their options (the files of ``configs/<group>/``) and what each sets
+    (the comment on its line of ``configs/train.yaml``'s defaults list)."""
+    said = dict(re.findall(r"^\s*- (\w+): [^#\n]*#\s*(.*)$", (CONFIGS / "train.yaml").read_text(), flags=re.M))
+    defaults = default_options()
+    lines = ["| group | options | default | what it sets |", "|---|---|---|---|"]
+    for group in sorted(p.name for p in CONFIGS.iterdir() if p.is_dir() and p.name != "hydra"):
+        options = sorted(p.relative_to(CONFIGS / group).with_suffix("").as_posix() for p in (CONFIGS / group).rglob("*.yaml"))
+        lines.append(f"| `{group}/` | {', '.join(f'`{o}`' for o in options)} | `{defaults.get(group, 'null')}` | "
+                     f"{_cell(said.get(group, ''))} |")
+    return "\n".join(lines)
+
+
 def _comment_sources() -> list[tuple[int, str, str, str]]:
     """(rank, file, dotted field, comment) for every commented key of ``configs/``; a lower rank
     speaks first (the group's default option 0, its other options 1, deltas 2)."""
@@ -379,13 +392,18 @@ def _test_functions() -> list[tuple[str, str, str]]:
     return out
 
 
-def scheme_tests(label: str, key: str | None) -> list[str]:
-    """Tests that pin a scheme: every test of ``tests/credit/test_<scheme>.py``, and any test
-    whose body names the label as a string or a ``credit=`` override."""
-    names = {label} | ({key} if key else set())
-    own = {f"tests/credit/test_{n}.py" for n in names}
-    pattern = re.compile(r"""(["'](?:credit=)?|credit=)(%s)["'\s,)]""" % "|".join(map(re.escape, sorted(names))))
-    return [f"{file}::{name}" for file, name, src in _test_functions() if file in own or pattern.search(src)]
+def scheme_tests(label: str) -> tuple[list[str], list[str]]:
+    """Tests that pin a scheme: (those of its own file ``tests/credit/test_<label>.py``, the
+    others whose body names the label as a string or a ``credit=`` override)."""
+    own_file = f"tests/credit/test_{label}.py"
+    pattern = re.compile(r"""(["']|credit=)%s["'\s,)\]]""" % re.escape(label))
+    own, other = [], []
+    for file, name, src in _test_functions():
+        if file == own_file:
+            own.append(f"{file}::{name}")
+        elif pattern.search(src):
+            other.append(f"{file}::{name}")
+    return own, other
 
 
 def scheme_results(label: str) -> list[str]:
@@ -421,8 +439,13 @@ def scheme_page_md(s: SchemeInfo) -> str:
         f"- **code**: `{sch.fn.__module__}`" + (f", config `{s.config_file}`" if s.config_file else ""),
         "", "## Tests that pin it", "",
     ]
-    tests = scheme_tests(s.label, s.key)
-    lines += [f"- `{t}`" for t in tests] or ["None name it directly."]
+    own, other = scheme_tests(s.label)
+    if own:
+        lines += [f"Its own tests, `tests/credit/test_{s.label}.py`:", ""] + [f"- `{t.split('::')[1]}`" for t in own] + [""]
+    if other:
+        lines += [f'??? note "{len(other)} other tests name `{s.label}`"', ""] + [f"    - `{t}`" for t in other] + [""]
+    if not own and not other:
+        lines.append("None name it directly.")
     lines += ["", "## Results", ""]
     results = scheme_results(s.label)
     lines += [f"- [`results/{r}`](../results/{r})" for r in results] or ["No committed results name it yet."]
