@@ -68,6 +68,8 @@ def documented_metrics() -> list[str]:
 
 
 def _matches(key: str, documented: list[str]) -> bool:
+    if "<" in key:  # a template from an f-string: the page must show the same template
+        return any(re.sub(r"<[^>]*>", "<>", d) == key for d in documented)
     return any(re.fullmatch(re.sub(r"<[a-z_]+>", "[a-z0-9_]+", re.escape(d).replace(r"\<", "<").replace(r"\>", ">")), key)
                for d in documented)
 
@@ -77,9 +79,16 @@ def literal_metric_keys() -> set[str]:
     ``credit/`` keys the diagnostics build from their key lists."""
     keys = set()
     for path in (ROOT / "datc").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.fullmatch(METRIC, node.value):
+        tree = ast.parse(path.read_text())
+        parts = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in parts \
+                    and re.fullmatch(METRIC, node.value):
                 keys.add(node.value)
+            elif isinstance(node, ast.JoinedStr):  # f"reward/rule_{name}" -> "reward/rule_<>"
+                key = "".join(v.value if isinstance(v, ast.Constant) else "<>" for v in node.values)
+                if re.fullmatch(METRIC, key) and not re.fullmatch(r"[a-z]+/<>", key):  # f"loss/{k}": the run test's
+                    keys.add(key)
     from datc.credit.diagnostics import SCORE_KEYS, WEIGHT_KEYS
 
     return keys | {f"credit/{k}" for k in WEIGHT_KEYS + SCORE_KEYS}
@@ -93,7 +102,7 @@ def test_every_literal_metric_key_has_an_entry():
 
 
 def test_the_metric_pattern_matcher():
-    assert _matches("reward/rule_length", ["reward/rule_<name>"])
+    assert _matches("reward/rule_length", ["reward/rule_<name>"]) and _matches("reward/rule_<>", ["reward/rule_<name>"])
     assert not _matches("reward/rules", ["reward/rule_<name>"]) and not _matches("loss/kl2", ["loss/kl"])
 
 

@@ -396,7 +396,7 @@ def scheme_tests(label: str) -> tuple[list[str], list[str]]:
     """Tests that pin a scheme: (those of its own file ``tests/credit/test_<label>.py``, the
     others whose body names the label as a string or a ``credit=`` override)."""
     own_file = f"tests/credit/test_{label}.py"
-    pattern = re.compile(r"""(["']|credit=)%s["'\s,)\]]""" % re.escape(label))
+    pattern = re.compile(r"""(["']|credit=)""" + re.escape(label) + r"""["'\s,)\]]""")
     own, other = [], []
     for file, name, src in _test_functions():
         if file == own_file:
@@ -409,7 +409,7 @@ def scheme_tests(label: str) -> tuple[list[str], list[str]]:
 def scheme_results(label: str) -> list[str]:
     """Results files (Markdown, relative to ``results/``) whose text names the label in backticks
     or as a table cell."""
-    pattern = re.compile(r"(`%s`|\|\s*%s\s*\|)" % (re.escape(label), re.escape(label)))
+    pattern = re.compile(rf"(`{re.escape(label)}`|\|\s*{re.escape(label)}\s*\|)")
     return [str(p.relative_to(RESULTS)) for p in sorted(RESULTS.rglob("*.md")) if pattern.search(p.read_text())]
 
 
