@@ -106,6 +106,7 @@ class TrainerConfig:
     skip_zero_advantage: bool = True
     share_prompts: bool = True
     share_trunk: bool = True
+    lm_head_chunk: int | None = None
     lr: float = 5e-4
     weight_decay: float = 0.0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -286,6 +287,9 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
         )
     if t.batch_size % t.mini_batch_size:
         raise ConfigError(f"trainer.mini_batch_size: {t.mini_batch_size} must divide trainer.batch_size={t.batch_size}")
+    if t.lm_head_chunk is not None and t.lm_head_chunk <= 0:
+        raise ConfigError(f"trainer.lm_head_chunk: {t.lm_head_chunk} must be a positive number of response positions, "
+                          "or null (the whole logits at once)")
     if t.mini_batch_size % t.micro_batch_size:
         raise ConfigError(
             f"trainer.micro_batch_size: {t.micro_batch_size} must divide trainer.mini_batch_size={t.mini_batch_size}"

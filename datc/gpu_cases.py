@@ -279,16 +279,34 @@ def case_synced(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
 
 
 def case_fused_adam(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
-    """JIT-compile and load DeepSpeed's FusedAdam (CUDA only)."""
+    """JIT-compile and load DeepSpeed's FusedAdam (CUDA only), as ``optimizer_impl=auto`` does
+    (:func:`datc.distributed.use_torch_adam`: the arch list sanitized first, torch's AdamW if the
+    build still fails); reports the arch list before and after and which AdamW a run would get."""
+    import os
+
     import torch
+
+    from datc.distributed import use_torch_adam
 
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device: FusedAdam is a CUDA kernel")
     from deepspeed.ops.op_builder import FusedAdamBuilder
 
+    before = os.environ.get("TORCH_CUDA_ARCH_LIST")
     t0 = time.perf_counter()
-    FusedAdamBuilder().load()
-    return {"seconds": time.perf_counter() - t0}
+    errors: list[str] = []
+
+    def build():
+        try:
+            FusedAdamBuilder().load()
+        except Exception as e:
+            errors.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            raise
+
+    torch_adam = use_torch_adam("auto", torch.device("cuda"), build)
+    return {"seconds": time.perf_counter() - t0, "arch_list_before": before,
+            "arch_list_after": os.environ.get("TORCH_CUDA_ARCH_LIST"), "fused_adam_built": not torch_adam,
+            "adamw": "torch (fallback)" if torch_adam else "DeepSpeed FusedAdam", "error": errors[0] if errors else None}
 
 
 def case_fail(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:

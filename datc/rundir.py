@@ -33,6 +33,9 @@ from datc.utils import atomic_write_json, atomic_write_text, config_hash
 NON_IDENTITY = {"run_dir", "run_name", "results_dir", "cache_dir", "logger"}
 # (skip_zero_advantage leaves out only work whose result the loss multiplies by A = 0)
 NON_IDENTITY_TRAINER = {"resume", "progress", "threads", "device", "skip_zero_advantage"}
+# Later switches whose default (None) is the behaviour from before they existed: part of the
+# identity only when set, so adding them renamed no existing run.
+IDENTITY_WHEN_SET_TRAINER = {"lm_head_chunk"}
 LOCK_FILE = ".lock"
 IGNORED_FILES = {".hydra", "train.log", "wandb", LOCK_FILE}
 
@@ -168,7 +171,8 @@ def _write_hydra_files(path: Path, cfg: dict[str, Any]) -> None:
 
 def identity(cfg: dict[str, Any]) -> dict[str, Any]:
     ident = {k: v for k, v in cfg.items() if k not in NON_IDENTITY}
-    ident["trainer"] = {k: v for k, v in ident["trainer"].items() if k not in NON_IDENTITY_TRAINER}
+    ident["trainer"] = {k: v for k, v in ident["trainer"].items()
+                        if k not in NON_IDENTITY_TRAINER and not (k in IDENTITY_WHEN_SET_TRAINER and v is None)}
     return ident
 
 

@@ -32,6 +32,7 @@ class StepPlan:
     share_prompts: bool  # forwards compute each distinct prompt once (datc.shared_prompt)
     synced_gpus: bool  # sampling keeps every rank forwarding (ZeRO-3 with several ranks)
     keep_completions: bool  # the step before an eval keeps its completions (for the W&B table)
+    head_chunk: int | None  # the update's LM head this many positions at a time (no (rows, T, V) logits); None: whole
     passes: Passes  # the policy-side passes with (temperature, micro-batch, shared prompts) bound
 
     def given(self, has_logits: bool) -> StepPlan:
@@ -63,8 +64,9 @@ class StepPlan:
 
 
 def build_plan(t, scheme, vocab_size: int, *, with_ref: bool, trunk: int, share_prompts: bool, synced_gpus: bool,
-               keep_completions: bool = False) -> StepPlan:
-    """The plan for trainer settings ``t`` (``c.trainer``), a credit scheme and the placed models."""
+               keep_completions: bool = False, head_chunk: int | None = None) -> StepPlan:
+    """The plan for trainer settings ``t`` (``c.trainer``), a credit scheme and the placed models
+    (``head_chunk``: ``trainer.lm_head_chunk`` where the policy allows it, :func:`head_chunk_for`)."""
     needs = scheme.needs
     pp = pass_plan(t, needs, vocab_size)
     chunked = scheme.row_local and POLICY_LOGITS in needs
@@ -77,7 +79,25 @@ def build_plan(t, scheme, vocab_size: int, *, with_ref: bool, trunk: int, share_
         # On-policy the update's forward is the rollout policy's, and rollout/entropy comes from it.
         credit_entropy=ENTROPY in needs or not pp.on_policy,
         with_ref=with_ref, trunk=trunk, share_prompts=share_prompts, synced_gpus=synced_gpus,
-        keep_completions=keep_completions,
+        keep_completions=keep_completions, head_chunk=head_chunk,
         passes=Passes(t.temperature, t.micro_batch_size, share_prompts),
         _chunked=chunked,
     )
+
+
+# Families whose logits are exactly ``lm_head(last hidden state)`` (no soft-capping or scale)
+HEAD_CHUNK_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
+
+
+def head_chunk_for(chunk: int | None, policy) -> tuple[int | None, str | None]:
+    """``trainer.lm_head_chunk`` for this policy: (chunk, None), or (None, why) where the update
+    cannot apply the LM head itself: a family outside :data:`HEAD_CHUNK_MODEL_TYPES`, or
+    parameters partitioned by ZeRO-3 (the head's weight is gathered by the model's own forward)."""
+    if chunk is None:
+        return None, None
+    model_type = getattr(getattr(policy, "config", None), "model_type", None)
+    if model_type not in HEAD_CHUNK_MODEL_TYPES:
+        return None, f"model type {model_type!r} is not one whose logits are lm_head(hidden): {HEAD_CHUNK_MODEL_TYPES}"
+    if any(hasattr(p, "ds_id") for p in policy.parameters()):
+        return None, "the policy's parameters are ZeRO-3 partitioned"
+    return chunk, None
