@@ -345,7 +345,14 @@ def test_every_figure_in_the_readme_links_to_the_results_file_that_holds_it():
         for fig in figures:
             assert _held_by(fig, files), f"{fig} is not in {[str(link.relative_to(ROOT)) for link in links]}: {para[:200]}"
             checked += 1
-    assert checked >= 3
+
+
+def test_the_figure_check_finds_an_unlinked_or_wrong_figure(tmp_path):
+    held = tmp_path / "r.json"
+    held.write_text('{"gold": 0.4542236328125, "ratio": 1.127}')
+    assert _held_by("0.454", [held]) and _held_by("1.13", [held]) and not _held_by("0.46", [held])
+    paras = _paragraphs("Gold rose to 0.454 ([r](results/r.json)).\n\n- a bullet with 2.5 and no link\n")
+    assert len(paras) == 2 and FIGURE.findall(paras[1]) == ["2.5"]
 
 
 def test_the_readme_is_short_and_has_no_commit_stamps():
