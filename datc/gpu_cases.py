@@ -8,6 +8,7 @@ inside a case); :func:`set_environment` is called by the script before torch is 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -241,8 +242,11 @@ def case_train(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
 
 
 def case_synced(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
-    """Sampling with ``synced_gpus=True`` from a ZeRO-3 engine of the policy, bf16 autocast, one
-    process: the path ranks of a multi-GPU ZeRO-3 run take (each forward joins the gathers)."""
+    """Sampling from a ZeRO-3 engine of the policy, bf16 autocast, one process: with
+    ``synced_gpus=True`` and ZeRO's per-module gathers (the path ranks of a multi-GPU ZeRO-3 run
+    take with ``deepspeed.gather_for_generation=synced``: each forward joins the gathers), or,
+    with ``spec["gather"]``, from the training engine with its parameters gathered once for the
+    call (:meth:`datc.optim.DeepSpeedOptimizer.generation`, the ``gather`` path)."""
     import deepspeed
     import torch
 
@@ -261,18 +265,30 @@ def case_synced(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
         dtype = resolve_dtype(c.policy.dtype, device)
         tok = load_tokenizer(c.policy.path)
         policy = load_pretrained("causal_lm", c.policy.path, "policy.path").to(device)  # fp32, as the trainer
-        engine, *_ = deepspeed.initialize(model=policy, config=inference_config(c, dist.world_size))
+        gather = bool(spec.get("gather"))
+        if gather:  # the trainer's engine (an optimizer: its hooks are what the gather removes)
+            from datc.distributed import deepspeed_config
+            from datc.optim import DeepSpeedOptimizer
+
+            engine, *_ = deepspeed.initialize(model=policy, model_parameters=policy.parameters(),
+                                              config=deepspeed_config(c, dist.world_size, device))
+            context = DeepSpeedOptimizer(engine, None, dist).generation(True)
+        else:
+            engine, *_ = deepspeed.initialize(model=policy, config=inference_config(c, dist.world_size))
+            context = contextlib.nullcontext()
         rows = [json.loads(x) for x in (Path(c.data.path) / "train.jsonl").read_text().splitlines()][: spec["prompts"]]
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
             _sync(device)
             t0 = time.perf_counter()
-            ro = sample_groups(engine.module, tok, rows, c.trainer.num_generations, c.trainer.max_new_tokens,
-                               synced_gpus=True, encoder=prompt_encoder(c, tok))
+            with context:
+                ro = sample_groups(engine.module, tok, rows, c.trainer.num_generations, c.trainer.max_new_tokens,
+                                   synced_gpus=not gather, encoder=prompt_encoder(c, tok))
             _sync(device)
             seconds = time.perf_counter() - t0
         n = int(ro.response_mask.sum())
         partitioned = all(hasattr(p, "ds_id") for p in engine.module.parameters())
         return {"responses": int(ro.response_ids.shape[0]), "tokens": n, "seconds": seconds, "tokens_per_s": n / seconds,
+                "generation": "gathered once" if gather else "synced per-module gathers",
                 "autocast_dtype": str(dtype).replace("torch.", ""), "zero3_partitioned": partitioned, **_cuda_memory()}
     finally:
         dist.close()

@@ -16,7 +16,8 @@ Cases, most important first (a global deadline skips what does not fit, and says
 - ``train/<family>/<credit>/<stage>``: a few training steps, ``credit`` in grpo, datc and
   ``deepspeed`` in none, zero2, zero3 (one process; DeepSpeed joins a one-rank process group);
 - ``synced/<family>``: sampling with ``synced_gpus=True`` from a ZeRO-3 engine under bf16
-  autocast (the trainer turns synced_gpus on only with several ranks);
+  autocast (the trainer turns synced_gpus on only with several ranks); ``synced/<family>/gathered``
+  the same with the parameters gathered once per call (``deepspeed.gather_for_generation``);
 - ``fused_adam``: whether DeepSpeed's FusedAdam (the optimizer ``deepspeed.optimizer_impl=auto``
   picks on GPUs) JIT-compiles; the training cases use torch's AdamW so that no case waits on it.
 
@@ -328,8 +329,9 @@ def build_cases(a: argparse.Namespace, scale: Scale, work: Path) -> list[Case]:
                                   {"family": fam, "credit": credit, "stage": stage, "steps": scale.steps,
                                    "threads": scale.threads}, scale.case_timeout_s))
         if i == 0 and "zero3" in a.stages:
-            cases.append(Case(f"synced/{fam}", "synced", {"family": fam, "prompts": scale.prompts, "threads": scale.threads},
-                              120.0))
+            for gather in (False, True):  # ZeRO-3 sampling: per-module synced gathers, then gathered once
+                cases.append(Case(f"synced/{fam}" + ("/gathered" if gather else ""), "synced",
+                                  {"family": fam, "prompts": scale.prompts, "threads": scale.threads, "gather": gather}, 120.0))
     if not a.tiny:
         cases.append(Case("fused_adam", "fused_adam", {}, 240.0))
     if a.inject_failures:  # early, so the rehearsal shows that the cases after them still run
