@@ -101,6 +101,8 @@ class TrainerConfig:
     max_new_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
+    decode: str = "auto"
+    decode_sync_every: int = 8
     mask_truncated: bool = False
     reuse_rollout_logits: str = "auto"
     skip_zero_advantage: bool = True
@@ -180,6 +182,7 @@ CHOICES = {
     "trainer.resume": ("auto", "never", "must"),
     "trainer.reuse_rollout_logits": ("auto", "always", "never"),
     "trainer.device": ("auto", "cpu", "cuda"),
+    "trainer.decode": ("auto", "dynamic", "static"),
     "trainer.lr_scheduler": (
         "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_min_lr", "polynomial",
     ),
@@ -196,7 +199,7 @@ CHOICES = {
 
 POSITIVE = [
     "trainer.steps", "trainer.batch_size", "trainer.mini_batch_size", "trainer.micro_batch_size",
-    "trainer.epochs", "trainer.max_new_tokens", "trainer.lr", "trainer.temperature",
+    "trainer.epochs", "trainer.max_new_tokens", "trainer.decode_sync_every", "trainer.lr", "trainer.temperature",
     "trainer.eval_every", "trainer.eval_size", "trainer.eval_batch_size",
     "trainer.checkpoint_every", "trainer.keep_checkpoints", "trainer.threads", "trainer.max_grad_norm",
     "data.train_size", "data.eval_size", "data.norm_len", "data.max_prompt_tokens",

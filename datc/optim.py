@@ -73,6 +73,10 @@ class TorchOptimizer:
         stepped = bool(backpropagated and torch.isfinite(grad_norm))  # never step on a non-finite gradient
         if stepped:
             self.opt.step()
+            # The step runs inside one autocast region, whose cache holds the low-precision casts of
+            # the weights made in grad mode, unversioned: after the update they are stale, and the
+            # next mini-batch's forwards would use the old weights' casts.
+            torch.clear_autocast_cache()
         self.sched.step()
         return float(grad_norm), not stepped
 

@@ -14,7 +14,7 @@ from datc.step.plan import build_plan
 
 def _t(**kw):
     base = dict(epochs=1, batch_size=8, mini_batch_size=8, micro_batch_size=2, max_new_tokens=4, temperature=0.7,
-                reuse_rollout_logits="auto", skip_zero_advantage=True)
+                reuse_rollout_logits="auto", skip_zero_advantage=True, decode="auto", device="cpu")
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -45,6 +45,10 @@ CASES = [
     ("datc_shuffled", {}, {}, V, dict(skip_zero=False)),
     ("datc", {}, {"synced_gpus": True, "share_prompts": False}, V, dict(skip_zero=False, synced_gpus=True,
                                                                        share_prompts=False)),
+    # the decode loop: auto is dynamic on CPU (measured faster there); static unless ranks are synced
+    ("grpo", {}, {}, V, dict(decode="dynamic")),
+    ("grpo", {"decode": "static"}, {}, V, dict(decode="static")),
+    ("grpo", {"decode": "static"}, {"synced_gpus": True}, V, dict(decode="dynamic")),
     # the models' placement is carried as it was found
     ("datc", {}, {"trunk": 3}, V, dict(trunk=3, with_ref=True)),
     ("grpo", {}, {"with_ref": False}, V, dict(with_ref=False, trunk=0)),

@@ -12,8 +12,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from datc.credit.base import ENTROPY, POLICY_LOGITS, RM_GRAD
 from datc.passes import Passes, pass_plan
+from datc.static_decode import decode_mode
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class StepPlan:
     synced_gpus: bool  # ZeRO-3 with several ranks: every rank makes as many forwards as the others
     gather_generation: bool  # sampling with the policy's parameters gathered once per call (ZeRO-3)
     sample_synced: bool  # sampling keeps every rank forwarding until all are done (synced, not gathered)
+    decode: str  # the sampler's decode loop: static (cache and graph, datc.static_decode) or dynamic
     keep_completions: bool  # the step before an eval keeps its completions (for the W&B table)
     head_chunk: int | None  # the update's LM head this many positions at a time (no (rows, T, V) logits); None: whole
     passes: Passes  # the policy-side passes with (temperature, micro-batch, shared prompts) bound
@@ -83,6 +87,8 @@ def build_plan(t, scheme, vocab_size: int, *, with_ref: bool, trunk: int, share_
         credit_entropy=ENTROPY in needs or not pp.on_policy,
         with_ref=with_ref, trunk=trunk, share_prompts=share_prompts, synced_gpus=synced_gpus,
         gather_generation=gather_generation and synced_gpus, sample_synced=synced_gpus and not gather_generation,
+        decode=decode_mode(t.decode, t.device != "cpu" and torch.cuda.is_available(),
+                           synced_gpus and not gather_generation),
         keep_completions=keep_completions, head_chunk=head_chunk,
         passes=Passes(t.temperature, t.micro_batch_size, share_prompts),
         _chunked=chunked,

@@ -19,7 +19,8 @@ def rollout(s, examples: list[dict], plan: StepPlan | None = None, keep_logits: 
         ro = cat_rollouts([s.ops.sample(m.policy, m.tok, examples[i : i + per_call], t.num_generations, t.max_new_tokens,
                                         t.temperature, t.top_p, c.data.prompt_field, keep_logits=keep,
                                         synced_gpus=plan.sample_synced, encoder=m.encoder,
-                                        share_prompts=plan.share_prompts)
+                                        share_prompts=plan.share_prompts, decode=plan.decode,
+                                        sync_every=t.decode_sync_every)
                            for i in range(0, len(examples), per_call)], m.tok.pad_token_id)
     s.ops.observe("rollout", ro)
     return ro
