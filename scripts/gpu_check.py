@@ -300,6 +300,7 @@ def render(report: dict[str, Any]) -> str:
                          f"{_fmt(o32.get('datc_exact'))} | {_fmt(o32.get('datc_top64'))} | {_fmt(o16.get('datc_exact'))} | "
                          f"{_fmt(pk.get('datc_exact'), '.0f')} |")
     lines += render_decode(report)
+    lines += render_projection(report)
     lines += ["", "## Other cases", "", "| case | status | result |", "|---|---|---|"]
     for name, r in report["cases"].items():
         if name.startswith(("train/", "credit/", "decode/")):
@@ -311,6 +312,30 @@ def render(report: dict[str, Any]) -> str:
         lines += ["", "## Not ok", ""]
         lines += [f"- `{n}`: {r['status']}: {r.get('error', '')}" for n, r in bad]
     return "\n".join(lines) + "\n"
+
+
+def render_projection(report: dict[str, Any]) -> list[str]:
+    """The headline: one paper-preset run (500 steps of 64 prompts x 8 responses of up to 512
+    tokens, 4 updates per batch) on this GPU, projected from the measured rates
+    (:func:`datc.projection.project`), per family, with its arithmetic."""
+    from datc.projection import PRESET, project
+
+    lines = ["", "## Projected paper-preset run", "",
+             f"{PRESET['steps']} steps of {PRESET['responses']} responses of {PRESET['max_new_tokens']} tokens, sampled in calls of "
+             f"{PRESET['rows_per_call']}, from the decode case's fastest loop and the `train/<family>/datc/none` case's "
+             "phases scaled by tokens (datc.projection: both terms underestimate the attention's growth at long responses).", ""]
+    sc = report["scale"]
+    for fam, ptok in report.get("prompt_tokens", {}).items():
+        dec, tr = report["cases"].get(f"decode/{fam}", {}), report["cases"].get(f"train/{fam}/datc/none", {})
+        if dec.get("status") != "ok" or tr.get("status") != "ok" or ptok is None:
+            lines.append(f"- {fam}: not projected (decode/{fam} {dec.get('status', 'missing')}, "
+                         f"train/{fam}/datc/none {tr.get('status', 'missing')})")
+            continue
+        p = project(dec, tr["summary"], sc["prompts"] * 8, ptok)
+        report.setdefault("projection", {})[fam] = {"hours": p.hours, "seconds_per_step": p.seconds_per_step}
+        lines.append(f"- **{fam}: {p.hours:.2f} h** ({p.seconds_per_step:.1f} s a step)")
+        lines += [f"  - {ln}" for ln in p.lines]
+    return lines
 
 
 def render_decode(report: dict[str, Any]) -> list[str]:

@@ -66,6 +66,7 @@ def test_gpu_check_rehearsal_runs_every_case_and_reports_failures(tmp_path):
         assert f"| {name[6:]} | ok |" in md
     assert "| qwen3 | ok | 16 x" in md and "| static_graph |" in md
     assert "`fail/error`: error" in md and "`fail/hang`: timeout" in md
+    assert "## Projected paper-preset run" in md and "- **qwen3: " in md and "- **llama32: " in md  # the headline, per family
 
 
 def test_gpu_check_reports_what_the_deadline_skipped(tmp_path):
