@@ -17,7 +17,7 @@ TORCH_INDEX := $(if $(CONSTRAINTS),$(if $(shell $(PYTHON) -c "import urllib.requ
 PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS) $(TORCH_INDEX),)
 PYTEST_ARGS ?=
 
-.PHONY: venv demo demo-results test lint bench bench-real clean-runs gpu-kit
+.PHONY: venv demo demo-results test lint docs docs-serve bench bench-real clean-runs gpu-kit
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,8 +42,16 @@ demo-results: venv  ## the demo, its summary also written to results/demo/ (repl
 	rm -f results/demo/*.json  # one summary there: a new run name (the numerics changed) replaces the old file
 	$(BIN)/datc-train experiment=demo results_dir=results/demo
 
-test: venv  ## the test suite, slow end-to-end tests included
+test: venv  ## the test suite, slow end-to-end tests included (tests/test_docs.py builds the docs site with --strict)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The docs site (mkdocs.yml; generated pages come from scripts/docs/ at build time). Run with
+# `python -m` from the repository root so that the hooks import scripts.docs.
+docs: venv  ## the documentation site -> site/ (--strict: a broken link or a missing page fails)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
+docs-serve: venv  ## serve the documentation site on http://127.0.0.1:8000, rebuilt on every change
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs serve
 
 BENCH_ARGS ?=
 bench: $(VENV)/.installed-bench  ## this project's GRPO against TRL's GRPOTrainer -> results/bench/trl.md

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 
 from datc.credit.base import ENTROPY, OLD_LOGPS, POLICY_HIDDEN, POLICY_LOGITS
-from datc.logprobs import entropy_from_logits, selective_log_softmax
+from datc.logprobs import chunked_head_logps, entropy_from_logits, selective_log_softmax
 from datc.rollout import Rollout, position_ids, with_prompts
 from datc.shared_prompt import forward_after_prompts, prompt_groups
 
@@ -52,6 +52,18 @@ class Passes:
         """:func:`policy_logits` (with a graph where grad is enabled)."""
         return policy_logits(model, ro, rows, self.temperature, self.share)
 
+    def token_logps(self, model, ro: Rollout, rows: slice | torch.Tensor, head_chunk: int | None):
+        """The policy's log-probs of the sampled ids (b, T) with a graph, and its entropies (b, T,
+        no graph). ``head_chunk`` positions at a time through the LM head
+        (:func:`datc.logprobs.chunked_head_logps`: no (b, T, V) logits held), or None: the whole
+        logits at once, as :func:`policy_logits`."""
+        if head_chunk is None:
+            z = self.logits(model, ro, rows)
+            return selective_log_softmax(z, ro.response_ids[rows]), entropy_from_logits(z.detach())
+        _, h = policy_forward(model, ro, rows, share=self.share, head=False)
+        head = getattr(model, "module", model).get_output_embeddings()
+        return chunked_head_logps(head, h, ro.response_ids[rows], self.temperature, head_chunk)
+
     def rollout_pass(self, model, ro: Rollout, keep_logits: bool = False, keep_hidden: bool = False,
                      with_entropy: bool = True):
         """:func:`rollout_policy_pass`."""
@@ -63,12 +75,18 @@ class Passes:
         return logps_under_prompts(model, tok, ro, self.temperature, self.micro, encoder, self.share)
 
 
-def policy_forward(model, ro: Rollout, rows: slice | torch.Tensor, hidden: bool = False, share: bool = True):
+def policy_forward(model, ro: Rollout, rows: slice | torch.Tensor, hidden: bool = False, share: bool = True,
+                   head: bool = True):
     """The policy's raw logits over the response positions (b, T, V), each position's logits
     predicting its token, and with ``hidden`` the LM-head inputs there (b, T, d; the last
     hidden state after the final norm), else None. With ``share`` each distinct prompt of the
     rows is forwarded once (:mod:`datc.shared_prompt`; with gradients as well); otherwise, or
-    for a one-token prompt width, one forward of ``prompt + response``."""
+    for a one-token prompt width, one forward of ``prompt + response``. ``head=False``: the LM
+    head runs at one position only and the logits returned are None (the caller applies the
+    head itself, :meth:`Passes.token_logps`)."""
+    if not head:
+        _, h = policy_forward(_OneLogit(model), ro, rows, True, share)
+        return None, h
     P, T = ro.prompt_ids.shape[1], ro.response_ids.shape[1]
     pids, pmask = ro.prompt_ids[rows], ro.prompt_mask[rows]
     groups = prompt_groups(pids, pmask) if share and P > 1 else None
@@ -86,6 +104,21 @@ def policy_forward(model, ro: Rollout, rows: slice | torch.Tensor, hidden: bool 
     _, out = forward_after_prompts(model, pmask[:, :-1], cont_mask, groups, prompt_ids=pids[:, :-1], cont_ids=cont_ids,
                                    prompt_kwargs={"logits_to_keep": 1}, output_hidden_states=hidden)
     return out.logits, (out.hidden_states[-1] if hidden else None)
+
+
+class _OneLogit:
+    """A model whose forwards compute the LM head at their last position only (``logits_to_keep=1``):
+    for a caller that wants the hidden states and applies the head itself."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def __call__(self, **kw):
+        kw["logits_to_keep"] = 1
+        return self.model(**kw)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
 
 
 def policy_logits(model, ro: Rollout, rows: slice | torch.Tensor, temperature: float, share: bool = True) -> torch.Tensor:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from datc.logprobs import entropy_from_logits, selective_log_softmax
 from datc.losses import AggNorm, aggregate
 from datc.numerics import NonFiniteReport, loss_is_finite
 from datc.rollout import Rollout
@@ -48,8 +47,7 @@ def update(s, ro: Rollout, mask: Tensor, token_adv: Tensor, old_logps: Tensor | 
             opt.zero_grad()
             backpropagated = 0
             for micro in mb.split(micro_size):
-                z = plan.passes.logits(opt.module, ro, micro)
-                logps = selective_log_softmax(z, ro.response_ids[micro])
+                logps, ent = plan.passes.token_logps(opt.module, ro, micro, plan.head_chunk)
                 old = old_logps[micro] if old_logps is not None else logps.detach()
                 out = s.ops.loss(logps, old, token_adv[micro], t.epsilon_low, t.epsilon_high, t.beta,
                                  ref_logps[micro] if ref_logps is not None else None)
@@ -69,7 +67,7 @@ def update(s, ro: Rollout, mask: Tensor, token_adv: Tensor, old_logps: Tensor | 
                     sums["total"] += float(loss)
                     sums["clip_frac"] += float((out.clipped.float() * mkf).sum())
                     sums["ratio"] += float((out.ratio * mkf).sum())
-                    sums["entropy"] += float((entropy_from_logits(z.detach()) * ro.response_mask[micro]).sum())
+                    sums["entropy"] += float((ent * ro.response_mask[micro]).sum())
                     if out.kl is not None:
                         sums["kl"] += float((out.kl * mkf).sum())
                 n_tok_total += float(mkf.sum())
