@@ -13,18 +13,13 @@ The resolver is registered when :mod:`datc` is imported, before any config is co
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from datc.hashing import config_hash
+
 CONFIG_ID_LEN = 6  # hex digits: 16.7 M values, plenty for the runs one project holds
-
-
-def config_hash(obj: Any, n: int = 10) -> str:
-    """A short stable hash of a JSON-serialisable object (cache keys, run identity)."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:n]
 
 
 def config_id(root: DictConfig) -> str:

@@ -25,7 +25,7 @@ from datc.atomic import (  # no torch: the run name's resolver imports this
     atomic_write_text,
 )
 from datc.config import ConfigError
-from datc.naming import config_hash
+from datc.hashing import config_hash
 from datc.runlock import (  # noqa: F401
     LOCK_FILE,
     RunBusyError,

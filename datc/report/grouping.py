@@ -16,13 +16,6 @@ from typing import Any
 
 from datc.report.loading import LoadResult, Run
 
-IGNORED = ("credit", "seed")  # what a comparison may vary
-
-
-def comparison_config(identity: dict[str, Any]) -> dict[str, Any]:
-    """The part of a run's identity that must be equal for runs to be compared."""
-    return {k: v for k, v in identity.items() if k not in IGNORED}
-
 
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
     if not isinstance(d, dict):

@@ -202,10 +202,16 @@ def load_run_dirs(roots: Sequence[str | Path]) -> LoadResult:
     return LoadResult(runs, warns)
 
 
+IGNORED_IN_COMPARISON = ("credit", "seed")  # what a comparison may vary (datc.report.grouping)
+
+
+def comparison_config(identity: dict[str, Any]) -> dict[str, Any]:
+    """The part of a run's identity that must be equal for runs to be compared."""
+    return {k: v for k, v in identity.items() if k not in IGNORED_IN_COMPARISON}
+
+
 def _run_config(run_json: Path) -> dict[str, Any] | None:
     """The comparison config of the run whose ``run.json`` this is; None if it has none."""
-    from datc.report.grouping import comparison_config
-
     try:
         ident = json.loads(run_json.read_text()).get("identity")
     except (OSError, ValueError, AttributeError):
@@ -300,7 +306,6 @@ def load_wandb(project: str) -> LoadResult:
 
 
 def _wandb_config(config: Any) -> dict[str, Any] | None:
-    from datc.report.grouping import comparison_config
     from datc.rundir import identity
 
     try:
