@@ -111,6 +111,7 @@ class TrainerConfig:
     share_prompts: bool = True
     share_trunk: bool = True
     lm_head_chunk: int | None = None
+    gradient_checkpointing: bool = False
     lr: float = 5e-4
     weight_decay: float = 0.0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])

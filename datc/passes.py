@@ -6,6 +6,7 @@ size. Logits are divided by the sampling temperature, so log-probs are the sampl
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -94,7 +95,7 @@ def policy_forward(model, ro: Rollout, rows: slice | torch.Tensor, hidden: bool 
         ids, am = ro.input_ids[rows], ro.attention_mask[rows]
         # the LM head only at the T positions that predict a response token (not at the prompt's)
         out = model(input_ids=ids, attention_mask=am.long(), position_ids=position_ids(am), logits_to_keep=T + 1,
-                    output_hidden_states=hidden)
+                    output_hidden_states=hidden, use_cache=False)
         return out.logits[:, :-1], (out.hidden_states[-1][:, P - 1 : -1] if hidden else None)
     # The prompts but their last token go through once; each row's continuation is its prompt's
     # last token (whose logits predict the first response token) and its response but the last:
@@ -104,6 +105,53 @@ def policy_forward(model, ro: Rollout, rows: slice | torch.Tensor, hidden: bool 
     _, out = forward_after_prompts(model, pmask[:, :-1], cont_mask, groups, prompt_ids=pids[:, :-1], cont_ids=cont_ids,
                                    prompt_kwargs={"logits_to_keep": 1}, output_hidden_states=hidden)
     return out.logits, (out.hidden_states[-1] if hidden else None)
+
+
+def decoder_layers(model) -> list | None:
+    """The decoder blocks of a causal LM (``base_model.layers``: Llama, Qwen, Mistral;
+    ``base_model.h``: GPT-2), or None for another layout. A DeepSpeed engine's are its module's."""
+    base = getattr(getattr(model, "module", model), "base_model", None)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        layers = getattr(base, "h", None)
+    return list(layers) if layers is not None else None
+
+
+@contextmanager
+def checkpointed_layers(model):
+    """Activation checkpointing of the policy's decoder blocks while the context is open (the
+    update's forwards and backwards): each block's activations are recomputed in the backward
+    instead of kept (``torch.utils.checkpoint``, non-reentrant). Unlike transformers' own switch
+    it does not need the model in training mode (the policy stays in eval mode: dropout off, so
+    the loss sees the distribution that sampled). A block called with a KV cache (the shared-prompt
+    forward's continuation) is not checkpointed: recomputing it would append to the cache again;
+    the plan turns shared prompts off for the update when checkpointing (``StepPlan.update_passes``)."""
+    from torch.utils.checkpoint import checkpoint
+
+    layers = decoder_layers(model)
+    if layers is None:
+        raise ValueError("trainer.gradient_checkpointing: the policy has no base_model.layers or base_model.h")
+    originals = [(blk.forward, "forward" in vars(blk), vars(blk).get("forward")) for blk in layers]
+
+    def wrap(fwd):
+        def forward(*args, **kwargs):
+            cached = any(kwargs.get(k) is not None for k in ("past_key_values", "past_key_value", "cache", "layer_past"))
+            if not torch.is_grad_enabled() or cached:
+                return fwd(*args, **kwargs)
+            return checkpoint(fwd, *args, use_reentrant=False, **kwargs)
+
+        return forward
+
+    try:
+        for blk, (fwd, _, _) in zip(layers, originals, strict=True):
+            blk.forward = wrap(fwd)
+        yield
+    finally:
+        for blk, (_, own, fwd) in zip(layers, originals, strict=True):
+            if own:
+                blk.forward = fwd  # an instance's own forward (a hook's wrapper), as it was
+            else:
+                del blk.forward  # the class's forward again
 
 
 class _OneLogit:

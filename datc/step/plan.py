@@ -39,6 +39,7 @@ class StepPlan:
     decode: str  # the sampler's decode loop: static (cache and graph, datc.static_decode) or dynamic
     keep_completions: bool  # the step before an eval keeps its completions (for the W&B table)
     head_chunk: int | None  # the update's LM head this many positions at a time (no (rows, T, V) logits); None: whole
+    grad_checkpoint: bool  # the update recomputes the decoder blocks' activations in the backward
     passes: Passes  # the policy-side passes with (temperature, micro-batch, shared prompts) bound
 
     def given(self, has_logits: bool) -> StepPlan:
@@ -56,6 +57,12 @@ class StepPlan:
         return dataclasses.replace(self, on_policy=True, wants_dist=True, reuse=False, chunk_rows=None, skip_zero=False,
                                    rm_grad=True, credit_entropy=True, with_ref=False, trunk=0)
 
+    @property
+    def update_passes(self) -> Passes:
+        """The update's passes: the run's, without shared prompts under activation checkpointing
+        (a block recomputed in the backward must not append to the shared prompt's KV cache again)."""
+        return dataclasses.replace(self.passes, share=False) if self.grad_checkpoint else self.passes
+
     _chunked: bool = False  # a row-local scheme that reads the policy's logits (chunked when they are recomputed)
 
     def completions_at(self, step: int, eval_every: int, steps: int) -> bool:
@@ -71,7 +78,7 @@ class StepPlan:
 
 def build_plan(t, scheme, vocab_size: int, *, with_ref: bool, trunk: int, share_prompts: bool, synced_gpus: bool,
                keep_completions: bool = False, head_chunk: int | None = None,
-               gather_generation: bool = False) -> StepPlan:
+               gather_generation: bool = False, grad_checkpoint: bool = False) -> StepPlan:
     """The plan for trainer settings ``t`` (``c.trainer``), a credit scheme and the placed models
     (``head_chunk``: ``trainer.lm_head_chunk`` where the policy allows it, :func:`head_chunk_for`)."""
     needs = scheme.needs
@@ -89,7 +96,7 @@ def build_plan(t, scheme, vocab_size: int, *, with_ref: bool, trunk: int, share_
         gather_generation=gather_generation and synced_gpus, sample_synced=synced_gpus and not gather_generation,
         decode=decode_mode(t.decode, t.device != "cpu" and torch.cuda.is_available(),
                            synced_gpus and not gather_generation),
-        keep_completions=keep_completions, head_chunk=head_chunk,
+        keep_completions=keep_completions, head_chunk=head_chunk, grad_checkpoint=grad_checkpoint,
         passes=Passes(t.temperature, t.micro_batch_size, share_prompts),
         _chunked=chunked,
     )
