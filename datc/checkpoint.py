@@ -117,7 +117,8 @@ def save_engine_checkpoint(run_dir: str | Path, step: int, engine, state: dict[s
     if rank == 0 and path.exists():  # an incomplete write of a killed run at this very step
         shutil.rmtree(path)
     barrier()
-    engine.save_checkpoint(str(root), tag=tag, save_latest=False)
+    # frozen parameters (a LoRA policy's base) are not the run's to save: the base is reloaded
+    engine.save_checkpoint(str(root), tag=tag, save_latest=False, exclude_frozen_parameters=True)
     buf = io.BytesIO()
     torch.save(rank_state, buf)
     atomic_write_bytes(_rank_file(path, rank), buf.getvalue())
@@ -142,8 +143,9 @@ def load_engine_checkpoint(path: str | Path, engine, rank: int, world_size: int)
     if state["world_size"] != world_size:
         raise ConfigError(f"deepspeed: {path} was written by {state['world_size']} processes, this run has "
                           f"{world_size}; resume with the same number of processes")
+    frozen = any(not p.requires_grad for p in engine.module.parameters())
     load_path, _ = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
-                                          load_lr_scheduler_states=True)
+                                          load_lr_scheduler_states=True, load_module_strict=not frozen)
     if load_path is None:
         raise ConfigError(f"deepspeed: DeepSpeed could not load the checkpoint in {path}")
     rank_state = torch.load(_rank_file(path, rank), map_location="cpu", weights_only=False)

@@ -169,6 +169,9 @@ def _write_hydra_files(path: Path, cfg: dict[str, Any]) -> None:
 def identity(cfg: dict[str, Any]) -> dict[str, Any]:
     ident = {k: v for k, v in cfg.items() if k not in NON_IDENTITY}
     ident["trainer"] = {k: v for k, v in ident["trainer"].items() if k not in NON_IDENTITY_TRAINER}
+    if isinstance(ident.get("policy"), dict) and not (ident["policy"].get("lora") or {}).get("r"):
+        # LoRA off (policy.lora.r: 0): a full-policy run keeps the identity it had before the option
+        ident["policy"] = {k: v for k, v in ident["policy"].items() if k != "lora"}
     return ident
 
 
