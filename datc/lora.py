@@ -126,19 +126,23 @@ class GradOnlyDropout(nn.Module):
         return nn.functional.dropout(x, self.p, training=torch.is_grad_enabled())
 
 
-def add_adapters(model: nn.Module, lora) -> Any:
+def add_adapters(model: nn.Module, lora, seed: int = 0) -> Any:
     """``model`` with LoRA adapters on the targeted modules (``peft.get_peft_model``): returns
     the ``PeftModel``; its ``base_model.model`` is ``model`` itself, adapted in place, through
     which the trainer's forwards go. Base weights frozen, adapters fp32 (peft's
-    ``autocast_adapter_dtype``)."""
+    ``autocast_adapter_dtype``). ``A`` is drawn from its own generator seeded with ``seed``, so
+    a run's adapters do not depend on what drew random numbers before (a cold or warm cache)
+    and every rank draws the same."""
     import peft
 
     targets = check_targets(model, lora)
     conf = peft.LoraConfig(r=lora.r, lora_alpha=alpha_of(lora), lora_dropout=0.0, target_modules=targets,
                            bias="none", task_type="CAUSAL_LM",
                            fan_in_fan_out=model.config.model_type == "gpt2")  # GPT-2's Conv1D stores W transposed
-    with warnings.catch_warnings():  # peft asks transformers a deprecated question (is_gradient_checkpointing)
-        warnings.simplefilter("ignore", FutureWarning)
+    devices = [model.device.index or 0] if model.device.type == "cuda" else []
+    with warnings.catch_warnings(), torch.random.fork_rng(devices=devices):
+        warnings.simplefilter("ignore", FutureWarning)  # peft asks transformers a deprecated question
+        torch.manual_seed(seed)
         pm = peft.get_peft_model(model, conf)
     if lora.dropout > 0:
         for mod in model.modules():

@@ -56,7 +56,7 @@ def load_models(c: TrainConfig, assets: Assets, device: torch.device, dist: Dist
     tok = load_tokenizer(assets.tokenizer_path)
     if lora_on(c):  # the base frozen at the compute dtype, fp32 adapters; the reference: adapters off
         adapter = add_adapters(load_pretrained("causal_lm", assets.policy_path, "policy.path", dtype).to(device),
-                               c.policy.lora)
+                               c.policy.lora, c.seed)
         policy = adapter.base_model.model
         ref = AdaptersOff(policy) if c.trainer.beta > 0 else None
     else:
