@@ -13,8 +13,15 @@ import subprocess
 import pytest
 import torch
 
-from tests.test_distributed import COMMON, LOSS_RTOL, PARAM_ATOL, _env, _launch_cmd, _worker
-from tests.test_distributed import cache_dir  # noqa: F401  the module's prepared cache
+from tests.test_distributed import (
+    COMMON,
+    LOSS_RTOL,
+    PARAM_ATOL,
+    _env,
+    _launch_cmd,
+    _worker,
+    cache_dir,  # noqa: F401  the module's prepared cache
+)
 
 pytestmark = pytest.mark.slow
 
