@@ -16,6 +16,7 @@ import re
 import shutil
 import sys
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +119,8 @@ def save_engine_checkpoint(run_dir: str | Path, step: int, engine, state: dict[s
         shutil.rmtree(path)
     barrier()
     # frozen parameters (a LoRA policy's base) are not the run's to save: the base is reloaded
-    engine.save_checkpoint(str(root), tag=tag, save_latest=False, exclude_frozen_parameters=True)
+    with _frozen_ties_excluded(engine):
+        engine.save_checkpoint(str(root), tag=tag, save_latest=False, exclude_frozen_parameters=True)
     buf = io.BytesIO()
     torch.save(rank_state, buf)
     atomic_write_bytes(_rank_file(path, rank), buf.getvalue())
@@ -131,6 +133,31 @@ def save_engine_checkpoint(run_dir: str | Path, step: int, engine, state: dict[s
             shutil.rmtree(old, ignore_errors=True)
     barrier()
     return path
+
+
+@contextmanager
+def _frozen_ties_excluded(engine):
+    """DeepSpeed leaves frozen parameters out of its module state by ``named_parameters()``,
+    which names a tied weight once: a frozen tied LM head (V, d) would still be written. Its
+    other names are left out as well while the checkpoint is written."""
+    names = {n for n, p in engine.module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    if not names:
+        yield
+        return
+    own = engine.module_state_dict
+
+    def module_state_dict(*args, **kwargs):
+        sd = own(*args, **kwargs)
+        if kwargs.get("exclude_frozen_parameters"):
+            for n in names & set(sd):
+                del sd[n]
+        return sd
+
+    engine.module_state_dict = module_state_dict
+    try:
+        yield
+    finally:
+        del engine.module_state_dict  # the class's method again
 
 
 def load_engine_checkpoint(path: str | Path, engine, rank: int, world_size: int) -> dict[str, Any]:
