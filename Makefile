@@ -12,7 +12,7 @@ CONSTRAINTS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,constraints/cpu.
 PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
 PYTEST_ARGS ?=
 
-.PHONY: venv demo demo-results test lint bench bench-real clean-runs gpu-kit
+.PHONY: venv demo demo-results test lint docs docs-serve bench bench-real clean-runs gpu-kit
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +36,16 @@ demo: venv  ## the default experiment: GRPO on the dense task with a tiny GPT-2 
 demo-results: venv  ## the demo, its summary also written to results/demo/ (refreshes the committed figure)
 	$(BIN)/datc-train experiment=demo results_dir=results/demo
 
-test: venv  ## the test suite, slow end-to-end tests included
+test: venv  ## the test suite, slow end-to-end tests included (tests/test_docs.py builds the docs site with --strict)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The docs site (mkdocs.yml; generated pages come from scripts/docs/ at build time). Run with
+# `python -m` from the repository root so that the hooks import scripts.docs.
+docs: venv  ## the documentation site -> site/ (--strict: a broken link or a missing page fails)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
+docs-serve: venv  ## serve the documentation site on http://127.0.0.1:8000, rebuilt on every change
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs serve
 
 BENCH_ARGS ?=
 bench: $(VENV)/.installed-bench  ## this project's GRPO against TRL's GRPOTrainer -> results/bench/trl.md

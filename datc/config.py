@@ -112,11 +112,15 @@ class TrainerConfig:
     max_new_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
+    decode: str = "auto"
+    decode_sync_every: int = 8
     mask_truncated: bool = False
     reuse_rollout_logits: str = "auto"
     skip_zero_advantage: bool = True
     share_prompts: bool = True
     share_trunk: bool = True
+    lm_head_chunk: int | None = None
+    gradient_checkpointing: bool = False
     lr: float = 5e-4
     weight_decay: float = 0.0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -161,6 +165,7 @@ class DeepSpeedConfig:
     offload_param: str = "none"
     optimizer_impl: str = "auto"
     overlap_comm: bool = False
+    gather_for_generation: str = "auto"
     config: dict[str, Any] = field(default_factory=dict)
 
 
@@ -189,6 +194,7 @@ CHOICES = {
     "trainer.resume": ("auto", "never", "must"),
     "trainer.reuse_rollout_logits": ("auto", "always", "never"),
     "trainer.device": ("auto", "cpu", "cuda"),
+    "trainer.decode": ("auto", "dynamic", "static"),
     "trainer.lr_scheduler": (
         "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_min_lr", "polynomial",
     ),
@@ -200,11 +206,12 @@ CHOICES = {
     "deepspeed.offload_optimizer": ("none", "cpu"),
     "deepspeed.offload_param": ("none", "cpu"),
     "deepspeed.optimizer_impl": ("auto", "torch", "deepspeed"),
+    "deepspeed.gather_for_generation": ("auto", "gather", "synced"),
 }
 
 POSITIVE = [
     "trainer.steps", "trainer.batch_size", "trainer.mini_batch_size", "trainer.micro_batch_size",
-    "trainer.epochs", "trainer.max_new_tokens", "trainer.lr", "trainer.temperature",
+    "trainer.epochs", "trainer.max_new_tokens", "trainer.decode_sync_every", "trainer.lr", "trainer.temperature",
     "trainer.eval_every", "trainer.eval_size", "trainer.eval_batch_size",
     "trainer.checkpoint_every", "trainer.keep_checkpoints", "trainer.threads", "trainer.max_grad_norm",
     "data.train_size", "data.eval_size", "data.norm_len", "data.max_prompt_tokens",
@@ -297,6 +304,9 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
         )
     if t.batch_size % t.mini_batch_size:
         raise ConfigError(f"trainer.mini_batch_size: {t.mini_batch_size} must divide trainer.batch_size={t.batch_size}")
+    if t.lm_head_chunk is not None and t.lm_head_chunk <= 0:
+        raise ConfigError(f"trainer.lm_head_chunk: {t.lm_head_chunk} must be a positive number of response positions, "
+                          "or null (the whole logits at once)")
     if t.mini_batch_size % t.micro_batch_size:
         raise ConfigError(
             f"trainer.micro_batch_size: {t.micro_batch_size} must divide trainer.mini_batch_size={t.mini_batch_size}"

@@ -15,6 +15,7 @@ talk to a :class:`PolicyOptimizer` and never ask which one it is:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 from typing import Any, Protocol
@@ -50,6 +51,9 @@ class PolicyOptimizer(Protocol):
 
     def load(self, ckpt: Path, state: dict[str, Any]) -> dict[str, Any]: ...
 
+    def generation(self, gather: bool):
+        """A context for sampling from the policy; ``gather``: with its parameters whole."""
+
 
 class TorchOptimizer:
     world_size = 1
@@ -70,6 +74,10 @@ class TorchOptimizer:
         stepped = bool(backpropagated and torch.isfinite(grad_norm))  # never step on a non-finite gradient
         if stepped:
             self.opt.step()
+            # The step runs inside one autocast region, whose cache holds the low-precision casts of
+            # the weights made in grad mode, unversioned: after the update they are stale, and the
+            # next mini-batch's forwards would use the old weights' casts.
+            torch.clear_autocast_cache()
         self.sched.step()
         return float(grad_norm), not stepped
 
@@ -85,6 +93,9 @@ class TorchOptimizer:
         save_checkpoint(run_path, step, {"policy": trained_state(self.module, self.module.state_dict()),
                                          "optimizer": self.opt.state_dict(),
                                          "scheduler": self.sched.state_dict(), "rng": rng, "elapsed": elapsed}, keep)
+
+    def generation(self, gather: bool):
+        return contextlib.nullcontext()
 
     def load(self, ckpt: Path, state: dict[str, Any]) -> dict[str, Any]:
         if state.get("deepspeed"):
@@ -131,3 +142,14 @@ class DeepSpeedOptimizer:
 
     def load(self, ckpt: Path, state: dict[str, Any]) -> dict[str, Any]:
         return load_engine_checkpoint(ckpt, self.module, self.dist.rank, self.dist.world_size)
+
+    def generation(self, gather: bool):
+        """With ``gather`` (ZeRO-3), the policy's parameters gathered once for the whole sampling
+        call and ZeRO's per-module hooks removed meanwhile (DeepSpeed's
+        ``unwrap_model_for_generation``, which TRL's ``ds3_gather_for_generation`` uses): no
+        all-gather per token, and no rank waits for the others' responses to end."""
+        if not gather:
+            return contextlib.nullcontext()
+        from deepspeed.runtime.zero import unwrap_model_for_generation
+
+        return unwrap_model_for_generation(self.module)

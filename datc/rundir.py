@@ -31,8 +31,14 @@ from datc.utils import atomic_write_json, atomic_write_text, config_hash
 
 # Settings that change how a run is executed or reported, not what it computes.
 NON_IDENTITY = {"run_dir", "run_name", "results_dir", "cache_dir", "logger"}
-# (skip_zero_advantage leaves out only work whose result the loss multiplies by A = 0)
-NON_IDENTITY_TRAINER = {"resume", "progress", "threads", "device", "skip_zero_advantage"}
+# (skip_zero_advantage leaves out only work whose result the loss multiplies by A = 0; the decode
+# loop samples the same distribution with the same logits to float rounding, as threads and device)
+NON_IDENTITY_TRAINER = {"resume", "progress", "threads", "device", "skip_zero_advantage", "gradient_checkpointing", "decode", "decode_sync_every"}
+# Later switches whose default (None) is the behaviour from before they existed: part of the
+# identity only when set, so adding them renamed no existing run.
+IDENTITY_WHEN_SET_TRAINER = {"lm_head_chunk"}
+# How ZeRO-3 gathers the policy's parameters for sampling: the same samples either way.
+NON_IDENTITY_DEEPSPEED = {"gather_for_generation"}
 LOCK_FILE = ".lock"
 IGNORED_FILES = {".hydra", "train.log", "wandb", LOCK_FILE}
 
@@ -168,7 +174,10 @@ def _write_hydra_files(path: Path, cfg: dict[str, Any]) -> None:
 
 def identity(cfg: dict[str, Any]) -> dict[str, Any]:
     ident = {k: v for k, v in cfg.items() if k not in NON_IDENTITY}
-    ident["trainer"] = {k: v for k, v in ident["trainer"].items() if k not in NON_IDENTITY_TRAINER}
+    ident["trainer"] = {k: v for k, v in ident["trainer"].items()
+                        if k not in NON_IDENTITY_TRAINER and not (k in IDENTITY_WHEN_SET_TRAINER and v is None)}
+    if isinstance(ident.get("deepspeed"), dict):
+        ident["deepspeed"] = {k: v for k, v in ident["deepspeed"].items() if k not in NON_IDENTITY_DEEPSPEED}
     if isinstance(ident.get("policy"), dict) and not (ident["policy"].get("lora") or {}).get("r"):
         # LoRA off (policy.lora.r: 0): a full-policy run keeps the identity it had before the option
         ident["policy"] = {k: v for k, v in ident["policy"].items() if k != "lora"}

@@ -5,22 +5,26 @@ once by :func:`build_session` and read by every step."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import get_scheduler
 
-from datc.config import TrainConfig
+from datc.config import ConfigError, TrainConfig
 from datc.credit import resolve_scheme
 from datc.credit.base import RM_EMBEDDING
 from datc.distributed import Dist, deepspeed_config, gathered
 from datc.model_set import Models, load_models
 from datc.models import resolve_device, resolve_dtype
 from datc.optim import DeepSpeedOptimizer, PolicyOptimizer, TorchOptimizer
+from datc.passes import decoder_layers
 from datc.prepare import Assets, ensure_assets
 from datc.step.ops import StepOps
-from datc.step.plan import StepPlan, build_plan
+from datc.step.plan import StepPlan, build_plan, gather_generation_for, head_chunk_for
+
+log = logging.getLogger(__name__)
 
 
 class PromptSampler:
@@ -117,10 +121,25 @@ def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None 
 
 def session_plan(c: TrainConfig, scheme, m: Models, dist: Dist) -> StepPlan:
     """The step plan of a run with config ``c``, credit scheme ``scheme`` and placed models ``m``."""
+    chunk, why = head_chunk_for(c.trainer.lm_head_chunk, m.policy)
+    if why is not None and dist.is_main:
+        log.warning("trainer.lm_head_chunk=%s is off for this run: %s", c.trainer.lm_head_chunk, why)
+    checkpointing = c.trainer.gradient_checkpointing
+    if checkpointing and any(hasattr(p, "ds_id") for p in m.policy.parameters()):
+        checkpointing = False
+        if dist.is_main:
+            log.warning("trainer.gradient_checkpointing is off for this run: the policy's parameters are ZeRO-3 partitioned")
+    if checkpointing and decoder_layers(m.policy) is None:
+        raise ConfigError("trainer.gradient_checkpointing: the policy has no base_model.layers or base_model.h to checkpoint")
+    gather, why_gather = gather_generation_for(c.deepspeed.gather_for_generation, m.policy, m.synced_gpus,
+                                               next(m.policy.parameters()).device)
+    if m.synced_gpus and dist.is_main:
+        log.info("ZeRO-3 sampling: %s (%s)", "parameters gathered once per call" if gather else "synced gathers", why_gather)
     return build_plan(c.trainer, scheme, m.vocab_size, with_ref=m.ref is not None, ref_is_policy=m.adapter is not None,
                       trunk=m.trunk,
                       share_prompts=m.share_prompts, synced_gpus=m.synced_gpus,
-                      keep_completions=dist.is_main and c.logger.name == "wandb")
+                      keep_completions=dist.is_main and c.logger.name == "wandb", head_chunk=chunk,
+                      gather_generation=gather, grad_checkpoint=checkpointing)
 
 
 def rm_embedding_of(m: Models) -> torch.Tensor:

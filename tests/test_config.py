@@ -59,6 +59,8 @@ def test_every_field_has_a_comment():
         ("trainer.mini_batch_size=48", "trainer.mini_batch_size", "must divide"),
         ("trainer.loss_agg=mean", "trainer.loss_agg", "token-mean, seq-mean-token-mean"),
         ("trainer.scale_rewards=std", "trainer.scale_rewards", "group, batch, none"),
+        ("trainer.decode=graph", "trainer.decode", "auto, dynamic, static"),
+        ("trainer.decode_sync_every=0", "trainer.decode_sync_every", "> 0"),
         ("credit.name=nope", "credit.name", "grpo"),
         ("+trainer.learning_rate=1e-3", "trainer.learning_rate", "valid keys of trainer"),
         ("trainer.steps=many", "trainer.steps", "steps"),
