@@ -24,25 +24,28 @@ def _runs(root: Path) -> list[Path]:
 def _label(run: Path) -> str:
     from omegaconf import OmegaConf
 
-    r = OmegaConf.select(OmegaConf.load(run / "config.yaml"), "policy.lora.r", default=0)
-    return f"LoRA r={r}" if r else "full"
+    cfg = OmegaConf.load(run / "config.yaml")
+    r = OmegaConf.select(cfg, "policy.lora.r", default=0)
+    return f"{f'LoRA r={r}' if r else 'full'}, lr {cfg.trainer.lr:g}"
 
 
 def testbed(roots: list[Path]) -> str:
     """One line per (policy kind, credit): mean ± sd over seeds of the first and last gold."""
-    groups: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    groups: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     for root in roots:
         for run in _runs(root):
             s = json.loads((run / "summary.json").read_text())
             groups.setdefault((_label(run), s["credit"]), []).append(
-                (s["eval"]["initial"]["eval/gold"], s["eval"]["final"]["eval/gold"]))
-    lines = ["| policy | credit | seeds | gold at step 0 | final gold | rise |", "|---|---|---|---|---|---|"]
+                (s["eval"]["initial"]["eval/gold"], s["eval"]["final"]["eval/gold"], s["eval"]["final"]["eval/response_len"]))
+    lines = ["| policy | credit | seeds | gold at step 0 | final gold | rise | final response length (each seed) |",
+             "|---|---|---|---|---|---|---|"]
     for (kind, credit), vals in sorted(groups.items()):
         first, last = [v[0] for v in vals], [v[1] for v in vals]
-        rise = [b - a for a, b in vals]
+        rise = [b - a for a, b, _ in vals]
         sd = statistics.stdev(last) if len(last) > 1 else 0.0
         lines.append(f"| {kind} | {credit} | {len(vals)} | {statistics.mean(first):.3f} | "
-                     f"{statistics.mean(last):.3f} ± {sd:.3f} | {statistics.mean(rise):+.3f} (min {min(rise):+.3f}) |")
+                     f"{statistics.mean(last):.3f} ± {sd:.3f} | {statistics.mean(rise):+.3f} (min {min(rise):+.3f}) | "
+                     f"{', '.join(f'{v[2]:.1f}' for v in vals)} |")
     return "\n".join(lines)
 
 
