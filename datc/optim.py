@@ -25,6 +25,7 @@ import torch
 from datc.checkpoint import load_engine_checkpoint, save_checkpoint, save_engine_checkpoint
 from datc.config import ConfigError
 from datc.distributed import Dist
+from datc.lora import load_trained_state, trained_state
 
 
 class PolicyOptimizer(Protocol):
@@ -88,7 +89,9 @@ class TorchOptimizer:
         return self.sched.get_last_lr()[0]
 
     def save(self, run_path: Path, step: int, rng: Any, elapsed: float, keep: int) -> None:
-        save_checkpoint(run_path, step, {"policy": self.module.state_dict(), "optimizer": self.opt.state_dict(),
+        # a LoRA policy's checkpoint holds its adapters and their optimizer state, not the frozen base
+        save_checkpoint(run_path, step, {"policy": trained_state(self.module, self.module.state_dict()),
+                                         "optimizer": self.opt.state_dict(),
                                          "scheduler": self.sched.state_dict(), "rng": rng, "elapsed": elapsed}, keep)
 
     def generation(self, gather: bool):
@@ -98,7 +101,7 @@ class TorchOptimizer:
         if state.get("deepspeed"):
             raise ConfigError(f"deepspeed: {ckpt} was written under DeepSpeed ({state['world_size']} processes); "
                               "resume it with the same deepspeed stage and process count")
-        self.module.load_state_dict(state["policy"])
+        load_trained_state(self.module, state["policy"], str(ckpt))
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         return state

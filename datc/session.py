@@ -100,6 +100,7 @@ def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None 
 
         warn(f"trainer.steps={t.steps}: a warm-up's first optimizer update has learning rate 0, so this run's only "
              "update changes nothing; use trainer.warmup_steps=0 or more steps")
+    trainable = [p for p in m.policy.parameters() if p.requires_grad]  # a LoRA policy: its adapters alone
 
     def make_scheduler(opt):
         return get_scheduler(t.lr_scheduler, opt, num_warmup_steps=t.warmup_steps * updates_per_step,
@@ -108,14 +109,14 @@ def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None 
     if dist.enabled:
         import deepspeed
 
-        engine, _, _, sched = deepspeed.initialize(model=m.policy, model_parameters=m.policy.parameters(),
+        engine, _, _, sched = deepspeed.initialize(model=m.policy, model_parameters=trainable,
                                                    config=deepspeed_config(c, dist.world_size, device),
                                                    lr_scheduler=make_scheduler)
         m.policy = engine.module
         m.policy.eval()
         optim: PolicyOptimizer = DeepSpeedOptimizer(engine, sched, dist)
     else:
-        opt = torch.optim.AdamW(m.policy.parameters(), lr=t.lr, betas=tuple(t.adam_betas), weight_decay=t.weight_decay,
+        opt = torch.optim.AdamW(trainable, lr=t.lr, betas=tuple(t.adam_betas), weight_decay=t.weight_decay,
                                 fused=True)  # one fused kernel (CPU and CUDA) instead of per-tensor loops
         optim = TorchOptimizer(m.policy, opt, make_scheduler(opt), t.max_grad_norm)
     plan = session_plan(c, scheme, m, dist)
@@ -144,7 +145,8 @@ def session_plan(c: TrainConfig, scheme, m: Models, dist: Dist) -> StepPlan:
                                                next(m.policy.parameters()).device)
     if m.synced_gpus and dist.is_main:
         log.info("ZeRO-3 sampling: %s (%s)", "parameters gathered once per call" if gather else "synced gathers", why_gather)
-    return build_plan(c.trainer, scheme, m.vocab_size, with_ref=m.ref is not None, trunk=m.trunk,
+    return build_plan(c.trainer, scheme, m.vocab_size, with_ref=m.ref is not None, ref_is_policy=m.adapter is not None,
+                      trunk=m.trunk,
                       share_prompts=m.share_prompts, synced_gpus=m.synced_gpus,
                       keep_completions=dist.is_main and c.logger.name == "wandb", head_chunk=chunk,
                       gather_generation=gather, grad_checkpoint=checkpointing)

@@ -117,7 +117,7 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
                      metrics["perf/step_s"])
         stop_if_requested(stopping and step < t.steps, step)  # the last step finishes the run instead
 
-    save_final_policy(s.optim.module, s.m.tok, run.path / "final", dist)  # a Hugging Face checkpoint
+    save_final_policy(s.optim.module, s.m.tok, run.path / "final", dist, s.m.adapter)  # a Hugging Face checkpoint
     summary = None
     if dist.is_main:
         summary = finish(c, run, s.assets, elapsed)

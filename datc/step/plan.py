@@ -31,6 +31,7 @@ class StepPlan:
     rm_grad: bool  # the reward model's input-embedding gradient is made (the scheme declares it)
     credit_entropy: bool  # the credit pass makes entropies (read by the scheme, or rollout/entropy off-policy)
     with_ref: bool  # a frozen reference (KL term, beta > 0)
+    ref_is_policy: bool  # ... which is the policy with its LoRA adapters disabled, no second model (datc.lora)
     trunk: int  # blocks the reward model shares with the reference: one pass gives both (datc.trunk); 0 off
     share_prompts: bool  # forwards compute each distinct prompt once (datc.shared_prompt)
     synced_gpus: bool  # ZeRO-3 with several ranks: every rank makes as many forwards as the others
@@ -55,7 +56,7 @@ class StepPlan:
         declare from one pass over the whole batch, the reward model's gradient for every
         response, no reference and no skip."""
         return dataclasses.replace(self, on_policy=True, wants_dist=True, reuse=False, chunk_rows=None, skip_zero=False,
-                                   rm_grad=True, credit_entropy=True, with_ref=False, trunk=0)
+                                   rm_grad=True, credit_entropy=True, with_ref=False, ref_is_policy=False, trunk=0)
 
     @property
     def update_passes(self) -> Passes:
@@ -76,7 +77,7 @@ class StepPlan:
         return out
 
 
-def build_plan(t, scheme, vocab_size: int, *, with_ref: bool, trunk: int, share_prompts: bool, synced_gpus: bool,
+def build_plan(t, scheme, vocab_size: int, *, with_ref: bool, trunk: int, ref_is_policy: bool = False, share_prompts: bool, synced_gpus: bool,
                keep_completions: bool = False, head_chunk: int | None = None,
                gather_generation: bool = False, grad_checkpoint: bool = False) -> StepPlan:
     """The plan for trainer settings ``t`` (``c.trainer``), a credit scheme and the placed models
@@ -92,7 +93,7 @@ def build_plan(t, scheme, vocab_size: int, *, with_ref: bool, trunk: int, share_
         rm_grad=RM_GRAD in needs,
         # On-policy the update's forward is the rollout policy's, and rollout/entropy comes from it.
         credit_entropy=ENTROPY in needs or not pp.on_policy,
-        with_ref=with_ref, trunk=trunk, share_prompts=share_prompts, synced_gpus=synced_gpus,
+        with_ref=with_ref, ref_is_policy=with_ref and ref_is_policy, trunk=trunk, share_prompts=share_prompts, synced_gpus=synced_gpus,
         gather_generation=gather_generation and synced_gpus, sample_synced=synced_gpus and not gather_generation,
         decode=decode_mode(t.decode, t.device != "cpu" and torch.cuda.is_available(),
                            synced_gpus and not gather_generation),
