@@ -175,6 +175,8 @@ def test_credit_accuracy_command_runs_on_the_shared_helpers(cache_dir, tmp_path)
     cf = ref["schemes"]["rm_counterfactual"]["credit_accuracy"]
     assert cf > 0.3 and cf > ref["schemes"]["datc"]["credit_accuracy"]
     assert "## Against the reward model's counterfactual contributions (K = 16 draws per token)" in md
+    # the reference against gold is the oracle against the reference (Spearman is symmetric; oracle's sign(A)² = 1)
+    assert ref["vs_gold"]["credit_accuracy"] == pytest.approx(ref["schemes"]["oracle"]["credit_accuracy"], abs=1e-12)
 
 
 def test_an_unknown_scheme_is_refused_with_the_choices(capsys):

@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> None:
             ib = inputs.batch
             cf = counterfactual_contributions(ib.rm_scores, ib.policy_logits, mask, ib.rm_edit_scores, a.cf_k,
                                               torch.Generator().manual_seed(1_000_003 + b), rows_per_forward=512)
-            acc_cf["reference_vs_gold"].append(credit_accuracy_rows(cf * torch.sign(adv)[:, None], contrib, mask))
+            # a contribution, like gold's (not a score to sign): Spearman between the two references
+            acc_cf["reference_vs_gold"].append(credit_accuracy_rows(cf, contrib, mask))
         for name, out in scheme_outputs(inputs, schemes).items():
             judged = out.scores if out.scores is not None else out.weights
             acc[name].append(credit_accuracy_rows(judged * torch.sign(adv)[:, None], contrib, mask))
