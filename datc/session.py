@@ -15,7 +15,7 @@ from transformers import get_scheduler
 
 from datc.config import ConfigError, TrainConfig
 from datc.credit import resolve_scheme
-from datc.credit.base import RM_EMBEDDING
+from datc.credit.base import GOLD_CONTRIB, RM_EMBEDDING
 from datc.distributed import Dist, deepspeed_config, gathered
 from datc.model_set import Models, load_models
 from datc.models import resolve_device, resolve_dtype
@@ -85,6 +85,12 @@ def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None 
     if device.type == "cuda" and dist.enabled:
         device = torch.device("cuda", dist.local_rank)
     scheme, credit_params = resolve_scheme(c.credit)
+    if GOLD_CONTRIB in scheme.needs and c.data.task is None:  # before any model loads
+        from datc.tasks import TASKS
+
+        raise ConfigError(f"credit.name: {c.credit.get('name')!r} reads the task's per-token gold contributions, which "
+                          f"a real dataset (data.task: null) does not have; choose data.task from "
+                          f"{', '.join(TASKS.names())}, or another credit scheme")
     if not dist.is_main:  # rank 0 prepares the cache; the others read it
         dist.barrier()
     assets = ensure_assets(c)
