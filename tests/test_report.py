@@ -552,3 +552,17 @@ def test_a_comparison_that_fails_half_way_leaves_the_old_outputs(runs_root, tmp_
         write_outputs(build_report(load_run_dirs([other]).runs), out)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.") and p.name != ".out.lock"] == []
+
+
+def test_plot_titles_fit_their_figures():
+    from matplotlib.figure import Figure
+
+    from datc.report.plots import wrapped
+
+    for width in (4.0, 6.0, 12.0):
+        fig = Figure(figsize=(width, 3), layout="constrained")
+        fig.subplots()
+        title = fig.suptitle(wrapped("Credit accuracy: mean over seeds ± 95% t-interval (grpo, something: undefined)", fig))
+        fig.canvas.draw()
+        box, frame = title.get_window_extent(), fig.bbox
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1, (width, box, frame)
