@@ -17,9 +17,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-
-class ConfigError(ValueError):
-    """A bad config value; the message names the field and what would be valid."""
+from datc.errors import ConfigError  # noqa: F401  (raised here; importable from datc.config as before)
 
 
 @dataclass

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from datc.config import ConfigError
+from datc.errors import ConfigError
 
 # The attention and MLP projections of each family (peft matches a name against the last part of
 # a module's dotted path: GPT-2's ``c_proj`` is both its attention output and its MLP output).
