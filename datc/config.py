@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,6 +146,7 @@ class TrainerConfig:
     device: str = "auto"
     progress: bool = True
     max_nonfinite_frac: float = 0.5
+    accept_changed_inputs: bool = False
 
 
 @dataclass
@@ -338,6 +341,12 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
         raise ConfigError(f"data.task: {c.data.task!r} is not a testbed task; choose one of {', '.join(TASKS.names())} or null")
     if c.policy.path is None and not c.policy.arch:
         raise ConfigError("policy.arch: a testbed policy (policy.path=null) needs an architecture")
+    if c.data.path is not None and _looks_local(c.data.path) and not os.path.exists(c.data.path):
+        raise ConfigError(f"data.path: {c.data.path!r} does not exist (a local file or directory; a hub dataset is "
+                          "a name such as 'imdb' or 'owner/name')")
+    if c.policy.path is None and c.policy.gguf_file is None and c.data.task is None:
+        raise ConfigError("policy.path: the testbed policy (policy.path=null) is warm-started on a testbed task, and "
+                          "data.task is null; give a pretrained model (policy=pretrained policy.path=...) or a data.task")
     if c.reward.path is None and c.data.task is None:
         raise ConfigError("reward.path: a real dataset has no gold reward to train a testbed reward model on; set reward.path")
     from datc.rewards.rules import RULES
@@ -363,6 +372,11 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
     return c
 
 
+def _looks_local(path: str) -> bool:
+    """Whether ``data.path`` names a local file or directory rather than a hub dataset."""
+    return path.startswith(("/", "./", "../", "~")) or path.endswith((".json", ".jsonl", ".csv", ".parquet", ".txt"))
+
+
 def hydra_error_line(e: Exception) -> str:
     """One line for Hydra's own composition errors (an unknown option of a config group, an
     unknown key, a malformed override), naming the group or key and the valid choices."""
@@ -378,4 +392,10 @@ def hydra_error_line(e: Exception) -> str:
         hint = f"; valid keys{' of ' + parent if parent else ''}: {', '.join(valid)}" if valid else ""
         return f"{key}: not a config key{hint} (add one with +{key}=...)"
     lines = [ln.strip() for ln in str(e).split("Config search path")[0].splitlines() if ln.strip()]
-    return " ".join(lines) or type(e).__name__
+    line = " ".join(lines) or type(e).__name__
+    if "LexerNoViableAltException" in line or "mismatched input" in line or "extraneous input" in line:
+        found = re.search(r"([\w.+~]+)=", line)
+        key = found.group(1) if found else "key"
+        line += (f"; a value with spaces, quotes or non-ASCII characters must be quoted for Hydra, inside the shell's "
+                 f"quotes: '{key}=\"...\"' (with an apostrophe in the value: \"{key}=\\\"...\\\"\")")
+    return line

@@ -47,6 +47,7 @@ def save_pretrained_dir(model, tok, out: str | Path, state_dict: dict[str, torch
     out = Path(out)
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp, state_dict=state_dict)
+        tok.init_kwargs["padding_side"] = tok.padding_side  # saved, so every loader pads as the policy did (left)
         tok.save_pretrained(tmp)
     return out
 
@@ -122,13 +123,14 @@ def export_checkpoint(run_dir: str | Path, step: int | None = None, out: str | P
     from datc.config import validate
     from datc.models import load_pretrained
     from datc.prepare import ensure_assets
+    from datc.rundir import read_run_config
     from datc.tokenizer import load_tokenizer
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").exists():
         raise ExportError(f"{run_dir}: not a datc run directory (no config.yaml)")
     ckpt = _checkpoint_dir(run_dir, step)
-    c = validate(OmegaConf.load(run_dir / "config.yaml"))
+    c = validate(OmegaConf.create(read_run_config(run_dir)))  # checked against run.json
     if c.policy.path is not None:  # a given model: no data or cache needed
         policy_path, tok_path = c.policy.path, c.policy.tokenizer or c.policy.path
     else:

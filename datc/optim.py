@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -74,15 +75,27 @@ class TorchOptimizer:
         stepped = bool(backpropagated and torch.isfinite(grad_norm))  # never step on a non-finite gradient
         if stepped:
             self.opt.step()
+            self._stepped = True
             # The step runs inside one autocast region, whose cache holds the low-precision casts of
             # the weights made in grad mode, unversioned: after the update they are stale, and the
             # next mini-batch's forwards would use the old weights' casts.
             torch.clear_autocast_cache()
-        self.sched.step()
+        self._schedule()
         return float(grad_norm), not stepped
 
     def skip(self) -> None:
-        self.sched.step()
+        self._schedule()
+
+    def _schedule(self) -> None:
+        """Advance the learning-rate schedule. A skipped first step advances it before any
+        optimizer step, on purpose (the schedule counts updates, taken or not): torch's warning
+        about that order is silenced, and only then."""
+        if getattr(self, "_stepped", False):
+            self.sched.step()
+            return
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before `optimizer.step\(\)`")
+            self.sched.step()
 
     @property
     def lr(self) -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,7 @@ from transformers import get_scheduler
 
 from datc.config import ConfigError, TrainConfig
 from datc.credit import resolve_scheme
-from datc.credit.base import RM_EMBEDDING
+from datc.credit.base import GOLD_CONTRIB, RM_EMBEDDING
 from datc.distributed import Dist, deepspeed_config, gathered
 from datc.model_set import Models, load_models
 from datc.models import resolve_device, resolve_dtype
@@ -71,25 +72,40 @@ class Session:
                               cache_enabled=self.optim.autocast_cache)
 
 
-def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None = None) -> Session:
+def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None = None,
+                  on_assets: Callable[[Assets], None] | None = None) -> Session:
     """Prepare (or load from cache) the assets, load the models, build the optimizer (under
     DeepSpeed: the policy's engine, whose optimizer and schedule are the same AdamW and
     transformers scheduler) and decide the step plan. ``ops``: the step's seams (tests inject
-    a sampler, scorer, credit function or loss there)."""
+    a sampler, scorer, credit function or loss there). ``on_assets``: called on every rank with
+    the prepared assets before any model loads (the trainer checks a resumed run's inputs)."""
     t = c.trainer
     dist = dist or Dist()
     device = resolve_device(t.device)
     if device.type == "cuda" and dist.enabled:
         device = torch.device("cuda", dist.local_rank)
     scheme, credit_params = resolve_scheme(c.credit)
+    if GOLD_CONTRIB in scheme.needs and c.data.task is None:  # before any model loads
+        from datc.tasks import TASKS
+
+        raise ConfigError(f"credit.name: {c.credit.get('name')!r} reads the task's per-token gold contributions, which "
+                          f"a real dataset (data.task: null) does not have; choose data.task from "
+                          f"{', '.join(TASKS.names())}, or another credit scheme")
     if not dist.is_main:  # rank 0 prepares the cache; the others read it
         dist.barrier()
     assets = ensure_assets(c)
     if dist.is_main:
         dist.barrier()
+    if on_assets is not None:
+        on_assets(assets)
     m = load_models(c, assets, device, dist)
     m.policy.eval()  # dropout off: the loss must see the distribution that sampled (ratio = 1 on-policy)
     updates_per_step = t.epochs * (t.batch_size // t.mini_batch_size)
+    if t.warmup_steps > 0 and "warmup" in t.lr_scheduler and t.steps * updates_per_step == 1 and dist.is_main:
+        from datc.runlock import warn
+
+        warn(f"trainer.steps={t.steps}: a warm-up's first optimizer update has learning rate 0, so this run's only "
+             "update changes nothing; use trainer.warmup_steps=0 or more steps")
     trainable = [p for p in m.policy.parameters() if p.requires_grad]  # a LoRA policy: its adapters alone
 
     def make_scheduler(opt):

@@ -166,6 +166,17 @@ def test_credit_accuracy_command_runs_on_the_shared_helpers(cache_dir, tmp_path)
     ident = result["schemes"]["datc_identity"]  # an interval over responses, a paired difference to datc
     assert ident["responses"] >= 2 and ident["interval95"] > 0 and len(ident["minus_datc"]) == 2
     assert result["schemes"]["datc"]["minus_datc"] is None
+    # the second reference: the reward model's own counterfactual contributions, on the same responses
+    ref = result["rm_counterfactual_reference"]
+    assert ref["k"] == 16 and list(ref["schemes"]) == list(result["schemes"])
+    assert ref["schemes"]["datc_identity"]["responses"] >= 2 and len(ref["schemes"]["p2t"]["minus_datc"]) == 2
+    assert -1 <= ref["vs_gold"]["credit_accuracy"] <= 1 and ref["vs_gold"]["interval95"] > 0
+    # two estimates of the same c_t from independent draws agree more than any first-order scheme does
+    cf = ref["schemes"]["rm_counterfactual"]["credit_accuracy"]
+    assert cf > 0.3 and cf > ref["schemes"]["datc"]["credit_accuracy"]
+    assert "## Against the reward model's counterfactual contributions (K = 16 draws per token)" in md
+    # the reference against gold is the oracle against the reference (Spearman is symmetric; oracle's sign(A)² = 1)
+    assert ref["vs_gold"]["credit_accuracy"] == pytest.approx(ref["schemes"]["oracle"]["credit_accuracy"], abs=1e-12)
 
 
 def test_an_unknown_scheme_is_refused_with_the_choices(capsys):

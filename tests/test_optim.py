@@ -41,3 +41,30 @@ def test_a_non_finite_gradient_or_no_backward_takes_no_step_but_the_schedule_adv
     opt.zero_grad()
     assert opt.step(0)[1] is True  # nothing backpropagated
     assert opt.sched.last_epoch == 2
+
+
+def test_a_skipped_first_step_advances_the_schedule_without_torchs_order_warning():
+    import warnings
+
+    lin = torch.nn.Linear(2, 2)
+    opt = _opt(lin)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        opt.skip()  # a mini-batch without tokens, before any optimizer step
+        opt.zero_grad()
+        opt.step(0)  # nothing backpropagated: skipped too
+    assert opt.sched.last_epoch == 2
+
+
+def test_no_deepspeed_accelerator_warning_on_a_machine_without_cuda():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    proc = subprocess.run([sys.executable, "-c", "import datc.models, deepspeed, os; print(os.environ.get('DS_ACCELERATOR'))"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = proc.stdout.strip().splitlines()[-1]
+    assert said == ("None" if torch.cuda.is_available() else "cpu")  # with CUDA, DeepSpeed detects it itself
+    assert "Setting accelerator to CPU" not in proc.stdout + proc.stderr

@@ -114,6 +114,9 @@ def _same_update(cache, tmp_path, *overrides, share=False, ops=None):
     ("credit=rm_saliency",),
     ("credit=prob_reweight", "trainer.epochs=2"),
     ("credit=gcpo",),
+    ("credit=oracle",),
+    ("credit=grail",),
+    ("credit=p2t",),
 ], ids=lambda o: "-".join(x.split("=")[1] for x in o))
 def test_the_update_is_the_same_with_the_skip_on_or_off(cache, tmp_path, forced, overrides):
     m_on, m_off = _same_update(cache, tmp_path, *overrides, ops=forced["ops"])
@@ -121,7 +124,7 @@ def test_the_update_is_the_same_with_the_skip_on_or_off(cache, tmp_path, forced,
     assert torch.equal(on.advantages, off.advantages) and m_off["credit/weight_std"] > 0
     assert torch.equal(on.credited, off.advantages != 0) and off.credited.all()
     assert m_on["credit/skipped_frac"] == ZERO_ADV / B
-    if "credit=rm_saliency" in overrides or "credit=datc" in overrides:  # the schemes that read the RM gradient
+    if {"credit=rm_saliency", "credit=datc", "credit=p2t"} & set(overrides):  # the schemes that read the RM gradient
         on_rows, off_rows = forced["grad_rows"]
         assert off_rows.all() and not on_rows[SAME].any() and on_rows[:SAME.start].all() and on_rows[SAME.stop:].all()
         g_on, g_off = forced["rm_grad"]
@@ -213,7 +216,7 @@ def test_credit_diagnostics_ignore_responses_without_advantage():
 
 def test_row_separable_schemes_are_the_verified_ones():
     separable = {n for n in CREDIT_SCHEMES.names() if CREDIT_SCHEMES.get(n).row_separable}
-    assert separable == {"grpo", "datc", "datc_magnitude", "rm_saliency", "prob_reweight", "gcpo"}
+    assert separable == {"grpo", "datc", "datc_magnitude", "rm_saliency", "prob_reweight", "gcpo", "oracle", "grail", "p2t"}
     assert all(CREDIT_SCHEMES.get(n).row_local for n in separable)
     assert not credit_scheme("mine")(lambda batch, params: batch.response_mask.float()).row_separable  # conservative
 

@@ -9,8 +9,15 @@ from a checkpoint; every scheme scores the *same* batches. Reported per scheme: 
 the mean weight of tokens whose gold contribution agrees with the advantage's sign
 (``sign(A)·c > 0``: the tokens that earned the response its advantage), is zero, or disagrees.
 
+A second reference, what the reward model itself attributes: each scheme's accuracy against
+the reward model's counterfactual contributions ``c_t = R(y) - E_{v~π_t} R(y with y_t := v)``
+on the same responses (:func:`datc.credit.schemes.rm_counterfactual.counterfactual_contributions`,
+``--cf-k`` draws per token from a generator of its own, so the ``rm_counterfactual`` scheme's own
+draws are independent of the reference's; ``--cf-k 0`` leaves it out), and the reference's own
+accuracy against gold (what the reward model knows about which tokens matter).
+
     datc-credit-accuracy [--batches 8] [--out runs/credit_accuracy] [--schemes a,b,...]
-                         [hydra overrides ...]
+                         [--cf-k 16] [hydra overrides ...]
 
 (or ``python -m datc.analysis.credit_accuracy``). The default schemes are every credit config
 and registered scheme but the uniform ones (``grpo``: no token ranked), found by
@@ -39,6 +46,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="output directory (default: runs/credit_accuracy)")
     ap.add_argument("--schemes", default=None,
                     help="comma-separated credit configs or registered schemes (default: all but the uniform ones)")
+    ap.add_argument("--cf-k", type=int, default=16,
+                    help="draws per token of the reward model's counterfactual reference (0: no such reference)")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args(args)
     from datc.analysis.schemes import analysed_schemes
@@ -52,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     from datc.analysis.inputs import credit_inputs, session_for
     from datc.analysis.schemes import scheme_outputs
     from datc.credit.diagnostics import credit_accuracy_rows
+    from datc.credit.schemes.rm_counterfactual import counterfactual_contributions
     from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
 
     quiet_libraries()
@@ -61,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
                          "schemes' scores with the task's gold contributions")
     c, t = s.c, s.c.trainer
     acc: dict[str, list[torch.Tensor]] = {n: [] for n in schemes}  # per response, NaN where undefined
+    acc_cf: dict[str, list[torch.Tensor]] = {n: [] for n in [*schemes, "reference_vs_gold"]}  # against the RM's own c_t
     wsum = {n: {"agree": 0.0, "neutral": 0.0, "disagree": 0.0} for n in schemes}
     count = {"agree": 0, "neutral": 0, "disagree": 0}
     for b in range(a.batches):
@@ -73,12 +84,22 @@ def main(argv: list[str] | None = None) -> None:
                   "disagree": mask & (aligned < 0)}
         for k, g in groups.items():
             count[k] += int(g.sum())
+        cf = None
+        if a.cf_k > 0:  # the reward model's own counterfactual contributions, on the responses with A != 0
+            ib = inputs.batch
+            cf = counterfactual_contributions(ib.rm_scores, ib.policy_logits, mask, ib.rm_edit_scores, a.cf_k,
+                                              torch.Generator().manual_seed(1_000_003 + b), rows_per_forward=512)
+            # a contribution, like gold's (not a score to sign): Spearman between the two references
+            acc_cf["reference_vs_gold"].append(credit_accuracy_rows(cf, contrib, mask))
         for name, out in scheme_outputs(inputs, schemes).items():
             judged = out.scores if out.scores is not None else out.weights
             acc[name].append(credit_accuracy_rows(judged * torch.sign(adv)[:, None], contrib, mask))
+            if cf is not None:
+                acc_cf[name].append(credit_accuracy_rows(judged * torch.sign(adv)[:, None], cf, mask))
             for k, g in groups.items():
                 wsum[name][k] += float(out.weights[g].sum())
     rows = {n: torch.cat(v) for n, v in acc.items()}
+    rows_cf = {n: torch.cat(v) for n, v in acc_cf.items() if v}
     result = {
         "command": " ".join([COMMAND, *args]),
         "setting": f"{c.data.name}-{c.policy.name}", "batches": a.batches,
@@ -91,6 +112,16 @@ def main(argv: list[str] | None = None) -> None:
                 "minus_datc": (_interval(rows[n] - rows["datc"], centre=True) if "datc" in rows and n != "datc" else None),
                 "mean_weight": {k: (wsum[n][k] / count[k] if count[k] else None) for k in count}}
             for n in schemes
+        },
+        "rm_counterfactual_reference": None if not rows_cf else {
+            "k": a.cf_k,
+            "vs_gold": {"credit_accuracy": _mean(rows_cf["reference_vs_gold"]),
+                        "interval95": _interval(rows_cf["reference_vs_gold"])},
+            "schemes": {n: {"credit_accuracy": _mean(rows_cf[n]), "interval95": _interval(rows_cf[n]),
+                            "responses": int((~rows_cf[n].isnan()).sum()),
+                            "minus_datc": (_interval(rows_cf[n] - rows_cf["datc"], centre=True)
+                                           if "datc" in rows_cf and n != "datc" else None)}
+                        for n in schemes},
         },
     }
     atomic_write_json(a.out / f"{result['setting']}.json", result)
@@ -106,6 +137,15 @@ def main(argv: list[str] | None = None) -> None:
         lines.append(f"| {n} | {_pm(r['credit_accuracy'], r['interval95'])} | {_pm(*(r['minus_datc'] or (None, None)))} | "
                      f"{_fmt(w['agree'])} | "
                      f"{_fmt(w['neutral'])} | {_fmt(w['disagree'])} |")
+    ref = result["rm_counterfactual_reference"]
+    if ref is not None:
+        vg = ref["vs_gold"]
+        lines += ["", f"## Against the reward model's counterfactual contributions (K = {ref['k']} draws per token)", "",
+                  "`c_t = R(y) - E_v R(y with y_t := v)`, `v` drawn from the rollout policy; the reference itself "
+                  f"scores {_pm(vg['credit_accuracy'], vg['interval95'])} against gold.", "",
+                  "| scheme | credit accuracy vs RM counterfactual | minus datc |", "|---|---|---|"]
+        for n, r in ref["schemes"].items():
+            lines.append(f"| {n} | {_pm(r['credit_accuracy'], r['interval95'])} | {_pm(*(r['minus_datc'] or (None, None)))} |")
     atomic_write_text(a.out / f"{result['setting']}.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -32,8 +32,19 @@ LOGPS_UNDER = "logps_under"
 # (B, T, d_policy) the rollout policy's LM-head input h_t at the position that predicts y_t
 # (last hidden state, after the final norm; logits z_t = lm_head(h_t) / temperature)
 POLICY_HIDDEN = "policy_hidden"
+# (B, T) the task's per-token gold contribution c_t (testbed tasks and reviews; 0 on padding).
+# A run whose task has none (a real dataset) is refused before any model loads.
+GOLD_CONTRIB = "gold_contrib"
+RM_SCORES = "rm_scores"  # (B,) the reward model's score R(x, y) of each response, as sampled
+# callable: (rows (N,) long, positions (N,) long, ids (N,) long) -> (N,) float32, the reward
+# model's scores of N edited responses, edit n being response rows[n] with its token at response
+# position positions[n] replaced by ids[n] (no-grad forwards, batched; see datc.attribution)
+RM_EDIT_SCORES = "rm_edit_scores"
+# (B, T, d_policy) grad x input of the rollout policy: e ⊙ ∂(-Σ_t log π(y_t))/∂e, at the input
+# embedding e of the position that predicts y_t (the prompt's last token for t = 0, else y_{t-1})
+POLICY_GRAD_X_INPUT = "policy_grad_x_input"
 NEEDS = frozenset({RM_GRAD, RM_EMBEDDING, POLICY_LOGITS, ENTROPY, OLD_LOGPS, PROMPTS, LOGPS_UNDER,
-                   POLICY_HIDDEN})
+                   POLICY_HIDDEN, GOLD_CONTRIB, RM_SCORES, RM_EDIT_SCORES, POLICY_GRAD_X_INPUT})
 
 Output = Literal["scores", "weights"]
 Normalization = Literal["per_response", "global", "none"]
@@ -55,6 +66,10 @@ class CreditBatch:
     prompts: list[str] | None = None  # B texts, see PROMPTS
     logps_under: Callable[[list[str]], Tensor] | None = None  # see LOGPS_UNDER
     policy_hidden: Tensor | None = None  # (B, T, d_policy), see POLICY_HIDDEN
+    gold_contrib: Tensor | None = None  # (B, T), see GOLD_CONTRIB
+    rm_scores: Tensor | None = None  # (B,), see RM_SCORES
+    rm_edit_scores: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None  # see RM_EDIT_SCORES
+    policy_grad_x_input: Tensor | None = None  # (B, T, d_policy), see POLICY_GRAD_X_INPUT
     generator: torch.Generator | None = None  # for schemes that draw random numbers
     # Data-parallel runs (several processes, each with its share of the batch): the sum of a
     # tensor over the processes, and the concatenation of 1-D tensors over them. None with one

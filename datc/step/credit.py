@@ -16,13 +16,18 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from datc.attribution import policy_grad_x_input, rm_edit_scorer
 from datc.credit import CreditOutput
 from datc.credit.base import (
+    GOLD_CONTRIB,
     LOGPS_UNDER,
     OLD_LOGPS,
+    POLICY_GRAD_X_INPUT,
     POLICY_HIDDEN,
     POLICY_LOGITS,
     PROMPTS,
+    RM_EDIT_SCORES,
+    RM_SCORES,
     CreditBatch,
 )
 from datc.logprobs import entropy_from_logits, selective_log_softmax
@@ -81,11 +86,19 @@ def credit_inputs(s, ro: Rollout, rw: Rewarded, rows: slice, plan: StepPlan, gen
         credit_old_logps = old_logps
     prompts = [m.encoder.text(ex) for ex in sub.examples] if PROMPTS in needs else None
     logps_under = p.logps_under(m.policy, m.tok, sub, m.encoder) if LOGPS_UNDER in needs else None
+    mask = rw.mask[rows]
+    edit_scores = (rm_edit_scorer(s.ops.score, m.rm, m.score_inputs(sub), mask, p.micro, p.share)
+                   if RM_EDIT_SCORES in needs else None)
+    gold_contrib = rw.gold_contrib[rows].to(mask.device) if GOLD_CONTRIB in needs and rw.gold_contrib is not None else None
     batch = CreditBatch(
-        response_ids=sub.response_ids, response_mask=rw.mask[rows], advantages=rw.advantages[rows],
+        response_ids=sub.response_ids, response_mask=mask, advantages=rw.advantages[rows],
         rm_grad=rw.rm_grad[rows] if rw.rm_grad is not None else None, rm_embedding=s.rm_embedding,
         policy_logits=logits, entropy=entropy, old_logps=credit_old_logps, prompts=prompts,
-        logps_under=logps_under, policy_hidden=hidden, generator=generator,
+        logps_under=logps_under, policy_hidden=hidden, gold_contrib=gold_contrib,
+        rm_scores=rw.scores[rows] if RM_SCORES in needs else None, rm_edit_scores=edit_scores,
+        policy_grad_x_input=(policy_grad_x_input(m.policy, sub, p.temperature, p.micro)
+                             if POLICY_GRAD_X_INPUT in needs else None),
+        generator=generator,
         all_sum=s.dist.tensor_sum if s.dist.world_size > 1 else None,  # "global" = the global batch
         all_cat=s.dist.tensor_cat if s.dist.world_size > 1 else None,
     )

@@ -38,6 +38,7 @@ def update(s, ro: Rollout, mask: Tensor, token_adv: Tensor, old_logps: Tensor | 
     passes = plan.update_passes  # no shared prompts under activation checkpointing
     sums = dict.fromkeys(("kl", "clip_frac", "ratio", "entropy", "total", "grad_norm", "skipped_steps"), 0.0)
     n_tok_total, n_updates = 0.0, 0
+    lr = opt.lr  # the rate of this step's first update (read after the updates, it was the next step's)
     checkpointing = checkpointed_layers(opt.module) if plan.grad_checkpoint else contextlib.nullcontext()
     with checkpointing:  # the decoder blocks' activations recomputed in the backward (trainer.gradient_checkpointing)
         for _ in range(t.epochs):
@@ -91,6 +92,6 @@ def update(s, ro: Rollout, mask: Tensor, token_adv: Tensor, old_logps: Tensor | 
         "ratio": sums["ratio"] / n_tok,
         "grad_norm": sums["grad_norm"] / n_updates,
         "skipped_steps": sums["skipped_steps"],
-        "lr": opt.lr,
+        "lr": lr,
         "entropy": sums["entropy"] / max(n_resp_tok * t.epochs, 1.0),
     }

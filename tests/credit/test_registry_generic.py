@@ -56,6 +56,11 @@ def random_batch(seed: int = 0) -> CreditBatch:
         "prompts": [f"write about topic {i // 2} :" for i in range(B)],
         "logps_under": logps_under,
         "policy_hidden": torch.randn(B, T, D, generator=gen),
+        "gold_contrib": torch.randint(-1, 2, (B, T), generator=gen).float() / 16,
+        "rm_scores": torch.randn(B, generator=gen),
+        "rm_edit_scores": lambda rows, positions, new, rows_per_forward=None: (  # a reward of (response, position, token)
+            torch.sin(rows * 1.3 + positions * 0.7 + new * 0.11).float()),
+        "policy_grad_x_input": torch.randn(B, T, D, generator=gen),
         "generator": torch.Generator().manual_seed(seed),
         "all_sum": None,  # one process (2-process reductions: tests/test_distributed.py)
         "all_cat": None,
