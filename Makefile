@@ -1,7 +1,8 @@
 # Set-up and everyday commands. `make demo` and `make test` work on a fresh clone.
 #
 # On a machine without an NVIDIA GPU, installs are constrained by constraints/cpu.txt so
-# torch stays at the CPU build (an unconstrained torch resolves to a multi-GB CUDA build).
+# torch stays at the CPU build (an unconstrained torch resolves to a multi-GB CUDA build), with
+# PyTorch's CPU wheel index added when it is reachable.
 # With a GPU (nvidia-smi present) pip installs the normal CUDA torch. Override with
 # `make CONSTRAINTS=` (no constraint) or `make CONSTRAINTS=path/to/file.txt`.
 
@@ -9,10 +10,14 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 CONSTRAINTS ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,constraints/cpu.txt)
-PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS),)
+# PyTorch's CPU wheel index (where torch==X+cpu lives), added to CPU installs when it answers
+# within 3 s; otherwise the machine's own pip configuration must offer the +cpu wheel.
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_INDEX := $(if $(CONSTRAINTS),$(if $(shell $(PYTHON) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/', timeout=3)" 2>/dev/null && echo up),--extra-index-url $(TORCH_CPU_INDEX),),)
+PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS) $(TORCH_INDEX),)
 PYTEST_ARGS ?=
 
-.PHONY: venv demo demo-results test lint bench bench-real clean-runs gpu-kit
+.PHONY: venv demo demo-results test lint docs docs-serve bench bench-real clean-runs gpu-kit
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,11 +38,20 @@ $(VENV)/.installed-bench: pyproject.toml $(CONSTRAINTS) | $(VENV)/.installed
 demo: venv  ## the default experiment: GRPO on the dense task with a tiny GPT-2 (prepare step included) -> runs/
 	$(BIN)/datc-train experiment=demo
 
-demo-results: venv  ## the demo, its summary also written to results/demo/ (refreshes the committed figure)
+demo-results: venv  ## the demo, its summary also written to results/demo/ (replaces the committed figure)
+	rm -f results/demo/*.json  # one summary there: a new run name (the numerics changed) replaces the old file
 	$(BIN)/datc-train experiment=demo results_dir=results/demo
 
-test: venv  ## the test suite, slow end-to-end tests included
+test: venv  ## the test suite, slow end-to-end tests included (tests/test_docs.py builds the docs site with --strict)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The docs site (mkdocs.yml; generated pages come from scripts/docs/ at build time). Run with
+# `python -m` from the repository root so that the hooks import scripts.docs.
+docs: venv  ## the documentation site -> site/ (--strict: a broken link or a missing page fails)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
+docs-serve: venv  ## serve the documentation site on http://127.0.0.1:8000, rebuilt on every change
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs serve
 
 BENCH_ARGS ?=
 bench: $(VENV)/.installed-bench  ## this project's GRPO against TRL's GRPOTrainer -> results/bench/trl.md

@@ -78,10 +78,28 @@ def append_line(path: str | Path, line: str) -> None:
         os.close(fd)
 
 
+def follow_umask(root: str | Path) -> None:
+    """Give every file and folder under ``root`` the modes ``open`` and ``mkdir`` would under the
+    user's umask (files ``0o666``, executables and folders ``0o777``, less the umask). Libraries
+    do not all follow it: safetensors creates ``model.safetensors`` 0600, unreadable to
+    colleagues on a shared folder."""
+    mask = umask()
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames:
+            p = os.path.join(dirpath, name)
+            if os.path.islink(p):
+                continue
+            mode = os.stat(p).st_mode
+            os.chmod(p, (0o777 if mode & 0o100 else 0o666) & ~mask)
+        for name in dirnames:
+            os.chmod(os.path.join(dirpath, name), 0o777 & ~mask)
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Yield a temporary sibling directory that is renamed to ``path`` when the block succeeds
-    (mode ``0o777 & ~umask``). A concurrent writer that finished first wins; ours is discarded
+    (mode ``0o777 & ~umask``, and everything written into it by the user's umask too, whatever
+    mode the library that wrote it chose: :func:`follow_umask`). A concurrent writer that finished first wins; ours is discarded
     (same content by key)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -89,6 +107,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     try:
         os.chmod(tmp, 0o777 & ~umask())
         yield tmp
+        follow_umask(tmp)
         try:
             os.rename(tmp, path)
         except OSError:

@@ -16,6 +16,7 @@ import re
 import shutil
 import sys
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,9 @@ def save_engine_checkpoint(run_dir: str | Path, step: int, engine, state: dict[s
     if rank == 0 and path.exists():  # an incomplete write of a killed run at this very step
         shutil.rmtree(path)
     barrier()
-    engine.save_checkpoint(str(root), tag=tag, save_latest=False)
+    # frozen parameters (a LoRA policy's base) are not the run's to save: the base is reloaded
+    with _frozen_ties_excluded(engine):
+        engine.save_checkpoint(str(root), tag=tag, save_latest=False, exclude_frozen_parameters=True)
     buf = io.BytesIO()
     torch.save(rank_state, buf)
     atomic_write_bytes(_rank_file(path, rank), buf.getvalue())
@@ -132,6 +135,31 @@ def save_engine_checkpoint(run_dir: str | Path, step: int, engine, state: dict[s
     return path
 
 
+@contextmanager
+def _frozen_ties_excluded(engine):
+    """DeepSpeed leaves frozen parameters out of its module state by ``named_parameters()``,
+    which names a tied weight once: a frozen tied LM head (V, d) would still be written. Its
+    other names are left out as well while the checkpoint is written."""
+    names = {n for n, p in engine.module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    if not names:
+        yield
+        return
+    own = engine.module_state_dict
+
+    def module_state_dict(*args, **kwargs):
+        sd = own(*args, **kwargs)
+        if kwargs.get("exclude_frozen_parameters"):
+            for n in names & set(sd):
+                del sd[n]
+        return sd
+
+    engine.module_state_dict = module_state_dict
+    try:
+        yield
+    finally:
+        del engine.module_state_dict  # the class's method again
+
+
 def load_engine_checkpoint(path: str | Path, engine, rank: int, world_size: int) -> dict[str, Any]:
     """Restore the engine (parameters, optimizer, LR schedule) and this rank's state; returns
     ``state.pt`` with this rank's ``rng``."""
@@ -142,8 +170,9 @@ def load_engine_checkpoint(path: str | Path, engine, rank: int, world_size: int)
     if state["world_size"] != world_size:
         raise ConfigError(f"deepspeed: {path} was written by {state['world_size']} processes, this run has "
                           f"{world_size}; resume with the same number of processes")
+    frozen = any(not p.requires_grad for p in engine.module.parameters())
     load_path, _ = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
-                                          load_lr_scheduler_states=True)
+                                          load_lr_scheduler_states=True, load_module_strict=not frozen)
     if load_path is None:
         raise ConfigError(f"deepspeed: DeepSpeed could not load the checkpoint in {path}")
     rank_state = torch.load(_rank_file(path, rank), map_location="cpu", weights_only=False)

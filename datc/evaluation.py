@@ -11,6 +11,7 @@ from datc.model_set import Models
 from datc.passes import rollout_policy_pass
 from datc.rewards.model import score
 from datc.rollout import sample_groups
+from datc.static_decode import decode_mode
 from datc.tasks import gold_of
 
 
@@ -20,13 +21,14 @@ def evaluate(c: TrainConfig, m: Models, rows: list[dict], task, device: torch.de
     training's random stream is untouched. Returns metrics under ``eval/`` and sample rows."""
     t = c.trainer
     devices = [device.index or 0] if device.type == "cuda" else []
+    decode = decode_mode(t.decode, device.type == "cuda", m.synced_gpus)
     golds, scores, kls, lens, ents, truncs, samples = [], [], [], [], [], [], []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(t.eval_seed)
         for i in range(0, len(rows), t.eval_batch_size):
             chunk = rows[i : i + t.eval_batch_size]
             ro = sample_groups(m.policy, m.tok, chunk, 1, t.max_new_tokens, t.temperature, t.top_p, c.data.prompt_field,
-                               synced_gpus=m.synced_gpus, encoder=m.encoder)
+                               synced_gpus=m.synced_gpus, encoder=m.encoder, decode=decode, sync_every=t.decode_sync_every)
             inp = m.score_inputs(ro)  # one response per prompt: no prompt to share (share=False)
             s = score(m.rm, inp, ro.response_mask, batch_size=t.eval_batch_size, share=False).scores
             logps, ent, _ = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size, False, share=False)

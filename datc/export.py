@@ -47,18 +47,24 @@ def save_pretrained_dir(model, tok, out: str | Path, state_dict: dict[str, torch
     out = Path(out)
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp, state_dict=state_dict)
+        tok.init_kwargs["padding_side"] = tok.padding_side  # saved, so every loader pads as the policy did (left)
         tok.save_pretrained(tmp)
     return out
 
 
-def save_final_policy(policy, tok, out: str | Path, dist=None) -> Path | None:
+def save_final_policy(policy, tok, out: str | Path, dist=None, adapter=None) -> Path | None:
     """The trained policy (a module or a DeepSpeed engine) and its tokenizer as a Hugging Face
-    checkpoint in ``out``. Under DeepSpeed every rank calls this (ZeRO-3 gathers the
-    parameters); rank 0 writes."""
+    checkpoint in ``out``; a LoRA policy (``adapter``: its ``PeftModel``) as its adapter
+    (:func:`datc.lora.save_adapter`). Under DeepSpeed every rank calls this (ZeRO-3 gathers
+    the parameters); rank 0 writes."""
     module = getattr(policy, "module", policy)
     state = _full_state_dict(module)
     if dist is not None and not dist.is_main:
         return None
+    if adapter is not None:
+        from datc.lora import save_adapter
+
+        return save_adapter(adapter, tok, Path(out), state)
     return save_pretrained_dir(module, tok, out, state)
 
 
@@ -89,7 +95,7 @@ def checkpoint_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
         return state["policy"]
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    return get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)
+    return get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name, exclude_frozen_parameters=True)
 
 
 def load_policy_weights(model, state: dict[str, torch.Tensor]) -> None:
@@ -104,31 +110,41 @@ def load_policy_weights(model, state: dict[str, torch.Tensor]) -> None:
         model.tie_weights()
 
 
-def export_checkpoint(run_dir: str | Path, step: int | None = None, out: str | Path | None = None) -> Path:
+def export_checkpoint(run_dir: str | Path, step: int | None = None, out: str | Path | None = None,
+                      merge: bool = False) -> Path:
     """Export checkpoint ``step`` (default: the last) of the run in ``run_dir`` as a Hugging
     Face checkpoint in ``out`` (default ``<run_dir>/export/step_N``). The architecture and
     tokenizer are the run's own (its ``config.yaml``; the testbed's come from the cache,
-    rebuilt deterministically if it was cleared)."""
+    rebuilt deterministically if it was cleared). A LoRA run exports its adapter, or with
+    ``merge`` the base with the adapter folded in (:func:`datc.lora.save_adapter`); a full
+    policy is the same either way."""
     from omegaconf import OmegaConf
 
     from datc.config import validate
     from datc.models import load_pretrained
     from datc.prepare import ensure_assets
+    from datc.rundir import read_run_config
     from datc.tokenizer import load_tokenizer
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").exists():
         raise ExportError(f"{run_dir}: not a datc run directory (no config.yaml)")
     ckpt = _checkpoint_dir(run_dir, step)
-    c = validate(OmegaConf.load(run_dir / "config.yaml"))
+    c = validate(OmegaConf.create(read_run_config(run_dir)))  # checked against run.json
     if c.policy.path is not None:  # a given model: no data or cache needed
         policy_path, tok_path = c.policy.path, c.policy.tokenizer or c.policy.path
     else:
         assets = ensure_assets(c)
         policy_path, tok_path = assets.policy_path, assets.tokenizer_path
     model = load_pretrained("causal_lm", policy_path, "policy.path")  # the architecture; weights replaced
-    load_policy_weights(model, checkpoint_state_dict(ckpt))
     out = Path(out) if out is not None else run_dir / "export" / ckpt.name
+    if c.policy.lora.r > 0:
+        from datc.lora import add_adapters, load_trained_state, save_adapter
+
+        pm = add_adapters(model, c.policy.lora)
+        load_trained_state(model, checkpoint_state_dict(ckpt), str(ckpt))
+        return save_adapter(pm, load_tokenizer(tok_path), out, model.state_dict(), merge=merge)
+    load_policy_weights(model, checkpoint_state_dict(ckpt))
     return save_pretrained_dir(model, load_tokenizer(tok_path), out)
 
 
@@ -137,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run_dir", type=Path, help="the run directory (runs/<run_name>)")
     ap.add_argument("--checkpoint", type=int, default=None, help="the step to export (default: the last checkpoint)")
     ap.add_argument("--out", type=Path, default=None, help="output directory (default: <run_dir>/export/step_N)")
+    ap.add_argument("--merge", action="store_true",
+                    help="a LoRA run: write the base with the adapter merged in, not the adapter (a full policy: no change)")
     a = ap.parse_args(argv)
     from datc.config import ConfigError
     from datc.models import ModelLoadError
@@ -144,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_libraries()
     try:
-        out = export_checkpoint(a.run_dir, a.checkpoint, a.out)
+        out = export_checkpoint(a.run_dir, a.checkpoint, a.out, merge=a.merge)
     except (ExportError, ConfigError, ModelLoadError, FileNotFoundError) as e:
         print(f"datc-export: {e}", file=sys.stderr)
         return 2

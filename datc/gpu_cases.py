@@ -1,5 +1,5 @@
 """What runs inside one case's process of the GPU check (``python scripts/gpu_check.py``): building
-the random models at the presets' shapes, the credit timing, a few training steps through
+the random models at the presets' shapes, the credit timing, the decode loops, a few training steps through
 ``datc.trainer.train``, synced_gpus sampling under ZeRO-3, the FusedAdam build. Each case
 function takes its (picklable) spec and its folder and returns its numbers; :func:`_child` turns
 whatever happens into ``result.json`` there. Importable without CUDA (every heavy import is
@@ -8,6 +8,7 @@ inside a case); :func:`set_environment` is called by the script before torch is 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -176,6 +177,47 @@ def case_credit(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
             "peak_mib": peak, "repeats": spec["repeats"], "device": str(device)}
 
 
+def case_decode(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
+    """Decode at the family's shape (datc.decode_bench): ``rows`` responses (groups of 8 sharing
+    their prompt, as a preset's generation batch) of ``max_new_tokens`` forced tokens, the policy
+    loaded in fp32 as the trainer loads it and sampled under its bf16 autocast with cached weight
+    casts (the plain trainer's); the dynamic loop, the static step eager and replayed as a CUDA
+    graph (eager off CUDA); each one's fraction of the HBM bound, with the bandwidth of a
+    device-to-device copy measured here; and the graph's replay against the eager step."""
+    import torch
+
+    from datc.chat import prompt_encoder
+    from datc.config import validate
+    from datc.decode_bench import copy_bandwidth, graph_vs_eager, hbm_bound, time_modes
+    from datc.models import load_pretrained, resolve_device, resolve_dtype
+    from datc.tokenizer import load_tokenizer
+
+    c = validate(compose(spec["family"], spec["overrides"]))
+    device = resolve_device(c.trainer.device)
+    dtype = resolve_dtype(c.policy.dtype, device)
+    tok = load_tokenizer(c.policy.path)
+    policy = load_pretrained("causal_lm", c.policy.path, "policy.path").to(device).eval()
+    G, T = 8, spec["max_new_tokens"]
+    rows = [json.loads(x) for x in (Path(c.data.path) / "train.jsonl").read_text().splitlines()][: spec["rows"] // G]
+    ids, mask = prompt_encoder(c, tok).encode(rows, device)
+    ids, mask = ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)
+    low = dtype != torch.float32
+    bandwidth = copy_bandwidth(device, spec["copy_bytes"])
+    with torch.no_grad(), torch.autocast(device.type, dtype=dtype, enabled=low, cache_enabled=True):
+        bound = hbm_bound(policy, ids, mask, T, low, bandwidth)
+        modes = time_modes(policy, ids, mask, T, tok.eos_token_id, tok.pad_token_id, ["dynamic", "static", "static_graph",
+                                                                         "static_graph_to_budget"],
+                           spec["repeats"], prompt_repeats=G, sync_every=c.trainer.decode_sync_every)
+        check = graph_vs_eager(policy, ids, mask, spec["check_tokens"], tok.eos_token_id, tok.pad_token_id, G)
+    for r in modes.values():
+        if "step_s" in r:
+            r["hbm_fraction"] = bound["bound_step_s"] / r["step_s"]
+    return {"shape": {"rows": int(ids.shape[0]), "prompt_width": int(ids.shape[1]), "max_new_tokens": T},
+            "copy_bandwidth_gb_s": bandwidth / 1e9, "bound": bound, "modes": modes, "graph_vs_eager": check,
+            "sync_every": c.trainer.decode_sync_every, "autocast_dtype": str(dtype).replace("torch.", ""),
+            "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu", **_cuda_memory()}
+
+
 def _watch(run_dir: Path, steps: int, case_dir: Path, extra: dict[str, Any]) -> None:
     """Ends the process once ``steps`` training steps are in metrics.jsonl (the run's closing
     evaluation and checkpoint are not part of the check)."""
@@ -241,8 +283,11 @@ def case_train(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
 
 
 def case_synced(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
-    """Sampling with ``synced_gpus=True`` from a ZeRO-3 engine of the policy, bf16 autocast, one
-    process: the path ranks of a multi-GPU ZeRO-3 run take (each forward joins the gathers)."""
+    """Sampling from a ZeRO-3 engine of the policy, bf16 autocast, one process: with
+    ``synced_gpus=True`` and ZeRO's per-module gathers (the path ranks of a multi-GPU ZeRO-3 run
+    take with ``deepspeed.gather_for_generation=synced``: each forward joins the gathers), or,
+    with ``spec["gather"]``, from the training engine with its parameters gathered once for the
+    call (:meth:`datc.optim.DeepSpeedOptimizer.generation`, the ``gather`` path)."""
     import deepspeed
     import torch
 
@@ -261,34 +306,64 @@ def case_synced(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
         dtype = resolve_dtype(c.policy.dtype, device)
         tok = load_tokenizer(c.policy.path)
         policy = load_pretrained("causal_lm", c.policy.path, "policy.path").to(device)  # fp32, as the trainer
-        engine, *_ = deepspeed.initialize(model=policy, config=inference_config(c, dist.world_size))
+        gather = bool(spec.get("gather"))
+        if gather:  # the trainer's engine (an optimizer: its hooks are what the gather removes)
+            from datc.distributed import deepspeed_config
+            from datc.optim import DeepSpeedOptimizer
+
+            engine, *_ = deepspeed.initialize(model=policy, model_parameters=policy.parameters(),
+                                              config=deepspeed_config(c, dist.world_size, device))
+            context = DeepSpeedOptimizer(engine, None, dist).generation(True)
+        else:
+            engine, *_ = deepspeed.initialize(model=policy, config=inference_config(c, dist.world_size))
+            context = contextlib.nullcontext()
         rows = [json.loads(x) for x in (Path(c.data.path) / "train.jsonl").read_text().splitlines()][: spec["prompts"]]
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
             _sync(device)
             t0 = time.perf_counter()
-            ro = sample_groups(engine.module, tok, rows, c.trainer.num_generations, c.trainer.max_new_tokens,
-                               synced_gpus=True, encoder=prompt_encoder(c, tok))
+            with context:
+                ro = sample_groups(engine.module, tok, rows, c.trainer.num_generations, c.trainer.max_new_tokens,
+                                   synced_gpus=not gather, encoder=prompt_encoder(c, tok))
             _sync(device)
             seconds = time.perf_counter() - t0
         n = int(ro.response_mask.sum())
         partitioned = all(hasattr(p, "ds_id") for p in engine.module.parameters())
         return {"responses": int(ro.response_ids.shape[0]), "tokens": n, "seconds": seconds, "tokens_per_s": n / seconds,
+                "generation": "gathered once" if gather else "synced per-module gathers",
                 "autocast_dtype": str(dtype).replace("torch.", ""), "zero3_partitioned": partitioned, **_cuda_memory()}
     finally:
         dist.close()
 
 
 def case_fused_adam(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
-    """JIT-compile and load DeepSpeed's FusedAdam (CUDA only)."""
+    """JIT-compile and load DeepSpeed's FusedAdam (CUDA only), as ``optimizer_impl=auto`` does
+    (:func:`datc.distributed.use_torch_adam`: the arch list sanitized first, torch's AdamW if the
+    build still fails); reports the arch list before and after and which AdamW a run would get."""
+    import os
+
     import torch
+
+    from datc.distributed import use_torch_adam
 
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device: FusedAdam is a CUDA kernel")
     from deepspeed.ops.op_builder import FusedAdamBuilder
 
+    before = os.environ.get("TORCH_CUDA_ARCH_LIST")
     t0 = time.perf_counter()
-    FusedAdamBuilder().load()
-    return {"seconds": time.perf_counter() - t0}
+    errors: list[str] = []
+
+    def build():
+        try:
+            FusedAdamBuilder().load()
+        except Exception as e:
+            errors.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            raise
+
+    torch_adam = use_torch_adam("auto", torch.device("cuda"), build)
+    return {"seconds": time.perf_counter() - t0, "arch_list_before": before,
+            "arch_list_after": os.environ.get("TORCH_CUDA_ARCH_LIST"), "fused_adam_built": not torch_adam,
+            "adamw": "torch (fallback)" if torch_adam else "DeepSpeed FusedAdam", "error": errors[0] if errors else None}
 
 
 def case_fail(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
@@ -298,7 +373,7 @@ def case_fail(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
     raise RuntimeError("a deliberately failing case (--inject-failures)")
 
 
-KINDS = {"build": case_build, "credit": case_credit, "train": case_train, "synced": case_synced,
+KINDS = {"build": case_build, "credit": case_credit, "decode": case_decode, "train": case_train, "synced": case_synced,
          "fused_adam": case_fused_adam, "fail": case_fail}
 
 

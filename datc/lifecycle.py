@@ -7,6 +7,7 @@ rank writes its own shards and RNG state into the checkpoints.
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,10 @@ from omegaconf import DictConfig, OmegaConf
 from datc.checkpoint import latest_loadable_checkpoint
 from datc.config import ConfigError, TrainConfig
 from datc.distributed import Dist
+from datc.fingerprint import changes, fingerprints
 from datc.metrics import mean_of
 from datc.prepare import Assets
-from datc.rundir import RunDir, metrics_gaps
+from datc.rundir import RunDir, metrics_gaps, warn
 from datc.session import Session
 from datc.utils import atomic_write_json, rng_state, set_rng_state
 
@@ -54,6 +56,8 @@ def open_run(dist: Dist, path: str | Path, resolved: dict[str, Any], resume: str
         try:
             run = RunDir.open(path, resolved, resume)
             outcome = ("ok", run, run.read_summary())
+            if outcome[2] is not None:
+                run.check_finished_metrics()
         except ConfigError as e:
             dist.broadcast(("error", str(e), None))
             raise
@@ -61,6 +65,53 @@ def open_run(dist: Dist, path: str | Path, resolved: dict[str, Any], resume: str
     if outcome[0] == "error":
         raise ConfigError(outcome[1])
     return outcome[1], outcome[2]
+
+
+INPUTS_FILE = "inputs.json"  # fingerprints of the files the run loads (datc.fingerprint)
+
+
+def check_inputs(dist: Dist, c: TrainConfig, run: RunDir, assets: Assets) -> None:
+    """Record the fingerprints of the run's models, tokenizer and prompt data when it starts; on
+    a resume, refuse (naming the file) when one changed since, unless
+    ``trainer.accept_changed_inputs``. Rank 0 decides; every rank learns the outcome."""
+    error = None
+    if dist.is_main:
+        try:
+            _check_inputs(c, run, assets)
+        except ConfigError as e:
+            error = str(e)
+    error = dist.broadcast(error)
+    if error is not None:
+        raise ConfigError(error)
+
+
+def _check_inputs(c: TrainConfig, run: RunDir, assets: Assets) -> None:
+    tok = assets.tokenizer_path if assets.tokenizer_path != assets.policy_path else None
+    now = fingerprints({"policy": assets.policy_path, "reward": assets.reward_path, "tokenizer": tok,
+                        "data": assets.data_path})
+    path = run.path / INPUTS_FILE
+    if run.resumable and path.exists():
+        try:
+            before = json.loads(path.read_text())
+            diff = changes(before, now) if isinstance(before, dict) else None
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError):
+            diff = None
+        if diff is None:
+            warn(f"{path} is damaged; the inputs' fingerprints are recorded again from the files as they are now")
+        elif not diff:
+            return
+        elif not c.trainer.accept_changed_inputs:
+            more = f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""
+            raise ConfigError(
+                f"trainer.accept_changed_inputs: {run.path} was started with other inputs: {diff[0]}{more}; "
+                "restore them to resume this run, start it under another run_name, or resume with "
+                "trainer.accept_changed_inputs=true if the change is deliberate"
+            )
+        else:
+            warn(f"trainer.accept_changed_inputs: resuming {run.path} with changed inputs: {'; '.join(diff[:5])}")
+    elif run.resumable:
+        warn(f"{path} is missing (a run started before inputs were fingerprinted); recording them now")
+    atomic_write_json(path, now)
 
 
 def resume(s: Session, run: RunDir) -> tuple[int, float]:

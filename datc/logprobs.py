@@ -39,3 +39,37 @@ def entropy_from_logits(logits: Tensor, chunk: int | None = None) -> Tensor:
         logp = torch.log_softmax(logits[i : i + chunk].float(), -1)
         out[i : i + chunk] = -(logp.exp() * logp).sum(-1)
     return out
+
+
+def _head_chunk(head, h: Tensor, index: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+    z = head(h).float()
+    if temperature != 1.0:
+        z = z / temperature
+    logps = z.gather(-1, index[..., None]).squeeze(-1) - torch.logsumexp(z, -1)
+    with torch.no_grad():
+        logp = torch.log_softmax(z.detach(), -1)
+        ent = -(logp.exp() * logp).sum(-1)
+    return logps, ent
+
+
+def chunked_head_logps(head, hidden: Tensor, index: Tensor, temperature: float, chunk: int) -> tuple[Tensor, Tensor]:
+    """Log-probs of ``index`` under ``softmax(head(hidden) / temperature)`` and the entropies
+    (nats, no gradient), ``chunk`` positions at a time, so that no (B, T, V) logits exist: each
+    chunk's LM head and log-softmax run under activation checkpointing, so the backward keeps
+    only the (B, chunk, V) logits of the chunk it is in (the fused linear-cross-entropy idea of
+    Liger's ``LigerFusedLinearCrossEntropyLoss``, here without a custom kernel). ``head``: the
+    LM head (a module or function, (…, d) -> (…, V)); hidden (B, T, d), index (B, T) long.
+    The same values as :func:`selective_log_softmax` of the whole logits, up to the rounding of
+    the LM head's product over fewer rows. -> ((B, T) float32 with a graph, (B, T) float32)"""
+    from torch.utils.checkpoint import checkpoint
+
+    logps, ents = [], []
+    for s in range(0, hidden.shape[1], chunk):
+        h, ix = hidden[:, s : s + chunk], index[:, s : s + chunk]
+        if torch.is_grad_enabled() and h.requires_grad:
+            lp, ent = checkpoint(_head_chunk, head, h, ix, temperature, use_reentrant=False)
+        else:
+            lp, ent = _head_chunk(head, h, ix, temperature)
+        logps.append(lp)
+        ents.append(ent)
+    return torch.cat(logps, 1), torch.cat(ents, 1)

@@ -78,6 +78,30 @@ def param_count(arch: dict[str, Any], kind: str) -> int:
     return sum(p.numel() for p in model.parameters())  # parameters() yields a tied tensor once
 
 
+def lora_param_count_formula(a: Arch, r: int) -> int:
+    """Adapter parameters of LoRA rank ``r`` on every attention and MLP projection of a
+    Llama/Qwen3 decoder (``datc.lora.DEFAULT_TARGETS``): a map of d_in -> d_out gets A (r, d_in)
+    and B (d_out, r), r·(d_in + d_out); per layer q (h -> q), k and v (h -> kv), o (q -> h),
+    gate and up (h -> I), down (I -> h): r·(7h + 2q + 2kv + 3I)."""
+    return r * a.layers * (7 * a.hidden + 2 * a.q_dim + 2 * a.kv_dim + 3 * a.intermediate)
+
+
+def lora_param_count(arch: dict[str, Any], lora) -> int:
+    """Exact adapter parameter count: the ``arch`` model built on the meta device with
+    ``policy.lora``'s adapters added (:func:`datc.lora.add_adapters`)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from datc.lora import add_adapters
+
+    a = dict(arch)
+    conf = AutoConfig.for_model(a.pop("model_type"), **a)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(conf)
+        add_adapters(model, lora)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
 def zero_memory(n_params: int, stage: int, n_gpus: int) -> dict[str, float]:
     """Bytes per GPU of the trained policy's model states under DeepSpeed with fp32 parameters
     (bf16 only through torch autocast) and AdamW:

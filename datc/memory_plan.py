@@ -29,6 +29,7 @@ from datc.memory_formulas import (
     frozen_memory,
     gathered_working_set,
     kv_cache_bytes,
+    lora_param_count,
     no_grad_pass_bytes,
     param_count,
     update_logits_bytes,
@@ -37,7 +38,8 @@ from datc.memory_formulas import (
 )
 
 COMMAND = "datc-memory-plan"
-PRESETS = ("qwen3_ultrafeedback", "qwen3_hh_rlhf", "llama32_ultrafeedback", "llama32_hh_rlhf")
+FULL_PRESETS = ("qwen3_ultrafeedback", "qwen3_hh_rlhf", "llama32_ultrafeedback", "llama32_hh_rlhf")
+PRESETS = FULL_PRESETS + tuple(f"{p}_lora" for p in FULL_PRESETS)  # each with a LoRA policy (datc.lora)
 GPU_COUNTS = (1, 2, 4, 8)
 FIT_COUNTS = (1, 2, 4, 8, 16)
 STAGES = (2, 3)
@@ -99,14 +101,18 @@ def plan(c, counts: dict[str, int], stage: int, n_gpus: int) -> dict[str, Any]:
     logit_rows = rows if reuse or not scheme.row_local else min(pass_micro, rows)
     held_logits = 4 * logit_rows * T * V if (reuse or POLICY_LOGITS in needs) else 0
 
-    z = zero_memory(phi_p, stage, n_gpus)
+    lora = c.policy.lora.r > 0
+    phi_a = counts.get("adapter", 0) if lora else 0
+    # LoRA: fp32 states of the adapters alone, the base frozen in bf16, the reference = the base
+    z = zero_memory(phi_a if lora else phi_p, stage, n_gpus)
     static = {
-        "policy_weights": z["weights"], "grads": z["grads"], "optimizer": z["optimizer"],
-        "reference": frozen_memory(phi_p, stage, n_gpus) if t.beta > 0 else 0.0,
+        "policy_weights": z["weights"] + (frozen_memory(phi_p, stage, n_gpus) if lora else 0.0),
+        "grads": z["grads"], "optimizer": z["optimizer"],
+        "reference": frozen_memory(phi_p, stage, n_gpus) if t.beta > 0 and not lora else 0.0,
         "reward_model": frozen_memory(phi_r, stage, n_gpus),
         "rm_embedding": 4 * ra.vocab * ra.hidden if RM_EMBEDDING in needs else 0.0,  # gathered, fp32
     }
-    gather_p = gathered_working_set(pa, phi_p, 4) if stage == 3 else 0.0
+    gather_p = gathered_working_set(pa, phi_p, 2 if lora else 4) if stage == 3 else 0.0
     gather_f = gathered_working_set(ra, phi_r, 2) if stage == 3 else 0.0
     rm_grad = 4 * rows * T * ra.hidden if RM_GRAD in needs else 0.0  # (rows, T, d) fp32
     gen_rows = min(t.generation_batch_size or rows, rows)  # responses per sampling call
@@ -118,7 +124,8 @@ def plan(c, counts: dict[str, int], stage: int, n_gpus: int) -> dict[str, Any]:
     logits_update = max(update_logits_bytes(micro, P, T, V), entropy_pass_bytes(micro, T, V))
     pass_bytes = no_grad_pass_bytes(min(pass_micro, rows), P, T, V, pa.hidden, pa.intermediate)
     credit_chunk = datc_chunk_bytes(c.credit.get("chunk_size"), V) if POLICY_LOGITS in needs else 0.0
-    weight_copy = 2 * phi_p  # autocast's bf16 weight casts, saved for backward (no cast cache under DeepSpeed)
+    # autocast's bf16 weight casts, saved for backward (no cast cache under DeepSpeed); a bf16 LoRA base is not cast
+    weight_copy = 2 * (phi_a if lora else phi_p)
     buffers = zero_buffers(stage, c.deepspeed.overlap_comm)
     phases = {
         "generate": kv + prefill + (2 * held_logits if reuse else 0.0) + gather_p,
@@ -151,6 +158,11 @@ def plan_preset(preset: str, gpu_gib: float, reserve_gib: float, overrides: list
         if key not in cache:
             cache[key] = param_count(arch, kind)
         counts[role] = cache[key]
+    if c.policy.lora.r > 0:
+        key = ("lora", str(c.policy.lora), tuple(sorted((k, str(v)) for k, v in c.policy.arch.items())))
+        if key not in cache:
+            cache[key] = lora_param_count(c.policy.arch, c.policy.lora)
+        counts["adapter"] = cache[key]
     out: dict[str, Any] = {"preset": preset, "policy": c.policy.name, "reward": c.reward.name,
                            "credit": c.credit.get("name"), "params": counts,
                            "batch": {"batch_size": c.trainer.batch_size, "num_generations": c.trainer.num_generations,
@@ -210,6 +222,8 @@ def render(plans: list[dict[str, Any]], command: str, gpu_gib: float, reserve_gi
         for stage, s in p["stages"].items():
             cells = [(_gib(s["per_gpus"][n]["total"]) if s["per_gpus"][n]["allowed"] else "-") for n in GPU_COUNTS]
             params = f"{p['params']['policy'] / 1e9:.3f} / {p['params']['reward'] / 1e9:.3f}"
+            if "adapter" in p["params"]:
+                params += f" (LoRA {p['params']['adapter'] / 1e6:.1f}M)"
             lines.append(f"| {p['preset']} | {stage[-1]} | {params} | {' | '.join(cells)} | {s['gpus_needed'] or 'none'} |")
     lines += ["", "## How the numbers are computed", "",
               "Φ = parameter count (exact: the `arch` block built with transformers on the meta device), N = processes,",
@@ -222,7 +236,12 @@ def render(plans: list[dict[str, Any]], command: str, gpu_gib: float, reserve_gi
               "- optimizer: AdamW moments 8Φ/N, plus DeepSpeed's fp32 copy of the partition 4Φ/N under ZeRO-2",
               "  (ZeRO-3 with an fp32 model updates the partition in place);",
               "- reference policy (trainer.beta > 0) and reward model in bf16: 2Φ each, /N under ZeRO-3;",
-              "- DATC: the reward model's input embedding gathered in fp32, 4·V·h.", "",
+              "- DATC: the reward model's input embedding gathered in fp32, 4·V·h;",
+              "- LoRA presets (`*_lora`, policy.lora.r > 0, Φa adapter parameters counted exactly on the meta",
+              "  device): the states above for Φa instead of Φ, plus the frozen base in bf16, 2Φ (/N under",
+              "  ZeRO-3), and no reference model (the base with its adapters disabled is the reference);",
+              "  autocast's weight casts 2Φa; activations as the full policy's (the adapters' A keeps each",
+              "  targeted projection's input, which the full policy's weight gradient keeps too).", "",
               "Phases (each adds to the static part; the peak is the largest):",
               "- generate, in calls of g = min(trainer.generation_batch_size, rows) responses: KV cache",
               "  L·g·(P+T)·kv·(4+2) bytes (keys come out of RoPE in fp32 under autocast, values bf16) + prefill",

@@ -11,6 +11,7 @@ import torch
 from datc.chat import RewardInputs, prompt_encoder
 from datc.config import ConfigError, TrainConfig
 from datc.distributed import Dist, inference_config
+from datc.lora import AdaptersOff, add_adapters, lora_on
 from datc.models import freeze, load_pretrained, resolve_dtype
 from datc.prepare import Assets
 from datc.rollout import Rollout
@@ -30,6 +31,7 @@ class Models:
     rm_inputs: Any = None  # datc.chat.RewardInputs: the reward model's inputs (its own chat template)
     share_prompts: bool = True  # forwards compute each distinct prompt once (datc.shared_prompt)
     trunk: int = 0  # leading blocks the reward model shares with the reference, run once for both (datc.trunk)
+    adapter: Any = None  # the peft.PeftModel around ``policy`` when it trains LoRA adapters (datc.lora), else None
 
     def score_inputs(self, ro: Rollout):
         return self.rm_inputs(ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask, ro.examples)
@@ -52,8 +54,15 @@ def load_models(c: TrainConfig, assets: Assets, device: torch.device, dist: Dist
     dist = dist or Dist()
     dtype = resolve_dtype(c.policy.dtype, device)
     tok = load_tokenizer(assets.tokenizer_path)
-    policy = load_pretrained("causal_lm", assets.policy_path, "policy.path").to(device)  # fp32 master weights
-    ref = freeze(load_pretrained("causal_lm", assets.policy_path, "policy.path", dtype).to(device)) if c.trainer.beta > 0 else None
+    if lora_on(c):  # the base frozen at the compute dtype, fp32 adapters; the reference: adapters off
+        adapter = add_adapters(load_pretrained("causal_lm", assets.policy_path, "policy.path", dtype).to(device),
+                               c.policy.lora, c.seed)
+        policy = adapter.base_model.model
+        ref = AdaptersOff(policy) if c.trainer.beta > 0 else None
+    else:
+        adapter = None
+        policy = load_pretrained("causal_lm", assets.policy_path, "policy.path").to(device)  # fp32 master weights
+        ref = freeze(load_pretrained("causal_lm", assets.policy_path, "policy.path", dtype).to(device)) if c.trainer.beta > 0 else None
     rm = freeze(load_pretrained("reward", assets.reward_path, "reward.path", dtype).to(device))
     rm_tok = load_tokenizer(assets.reward_path, "reward.path") if c.reward.path is not None else tok
     if rm_tok.get_vocab() != tok.get_vocab():
@@ -63,7 +72,7 @@ def load_models(c: TrainConfig, assets: Assets, device: torch.device, dist: Dist
             "policy's sampled ids as they are (use a reward model of the policy's family)"
         )
     vocab = policy.get_output_embeddings().weight.shape[0]
-    ref = _frozen(ref, c, dist) if ref is not None else None
+    ref = _frozen(ref, c, dist) if ref is not None and adapter is None else ref
     rm = _frozen(rm, c, dist)
     encoder = prompt_encoder(c, tok)
     synced = dist.enabled and c.deepspeed.stage == 3 and dist.world_size > 1
@@ -74,5 +83,6 @@ def load_models(c: TrainConfig, assets: Assets, device: torch.device, dist: Dist
     trunk = (shared_trunk_depth(ref, rm) if share and c.trainer.share_trunk and not c.reward.chat_template
              and not (dist.enabled and inference_config(c, dist.world_size) is not None) else 0)
     return Models(policy, ref, rm, tok, vocab, synced_gpus=synced, encoder=encoder,
-                  rm_inputs=RewardInputs(rm_tok, encoder, c.reward.chat_template), share_prompts=share, trunk=trunk)
+                  rm_inputs=RewardInputs(rm_tok, encoder, c.reward.chat_template), share_prompts=share, trunk=trunk,
+                  adapter=adapter)
 

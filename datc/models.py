@@ -15,6 +15,11 @@ from transformers import (
     PreTrainedModel,
 )
 
+# Said, not detected, on a machine without CUDA: DeepSpeed (imported by transformers' loading
+# path) otherwise logs "Setting accelerator to CPU" on every command.
+if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
+    os.environ["DS_ACCELERATOR"] = "cpu"
+
 
 class ModelLoadError(RuntimeError):
     """A model or tokenizer that cannot be loaded, with how to point at a local copy."""

@@ -17,6 +17,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from datc.hashing import config_hash
+
 CONFIG_ID_LEN = 6  # hex digits: 16.7 M values, plenty for the runs one project holds
 
 
@@ -25,7 +27,6 @@ def config_id(root: DictConfig) -> str:
     Hydra's node; raw or already merged into the schema: both give the same hash)."""
     from datc.config import TrainConfig
     from datc.rundir import NON_IDENTITY, identity
-    from datc.utils import config_hash
 
     # Only the identity fields are resolved (run_name and run_dir refer to this hash).
     keys = [k for k in root if k not in NON_IDENTITY and k != "hydra"]

@@ -15,7 +15,9 @@ talk to a :class:`PolicyOptimizer` and never ask which one it is:
 
 from __future__ import annotations
 
+import contextlib
 import math
+import warnings
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,6 +26,7 @@ import torch
 from datc.checkpoint import load_engine_checkpoint, save_checkpoint, save_engine_checkpoint
 from datc.config import ConfigError
 from datc.distributed import Dist
+from datc.lora import load_trained_state, trained_state
 
 
 class PolicyOptimizer(Protocol):
@@ -49,6 +52,9 @@ class PolicyOptimizer(Protocol):
 
     def load(self, ckpt: Path, state: dict[str, Any]) -> dict[str, Any]: ...
 
+    def generation(self, gather: bool):
+        """A context for sampling from the policy; ``gather``: with its parameters whole."""
+
 
 class TorchOptimizer:
     world_size = 1
@@ -69,25 +75,46 @@ class TorchOptimizer:
         stepped = bool(backpropagated and torch.isfinite(grad_norm))  # never step on a non-finite gradient
         if stepped:
             self.opt.step()
-        self.sched.step()
+            self._stepped = True
+            # The step runs inside one autocast region, whose cache holds the low-precision casts of
+            # the weights made in grad mode, unversioned: after the update they are stale, and the
+            # next mini-batch's forwards would use the old weights' casts.
+            torch.clear_autocast_cache()
+        self._schedule()
         return float(grad_norm), not stepped
 
     def skip(self) -> None:
-        self.sched.step()
+        self._schedule()
+
+    def _schedule(self) -> None:
+        """Advance the learning-rate schedule. A skipped first step advances it before any
+        optimizer step, on purpose (the schedule counts updates, taken or not): torch's warning
+        about that order is silenced, and only then."""
+        if getattr(self, "_stepped", False):
+            self.sched.step()
+            return
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before `optimizer.step\(\)`")
+            self.sched.step()
 
     @property
     def lr(self) -> float:
         return self.sched.get_last_lr()[0]
 
     def save(self, run_path: Path, step: int, rng: Any, elapsed: float, keep: int) -> None:
-        save_checkpoint(run_path, step, {"policy": self.module.state_dict(), "optimizer": self.opt.state_dict(),
+        # a LoRA policy's checkpoint holds its adapters and their optimizer state, not the frozen base
+        save_checkpoint(run_path, step, {"policy": trained_state(self.module, self.module.state_dict()),
+                                         "optimizer": self.opt.state_dict(),
                                          "scheduler": self.sched.state_dict(), "rng": rng, "elapsed": elapsed}, keep)
+
+    def generation(self, gather: bool):
+        return contextlib.nullcontext()
 
     def load(self, ckpt: Path, state: dict[str, Any]) -> dict[str, Any]:
         if state.get("deepspeed"):
             raise ConfigError(f"deepspeed: {ckpt} was written under DeepSpeed ({state['world_size']} processes); "
                               "resume it with the same deepspeed stage and process count")
-        self.module.load_state_dict(state["policy"])
+        load_trained_state(self.module, state["policy"], str(ckpt))
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         return state
@@ -128,3 +155,14 @@ class DeepSpeedOptimizer:
 
     def load(self, ckpt: Path, state: dict[str, Any]) -> dict[str, Any]:
         return load_engine_checkpoint(ckpt, self.module, self.dist.rank, self.dist.world_size)
+
+    def generation(self, gather: bool):
+        """With ``gather`` (ZeRO-3), the policy's parameters gathered once for the whole sampling
+        call and ZeRO's per-module hooks removed meanwhile (DeepSpeed's
+        ``unwrap_model_for_generation``, which TRL's ``ds3_gather_for_generation`` uses): no
+        all-gather per token, and no rank waits for the others' responses to end."""
+        if not gather:
+            return contextlib.nullcontext()
+        from deepspeed.runtime.zero import unwrap_model_for_generation
+
+        return unwrap_model_for_generation(self.module)

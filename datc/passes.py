@@ -6,13 +6,14 @@ size. Logits are divided by the sampling temperature, so log-probs are the sampl
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
 from datc.credit.base import ENTROPY, OLD_LOGPS, POLICY_HIDDEN, POLICY_LOGITS
-from datc.logprobs import entropy_from_logits, selective_log_softmax
+from datc.logprobs import chunked_head_logps, entropy_from_logits, selective_log_softmax
 from datc.rollout import Rollout, position_ids, with_prompts
 from datc.shared_prompt import forward_after_prompts, prompt_groups
 
@@ -52,6 +53,18 @@ class Passes:
         """:func:`policy_logits` (with a graph where grad is enabled)."""
         return policy_logits(model, ro, rows, self.temperature, self.share)
 
+    def token_logps(self, model, ro: Rollout, rows: slice | torch.Tensor, head_chunk: int | None):
+        """The policy's log-probs of the sampled ids (b, T) with a graph, and its entropies (b, T,
+        no graph). ``head_chunk`` positions at a time through the LM head
+        (:func:`datc.logprobs.chunked_head_logps`: no (b, T, V) logits held), or None: the whole
+        logits at once, as :func:`policy_logits`."""
+        if head_chunk is None:
+            z = self.logits(model, ro, rows)
+            return selective_log_softmax(z, ro.response_ids[rows]), entropy_from_logits(z.detach())
+        _, h = policy_forward(model, ro, rows, share=self.share, head=False)
+        head = getattr(model, "module", model).get_output_embeddings()
+        return chunked_head_logps(head, h, ro.response_ids[rows], self.temperature, head_chunk)
+
     def rollout_pass(self, model, ro: Rollout, keep_logits: bool = False, keep_hidden: bool = False,
                      with_entropy: bool = True):
         """:func:`rollout_policy_pass`."""
@@ -63,12 +76,18 @@ class Passes:
         return logps_under_prompts(model, tok, ro, self.temperature, self.micro, encoder, self.share)
 
 
-def policy_forward(model, ro: Rollout, rows: slice | torch.Tensor, hidden: bool = False, share: bool = True):
+def policy_forward(model, ro: Rollout, rows: slice | torch.Tensor, hidden: bool = False, share: bool = True,
+                   head: bool = True):
     """The policy's raw logits over the response positions (b, T, V), each position's logits
     predicting its token, and with ``hidden`` the LM-head inputs there (b, T, d; the last
     hidden state after the final norm), else None. With ``share`` each distinct prompt of the
     rows is forwarded once (:mod:`datc.shared_prompt`; with gradients as well); otherwise, or
-    for a one-token prompt width, one forward of ``prompt + response``."""
+    for a one-token prompt width, one forward of ``prompt + response``. ``head=False``: the LM
+    head runs at one position only and the logits returned are None (the caller applies the
+    head itself, :meth:`Passes.token_logps`)."""
+    if not head:
+        _, h = policy_forward(_OneLogit(model), ro, rows, True, share)
+        return None, h
     P, T = ro.prompt_ids.shape[1], ro.response_ids.shape[1]
     pids, pmask = ro.prompt_ids[rows], ro.prompt_mask[rows]
     groups = prompt_groups(pids, pmask) if share and P > 1 else None
@@ -76,7 +95,7 @@ def policy_forward(model, ro: Rollout, rows: slice | torch.Tensor, hidden: bool 
         ids, am = ro.input_ids[rows], ro.attention_mask[rows]
         # the LM head only at the T positions that predict a response token (not at the prompt's)
         out = model(input_ids=ids, attention_mask=am.long(), position_ids=position_ids(am), logits_to_keep=T + 1,
-                    output_hidden_states=hidden)
+                    output_hidden_states=hidden, use_cache=False)
         return out.logits[:, :-1], (out.hidden_states[-1][:, P - 1 : -1] if hidden else None)
     # The prompts but their last token go through once; each row's continuation is its prompt's
     # last token (whose logits predict the first response token) and its response but the last:
@@ -86,6 +105,68 @@ def policy_forward(model, ro: Rollout, rows: slice | torch.Tensor, hidden: bool 
     _, out = forward_after_prompts(model, pmask[:, :-1], cont_mask, groups, prompt_ids=pids[:, :-1], cont_ids=cont_ids,
                                    prompt_kwargs={"logits_to_keep": 1}, output_hidden_states=hidden)
     return out.logits, (out.hidden_states[-1] if hidden else None)
+
+
+def decoder_layers(model) -> list | None:
+    """The decoder blocks of a causal LM (``base_model.layers``: Llama, Qwen, Mistral;
+    ``base_model.h``: GPT-2), or None for another layout. A DeepSpeed engine's are its module's."""
+    base = getattr(getattr(model, "module", model), "base_model", None)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        layers = getattr(base, "h", None)
+    return list(layers) if layers is not None else None
+
+
+@contextmanager
+def checkpointed_layers(model):
+    """Activation checkpointing of the policy's decoder blocks while the context is open (the
+    update's forwards and backwards): each block's activations are recomputed in the backward
+    instead of kept (``torch.utils.checkpoint``, non-reentrant). Unlike transformers' own switch
+    it does not need the model in training mode (the policy stays in eval mode: dropout off, so
+    the loss sees the distribution that sampled). A block called with a KV cache (the shared-prompt
+    forward's continuation) is not checkpointed: recomputing it would append to the cache again;
+    the plan turns shared prompts off for the update when checkpointing (``StepPlan.update_passes``)."""
+    from torch.utils.checkpoint import checkpoint
+
+    layers = decoder_layers(model)
+    if layers is None:
+        raise ValueError("trainer.gradient_checkpointing: the policy has no base_model.layers or base_model.h")
+    originals = [(blk.forward, "forward" in vars(blk), vars(blk).get("forward")) for blk in layers]
+
+    def wrap(fwd):
+        def forward(*args, **kwargs):
+            cached = any(kwargs.get(k) is not None for k in ("past_key_values", "past_key_value", "cache", "layer_past"))
+            if not torch.is_grad_enabled() or cached:
+                return fwd(*args, **kwargs)
+            return checkpoint(fwd, *args, use_reentrant=False, **kwargs)
+
+        return forward
+
+    try:
+        for blk, (fwd, _, _) in zip(layers, originals, strict=True):
+            blk.forward = wrap(fwd)
+        yield
+    finally:
+        for blk, (_, own, fwd) in zip(layers, originals, strict=True):
+            if own:
+                blk.forward = fwd  # an instance's own forward (a hook's wrapper), as it was
+            else:
+                del blk.forward  # the class's forward again
+
+
+class _OneLogit:
+    """A model whose forwards compute the LM head at their last position only (``logits_to_keep=1``):
+    for a caller that wants the hidden states and applies the head itself."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def __call__(self, **kw):
+        kw["logits_to_keep"] = 1
+        return self.model(**kw)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
 
 
 def policy_logits(model, ro: Rollout, rows: slice | torch.Tensor, temperature: float, share: bool = True) -> torch.Tensor:

@@ -38,6 +38,7 @@ class Assets:
     train: Any  # datasets.Dataset of prompt rows
     eval: Any
     task: Task | None
+    data_path: str | None = None  # the prompt file or directory loaded (None: a hub dataset)
 
 
 def materialize_gguf(pcfg, cache: Path) -> str:
@@ -115,6 +116,17 @@ def check_lengths(c: TrainConfig, tok, train_ds, eval_ds, policy_path: str | Non
             f"trainer.max_new_tokens={c.trainer.max_new_tokens} exceed the policy's context of {ctx} tokens"
         )
     return out[0], out[1]
+
+
+def data_source(cfg: TrainConfig) -> str | None:
+    """The local file or directory the prompts are read from (the testbed's generated files),
+    None for a hub dataset."""
+    from datc.data import testbed_data_dir
+
+    d = cfg.data
+    if d.task is not None and d.path is None:
+        return str(testbed_data_dir(cfg.cache_dir, d.task, d.train_size, d.eval_size, d.norm_len))
+    return d.path if Path(d.path).exists() else None
 
 
 def ensure_assets(cfg: TrainConfig) -> Assets:
@@ -201,7 +213,7 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
             import json
 
             rm_report = json.loads(report_file.read_text())
-    return Assets(tok_path, policy_path, reward_path, rm_report, train_ds, eval_ds, task)
+    return Assets(tok_path, policy_path, reward_path, rm_report, train_ds, eval_ds, task, data_source(cfg))
 
 
 def main() -> None:

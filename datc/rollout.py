@@ -5,13 +5,15 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 from transformers import DynamicCache
 
 from datc.fast_decode import lean_decoder
+from datc.sampling import sample_categorical, top_p_filter
+from datc.static_decode import static_decoder
 
 
 @dataclass
@@ -103,33 +105,6 @@ def cache_kwarg(model) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def top_p_filter(scores: Tensor, top_p: float) -> Tensor:
-    """Nucleus filter, as transformers' ``TopPLogitsWarper`` (``min_tokens_to_keep=1``): the
-    smallest-probability tokens whose cumulative mass is at most ``1 - top_p`` get ``-inf``."""
-    sorted_logits, sorted_indices = torch.sort(scores, descending=False)
-    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-    remove = cumulative <= (1 - top_p)
-    remove[..., -1:] = False
-    return scores.masked_fill(remove.scatter(1, sorted_indices, remove), -float("inf"))
-
-
-def sample_categorical(probs: Tensor) -> Tensor:
-    """One draw per row of ``probs`` (B, V) by inverting its cumulative sum with one uniform
-    number per row: the same distribution as ``torch.multinomial(probs, 1)``, at a small
-    fraction of its cost on the CPU (multinomial was a sixth of the rollout). Tokens of
-    probability 0 (top-p, banned EOS) are never drawn. -> (B,) long"""
-    cdf = probs.cumsum(-1)
-    u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
-    idx = torch.searchsorted(cdf, u, right=True).squeeze(1)
-    # u * total can round up to the total (idx = V, past the end; any idx < V has cdf[idx] > u,
-    # so a positive probability): fall back to the last token of positive probability
-    V = probs.shape[1]
-    if bool((idx >= V).any()):
-        last = V - 1 - (probs.flip(-1) > 0).to(torch.int8).argmax(-1)
-        idx = torch.minimum(idx, last)
-    return idx
-
-
 def _any_unfinished(unfinished: Tensor, synced_gpus: bool) -> bool:
     """Whether any row (on any rank, with ``synced_gpus``) is still sampling."""
     if not synced_gpus:
@@ -139,10 +114,39 @@ def _any_unfinished(unfinished: Tensor, synced_gpus: bool) -> bool:
     return bool(flag.item() > 0)
 
 
+class Prefill(NamedTuple):
+    """The prompts forwarded once: what both decode loops continue from."""
+
+    cache: dict[str, DynamicCache]  # {the forward's name for it: the KV cache of the prompts}, B rows
+    logits: Tensor  # (B, V) the first response token's logits, in the model's output dtype
+    next_pos: Tensor  # (B, 1) long, the first response token's position (padding skipped)
+
+
+@torch.no_grad()
+def prefill(policy, ids: Tensor, mask: Tensor, prompt_repeats: int = 1) -> Prefill:
+    """Forward the prompts ids/mask (B, P), left-padded, filling a ``DynamicCache``.
+    ``prompt_repeats`` k: the rows come in runs of k identical prompts (a group), so each run's
+    prompt is forwarded once and its KV cache and logits are repeated k times."""
+    B, k = ids.shape[0], prompt_repeats
+    am = mask.long()
+    pos = position_ids(mask)
+    cache = {cache_kwarg(policy): DynamicCache()}  # filled in place by each forward
+    if k > 1 and (B % k or not torch.equal(ids, ids[::k].repeat_interleave(k, 0))):
+        raise ValueError(f"prompt_repeats={k}: the rows are not runs of {k} identical prompts")
+    out = policy(input_ids=ids[::k], attention_mask=am[::k], position_ids=pos[::k], use_cache=True, logits_to_keep=1,
+                 **cache)
+    logits = out.logits[:, -1]
+    if k > 1:  # each prompt's cache and next-token logits, once per response of its group
+        next(iter(cache.values())).batch_repeat_interleave(k)
+        logits = logits.repeat_interleave(k, 0)
+    return Prefill(cache, logits, pos[:, -1:] + 1)
+
+
 @torch.no_grad()
 def sample_tokens(policy, ids: Tensor, mask: Tensor, max_new_tokens: int, temperature: float, top_p: float,
                   eos_id: int, pad_id: int, min_new_tokens: int = 0, keep_logits: bool = False,
-                  synced_gpus: bool = False, prompt_repeats: int = 1) -> tuple[Tensor, Tensor | None]:
+                  synced_gpus: bool = False, prompt_repeats: int = 1, decode: str = "dynamic", sync_every: int = 8,
+                  graph: bool = True) -> tuple[Tensor, Tensor | None]:
     """Sampling with the KV cache, the steps of transformers' ``generate`` for
     ``do_sample=True, top_k=0`` (float32 logits of the last position; EOS forbidden before
     ``min_new_tokens``; ``/ temperature``; top-p; ``softmax``; one draw; finished rows get the
@@ -156,23 +160,25 @@ def sample_tokens(policy, ids: Tensor, mask: Tensor, max_new_tokens: int, temper
     ``synced_gpus`` a rank whose rows are all done keeps forwarding (pads) until every rank is,
     as generate's ``synced_gpus`` does, so ZeRO-3's collective parameter gathers stay matched.
     ``prompt_repeats`` k: the rows come in runs of k identical prompts (a group), so the prefill
-    forwards each run's prompt once and repeats its KV cache and logits k times."""
+    forwards each run's prompt once and repeats its KV cache and logits k times.
+
+    ``decode="static"``: after the same prefill, the decode steps run on a static KV cache as
+    one step captured as a CUDA graph on CUDA (``graph=False``: eagerly, as on CPU), checking
+    for finished rows every ``sync_every`` steps (:mod:`datc.static_decode`: the same
+    distribution and logits to float rounding; a model or case it cannot take decodes here,
+    after one log line saying why). ``"dynamic"``: this loop."""
     B = ids.shape[0]
+    cache, logits, next_pos = prefill(policy, ids, mask, prompt_repeats)
+    if decode == "static" and max_new_tokens > 1:
+        dec = static_decoder(policy, cache, mask, logits, next_pos, max_new_tokens, temperature=temperature, top_p=top_p,
+                             eos_id=eos_id, pad_id=pad_id, min_new_tokens=min_new_tokens, keep_logits=keep_logits,
+                             synced_gpus=synced_gpus)
+        if dec is not None:
+            del cache  # the prefill's keys and values are in the static cache now
+            return dec.run(sync_every, graph=graph and ids.is_cuda)
     am = mask.long()
-    pos = position_ids(mask)
-    cache = {cache_kwarg(policy): DynamicCache()}  # filled in place by each forward
-    k = prompt_repeats
-    if k > 1 and (B % k or not torch.equal(ids, ids[::k].repeat_interleave(k, 0))):
-        raise ValueError(f"prompt_repeats={k}: the rows are not runs of {k} identical prompts")
-    out = policy(input_ids=ids[::k], attention_mask=am[::k], position_ids=pos[::k], use_cache=True, logits_to_keep=1,
-                 **cache)
-    logits = out.logits[:, -1]
-    if k > 1:  # each prompt's cache and next-token logits, once per response of its group
-        next(iter(cache.values())).batch_repeat_interleave(k)
-        logits = logits.repeat_interleave(k, 0)
     # GPT-2: the same decode forward without transformers' per-call plumbing (datc.fast_decode)
     lean = lean_decoder(policy, next(iter(cache.values())), mask) if max_new_tokens > 1 and not synced_gpus else None
-    next_pos = pos[:, -1:] + 1
     unfinished = torch.ones(B, dtype=torch.bool, device=ids.device)
     tokens = []
     # kept logits go straight into one buffer: a (B, V) tensor kept per step would take fresh
@@ -224,6 +230,8 @@ def sample_groups(
     encoder=None,
     min_new_tokens: int = 0,
     share_prompts: bool = True,
+    decode: str = "dynamic",
+    sync_every: int = 8,
 ) -> Rollout:
     """Sample ``num_generations`` responses per prompt (pure sampling: ``top_k`` off, so the
     sampling distribution is ``softmax(z / temperature)`` up to top-p; see ``sample_tokens``).
@@ -233,7 +241,8 @@ def sample_groups(
     ``encoder`` (a :class:`datc.chat.PromptEncoder`) renders the prompts; without one the
     ``prompt_field`` text is tokenized as is. ``min_new_tokens`` forbids EOS before that many
     tokens (the benchmark uses it to fix the response length). ``share_prompts``: the prefill
-    forwards each prompt once for its group (``sample_tokens``' ``prompt_repeats``)."""
+    forwards each prompt once for its group (``sample_tokens``' ``prompt_repeats``). ``decode``
+    and ``sync_every``: ``sample_tokens``' decode loop (``"static"``: :mod:`datc.static_decode`)."""
     device = next(policy.parameters()).device
     if encoder is not None:  # datc.chat.PromptEncoder: prompt formats and chat templates
         ids, mask = encoder.encode(examples, device)
@@ -246,7 +255,7 @@ def sample_groups(
     try:
         resp, logits = sample_tokens(policy, ids, mask, max_new_tokens, temperature, top_p, tokenizer.eos_token_id,
                                      tokenizer.pad_token_id, min_new_tokens, keep_logits, synced_gpus,
-                                     num_generations if share_prompts else 1)
+                                     num_generations if share_prompts else 1, decode, sync_every)
     finally:
         policy.train(was_training)
     if keep_logits and logits.shape[1] < max_new_tokens:

@@ -6,146 +6,48 @@ results), ``config.yaml`` (the resolved config), ``metrics.jsonl``, ``summary.js
 overwrites another run's results.
 
 One process writes a run directory at a time: :meth:`RunDir.open` takes an exclusive
-``flock`` on ``<run_dir>/.lock`` and holds it for the run's life. The kernel releases it when
-the process ends, however it ends, so a lock left by a killed run never blocks its resume.
+``flock`` on ``<run_dir>/.lock`` (:mod:`datc.runlock`) and holds it for the run's life.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
-import os
-import socket
-import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
+from datc.atomic import (  # no torch: the run name's resolver imports this
+    atomic_write_json,
+    atomic_write_text,
+)
 from datc.config import ConfigError
-from datc.utils import atomic_write_json, atomic_write_text, config_hash
+from datc.hashing import config_hash
+from datc.runlock import (  # noqa: F401
+    LOCK_FILE,
+    RunBusyError,
+    RunLock,
+    hold,
+    release_run_locks,
+    remove_stray,
+    warn,
+)
 
 # Settings that change how a run is executed or reported, not what it computes.
 NON_IDENTITY = {"run_dir", "run_name", "results_dir", "cache_dir", "logger"}
-# (skip_zero_advantage leaves out only work whose result the loss multiplies by A = 0)
-NON_IDENTITY_TRAINER = {"resume", "progress", "threads", "device", "skip_zero_advantage"}
-LOCK_FILE = ".lock"
+# (skip_zero_advantage leaves out only work whose result the loss multiplies by A = 0; the decode
+# loop samples the same distribution with the same logits to float rounding, as threads and device)
+NON_IDENTITY_TRAINER = {"resume", "progress", "threads", "device", "skip_zero_advantage", "gradient_checkpointing", "decode",
+                        "decode_sync_every", "accept_changed_inputs"}
+# Later switches whose default (None) is the behaviour from before they existed: part of the
+# identity only when set, so adding them renamed no existing run.
+IDENTITY_WHEN_SET_TRAINER = {"lm_head_chunk"}
+# How ZeRO-3 gathers the policy's parameters for sampling: the same samples either way.
+NON_IDENTITY_DEEPSPEED = {"gather_for_generation"}
 IGNORED_FILES = {".hydra", "train.log", "wandb", LOCK_FILE}
-
-
-def warn(msg: str) -> None:
-    """One line on stderr: something was recovered or left out, and the run goes on."""
-    print(f"datc: warning: {msg}", file=sys.stderr, flush=True)
-
-
-class RunBusyError(ConfigError):
-    """Another live process holds the run directory."""
-
-
-class RunLock:
-    """An exclusive ``flock`` on ``<run_dir>/.lock`` holding ``"<pid> <host>"`` of its owner."""
-
-    def __init__(self, path: Path, fd: int) -> None:
-        self.path, self.fd = path, fd
-
-    @classmethod
-    def acquire(cls, run_dir: Path) -> RunLock:
-        path = run_dir / LOCK_FILE
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = _holder(fd)
-                os.close(fd)
-                who = f"process {holder[0]} on host {holder[1]}" if holder else "another process"
-                raise RunBusyError(
-                    f"run_dir: {run_dir} is in use by {who}; one process writes a run directory at a time: "
-                    "wait for it to end (or stop it), or choose another run_name or run_dir"
-                ) from None
-            except BaseException:
-                os.close(fd)
-                raise
-            # The file may have been removed by a refused command between our open and flock.
-            try:
-                same = os.path.samestat(os.fstat(fd), os.stat(path))
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        me = f"{os.getpid()} {socket.gethostname()}\n".encode()
-        os.pwrite(fd, me, 0)
-        os.ftruncate(fd, len(me))
-        return cls(path, fd)
-
-    def release(self, remove: bool = False) -> None:
-        if self.fd < 0:
-            return
-        if remove:
-            with contextlib.suppress(OSError):
-                self.path.unlink()
-        os.close(self.fd)  # closing the last descriptor releases the flock
-        self.fd = -1
-
-
-def _holder(fd: int, wait_s: float = 2.0) -> tuple[str, str] | None:
-    """(pid, host) the lock's holder wrote; the holder writes it just after taking the lock,
-    so an empty file, or one naming a process of this host that is gone, is read again."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        parts = os.pread(fd, 200, 0).decode(errors="replace").split()
-        if len(parts) >= 2 and parts[0].isdigit():
-            pid, host = parts[0], parts[1]
-            if host != socket.gethostname() or _alive(int(pid)):
-                return pid, host
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-_HELD: list[RunLock] = []  # locks this process holds (released by release_run_locks)
-
-
-def release_run_locks() -> None:
-    """Release every run-directory lock this process took (the end of :func:`datc.trainer.train`)."""
-    while _HELD:
-        _HELD.pop().release()
-
-
-def remove_stray(path: str | Path) -> None:
-    """Remove ``path`` if a refused command left it holding nothing of a run (only an unheld
-    ``.lock`` and empty log files): a refused command leaves no directories behind."""
-    path = Path(path)
-    try:
-        names = {p.name: p for p in path.iterdir()}
-    except OSError:
-        return
-    if not set(names) <= {LOCK_FILE, "train.log"} or any(p.stat().st_size for n, p in names.items() if n != LOCK_FILE):
-        return
-    if LOCK_FILE in names:
-        try:
-            lock = RunLock.acquire(path)
-        except (ConfigError, OSError):
-            return
-        lock.release(remove=True)
-    with contextlib.suppress(OSError):
-        (path / "train.log").unlink(missing_ok=True)
-        path.rmdir()
 
 
 def _write_hydra_files(path: Path, cfg: dict[str, Any]) -> None:
@@ -168,7 +70,13 @@ def _write_hydra_files(path: Path, cfg: dict[str, Any]) -> None:
 
 def identity(cfg: dict[str, Any]) -> dict[str, Any]:
     ident = {k: v for k, v in cfg.items() if k not in NON_IDENTITY}
-    ident["trainer"] = {k: v for k, v in ident["trainer"].items() if k not in NON_IDENTITY_TRAINER}
+    ident["trainer"] = {k: v for k, v in ident["trainer"].items()
+                        if k not in NON_IDENTITY_TRAINER and not (k in IDENTITY_WHEN_SET_TRAINER and v is None)}
+    if isinstance(ident.get("deepspeed"), dict):
+        ident["deepspeed"] = {k: v for k, v in ident["deepspeed"].items() if k not in NON_IDENTITY_DEEPSPEED}
+    if isinstance(ident.get("policy"), dict) and not (ident["policy"].get("lora") or {}).get("r"):
+        # LoRA off (policy.lora.r: 0): a full-policy run keeps the identity it had before the option
+        ident["policy"] = {k: v for k, v in ident["policy"].items() if k != "lora"}
     return ident
 
 
@@ -218,7 +126,7 @@ class RunDir:
         except BaseException:
             lock.release(remove=not (path / "run.json").exists())  # a refusal leaves no lock file in a non-run
             raise
-        _HELD.append(lock)
+        hold(lock)
         return run
 
     @classmethod
@@ -247,8 +155,16 @@ class RunDir:
                     f"trainer.resume: {path} already holds this run; use trainer.resume=auto to continue it "
                     "or another run_name for a fresh run"
                 )
+            edited = config_file_edits(path, prior)
+            if edited is not None:
+                warn(f"{path / 'config.yaml'} {edited}; rewritten from this run's config (run.json confirms it)")
+                atomic_write_text(path / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(cfg)))
             _write_hydra_files(path, cfg)
             return cls(path, run_id, True, lock, prior.get("wandb_id"))
+        if (path / "config.yaml").exists():
+            rebuilt = _rebuild_run_json(path, ident, run_id)
+            if rebuilt is not None:
+                return cls._open_locked(path, cfg, ident, run_id, resume, lock)
         if resume == "must":
             raise ConfigError(f"trainer.resume=must: {path} holds no run to resume")
         others = [p.name for p in path.iterdir() if p.name not in IGNORED_FILES]
@@ -268,7 +184,7 @@ class RunDir:
         name is free again for the corrected command. A resumable run is never touched."""
         if self.resumable:
             return
-        for name in ("run.json", "config.yaml", "metrics.jsonl"):
+        for name in ("run.json", "config.yaml", "metrics.jsonl", "inputs.json"):
             (self.path / name).unlink(missing_ok=True)
         for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
             (self.path / ".hydra" / name).unlink(missing_ok=True)
@@ -334,11 +250,72 @@ class RunDir:
             warn(f"{self.metrics_file} holds no rows for {missing}; training continues, and the summary will leave "
                  "out what it no longer holds (initial eval, gold_auc, train_mean)")
 
+    def check_finished_metrics(self) -> None:
+        """A finished run's ``metrics.jsonl`` is only read, never rewritten: unreadable lines
+        (appended or damaged after the run finished) are said, so nobody plots them unaware."""
+        _, bad, _ = self._rows()
+        if bad:
+            warn(f"{self.metrics_file}: unreadable line(s) {', '.join(map(str, bad[:5]))} in a finished run (its "
+                 "summary.json, written at the end, is unaffected); remove them, or read the file skipping them")
+
     def read_metrics(self) -> list[dict[str, Any]]:
         rows, bad, _ = self._rows()
         if bad:
             warn(f"{self.metrics_file}: skipped unreadable line(s) {', '.join(map(str, bad[:5]))}")
         return rows
+
+
+def _rebuild_run_json(path: Path, ident: dict[str, Any], run_id: str) -> Path | None:
+    """A run directory whose ``run.json`` was deleted, but whose ``config.yaml`` is this run's
+    (the same identity): ``run.json`` written again from it, said in a warning (W&B gets a new
+    run id). A ``config.yaml`` of another run is a refusal naming where it differs."""
+    f = path / "config.yaml"
+    try:
+        theirs = identity(OmegaConf.to_container(OmegaConf.load(f), resolve=True))
+    except Exception:
+        return None  # not readable as a run's config: said as files that are not a datc run
+    if config_hash(theirs, 16) != run_id:
+        keys = _diff(theirs, ident)
+        raise ConfigError(
+            f"run_dir: {path} has no run.json, and its config.yaml is another run's (it differs at {', '.join(keys[:6])}); "
+            "run that run's own command to rebuild run.json, or choose another run_name or run_dir"
+        )
+    warn(f"{path / 'run.json'} was missing; rebuilt from config.yaml, which is this run's config "
+         "(its checkpoints and metrics are kept; W&B, if used, logs it as a new run)")
+    atomic_write_json(path / "run.json", {"run_id": run_id, "wandb_id": uuid.uuid4().hex[:16], "identity": ident})
+    return path / "run.json"
+
+
+def config_file_edits(path: Path, prior: dict[str, Any]) -> str | None:
+    """How ``<path>/config.yaml`` disagrees with the identity in ``run.json`` (``prior``), as a
+    phrase ("is missing", "was edited: it differs at trainer.steps"), or None if it agrees."""
+    f = path / "config.yaml"
+    if not f.exists():
+        return "is missing"
+    try:
+        loaded = OmegaConf.to_container(OmegaConf.load(f), resolve=True)
+        ident = identity(loaded)
+    except Exception as e:  # unparsable YAML, an interpolation that no longer resolves, no trainer node
+        return f"is unreadable ({type(e).__name__})"
+    if config_hash(ident, 16) == prior["run_id"]:
+        return None
+    keys = _diff(prior["identity"], ident)
+    return f"was edited: it differs from run.json at {', '.join(keys[:6]) or 'its types'}"
+
+
+def read_run_config(path: str | Path) -> dict[str, Any]:
+    """A run directory's ``config.yaml``, checked against its ``run.json`` (the identity the run
+    was trained with): a ``ConfigError`` if it is missing, damaged or edited since, so no
+    command reads a config the run did not have."""
+    path = Path(path)
+    if not (path / "run.json").exists():
+        raise ConfigError(f"{path}: not a datc run directory (no run.json)")
+    prior = _read_run_json(path / "run.json")
+    edited = config_file_edits(path, prior)
+    if edited is not None:
+        raise ConfigError(f"{path / 'config.yaml'} {edited}, so it is not the config this run was trained with; "
+                          "restore it (running the run's own datc-train command again rewrites it)")
+    return OmegaConf.to_container(OmegaConf.load(path / "config.yaml"), resolve=True)
 
 
 def _read_run_json(path: Path) -> dict[str, Any]:

@@ -5,6 +5,8 @@ once by :func:`build_session` and read by every step."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,9 +20,12 @@ from datc.distributed import Dist, deepspeed_config, gathered
 from datc.model_set import Models, load_models
 from datc.models import resolve_device, resolve_dtype
 from datc.optim import DeepSpeedOptimizer, PolicyOptimizer, TorchOptimizer
+from datc.passes import decoder_layers
 from datc.prepare import Assets, ensure_assets
 from datc.step.ops import StepOps
-from datc.step.plan import StepPlan, build_plan
+from datc.step.plan import StepPlan, build_plan, gather_generation_for, head_chunk_for
+
+log = logging.getLogger(__name__)
 
 
 class PromptSampler:
@@ -67,11 +72,13 @@ class Session:
                               cache_enabled=self.optim.autocast_cache)
 
 
-def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None = None) -> Session:
+def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None = None,
+                  on_assets: Callable[[Assets], None] | None = None) -> Session:
     """Prepare (or load from cache) the assets, load the models, build the optimizer (under
     DeepSpeed: the policy's engine, whose optimizer and schedule are the same AdamW and
     transformers scheduler) and decide the step plan. ``ops``: the step's seams (tests inject
-    a sampler, scorer, credit function or loss there)."""
+    a sampler, scorer, credit function or loss there). ``on_assets``: called on every rank with
+    the prepared assets before any model loads (the trainer checks a resumed run's inputs)."""
     t = c.trainer
     dist = dist or Dist()
     device = resolve_device(t.device)
@@ -89,9 +96,17 @@ def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None 
     assets = ensure_assets(c)
     if dist.is_main:
         dist.barrier()
+    if on_assets is not None:
+        on_assets(assets)
     m = load_models(c, assets, device, dist)
     m.policy.eval()  # dropout off: the loss must see the distribution that sampled (ratio = 1 on-policy)
     updates_per_step = t.epochs * (t.batch_size // t.mini_batch_size)
+    if t.warmup_steps > 0 and "warmup" in t.lr_scheduler and t.steps * updates_per_step == 1 and dist.is_main:
+        from datc.runlock import warn
+
+        warn(f"trainer.steps={t.steps}: a warm-up's first optimizer update has learning rate 0, so this run's only "
+             "update changes nothing; use trainer.warmup_steps=0 or more steps")
+    trainable = [p for p in m.policy.parameters() if p.requires_grad]  # a LoRA policy: its adapters alone
 
     def make_scheduler(opt):
         return get_scheduler(t.lr_scheduler, opt, num_warmup_steps=t.warmup_steps * updates_per_step,
@@ -100,14 +115,14 @@ def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None 
     if dist.enabled:
         import deepspeed
 
-        engine, _, _, sched = deepspeed.initialize(model=m.policy, model_parameters=m.policy.parameters(),
+        engine, _, _, sched = deepspeed.initialize(model=m.policy, model_parameters=trainable,
                                                    config=deepspeed_config(c, dist.world_size, device),
                                                    lr_scheduler=make_scheduler)
         m.policy = engine.module
         m.policy.eval()
         optim: PolicyOptimizer = DeepSpeedOptimizer(engine, sched, dist)
     else:
-        opt = torch.optim.AdamW(m.policy.parameters(), lr=t.lr, betas=tuple(t.adam_betas), weight_decay=t.weight_decay,
+        opt = torch.optim.AdamW(trainable, lr=t.lr, betas=tuple(t.adam_betas), weight_decay=t.weight_decay,
                                 fused=True)  # one fused kernel (CPU and CUDA) instead of per-tensor loops
         optim = TorchOptimizer(m.policy, opt, make_scheduler(opt), t.max_grad_norm)
     plan = session_plan(c, scheme, m, dist)
@@ -122,9 +137,25 @@ def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None 
 
 def session_plan(c: TrainConfig, scheme, m: Models, dist: Dist) -> StepPlan:
     """The step plan of a run with config ``c``, credit scheme ``scheme`` and placed models ``m``."""
-    return build_plan(c.trainer, scheme, m.vocab_size, with_ref=m.ref is not None, trunk=m.trunk,
+    chunk, why = head_chunk_for(c.trainer.lm_head_chunk, m.policy)
+    if why is not None and dist.is_main:
+        log.warning("trainer.lm_head_chunk=%s is off for this run: %s", c.trainer.lm_head_chunk, why)
+    checkpointing = c.trainer.gradient_checkpointing
+    if checkpointing and any(hasattr(p, "ds_id") for p in m.policy.parameters()):
+        checkpointing = False
+        if dist.is_main:
+            log.warning("trainer.gradient_checkpointing is off for this run: the policy's parameters are ZeRO-3 partitioned")
+    if checkpointing and decoder_layers(m.policy) is None:
+        raise ConfigError("trainer.gradient_checkpointing: the policy has no base_model.layers or base_model.h to checkpoint")
+    gather, why_gather = gather_generation_for(c.deepspeed.gather_for_generation, m.policy, m.synced_gpus,
+                                               next(m.policy.parameters()).device)
+    if m.synced_gpus and dist.is_main:
+        log.info("ZeRO-3 sampling: %s (%s)", "parameters gathered once per call" if gather else "synced gathers", why_gather)
+    return build_plan(c.trainer, scheme, m.vocab_size, with_ref=m.ref is not None, ref_is_policy=m.adapter is not None,
+                      trunk=m.trunk,
                       share_prompts=m.share_prompts, synced_gpus=m.synced_gpus,
-                      keep_completions=dist.is_main and c.logger.name == "wandb")
+                      keep_completions=dist.is_main and c.logger.name == "wandb", head_chunk=chunk,
+                      gather_generation=gather, grad_checkpoint=checkpointing)
 
 
 def rm_embedding_of(m: Models) -> torch.Tensor:

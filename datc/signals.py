@@ -26,9 +26,13 @@ _received: list[int] = []  # signals received since the handlers were installed
 class Interrupted(Exception):
     """The run stopped on a signal at a step boundary, after writing a checkpoint."""
 
-    def __init__(self, signum: int, step: int, saved: bool) -> None:
+    def __init__(self, signum: int, step: int, saved: bool, prepare: str | None = None) -> None:
         self.signum, self.step, self.saved = signum, step, saved
         name = signal.Signals(signum).name
+        if prepare is not None:
+            super().__init__(f"stopped by {name} in the prepare step ({prepare}): the cache keeps every part finished "
+                             "before it; run the same command again to go on")
+            return
         where = f"checkpoint of step {step} written" if saved else f"nothing new to save (step {step})"
         super().__init__(f"stopped by {name} at step {step}: {where}; run the same command again to resume")
 
@@ -44,8 +48,9 @@ def _handler(signum: int, frame: Any) -> None:
               "remains", file=sys.stderr, flush=True)
         raise SystemExit(128 + signum)
     _received.append(signum)
-    print(f"datc-train: {name} received: stopping after the current step with a checkpoint (send it again to exit "
-          "at once)", file=sys.stderr, flush=True)
+    print(f"datc-train: {name} received: stopping at the next safe point (after the current training step, with a "
+          "checkpoint; in the prepare step within seconds, keeping what is cached); send it again to exit at once",
+          file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -78,3 +83,12 @@ def stop_if_requested(stopping: bool, step: int, saved: bool = True) -> None:
     """Raise :class:`Interrupted` when ``stopping`` (the trainer has just written the checkpoint)."""
     if stopping:
         raise Interrupted(_received[0] if _received else signal.SIGTERM, step, saved)
+
+
+def stop_in_prepare(what: str) -> None:
+    """Between two steps of the prepare step (warm start, reward-model samples and training): a
+    stop signal stops it here, within seconds, instead of after minutes of training a cache
+    entry that is then thrown away. Entries already written stay in the cache (each appears
+    whole or not at all)."""
+    if _received:
+        raise Interrupted(_received[0], 0, False, prepare=what)

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from datc.metrics import pearson, within_group_corr
 from datc.rewards.model import build_rm_inputs, rm_forward
 from datc.rollout import encode_prompts, position_ids, sample_groups
+from datc.signals import stop_in_prepare
 from datc.tasks import Task, gold_of
 
 log = logging.getLogger("datc.prepare")
@@ -42,7 +43,9 @@ def warm_start(policy, tok, task: Task, train_rows: list[dict], steps: int, lr: 
     policy.train()
     losses = []
     bar = tqdm(range(steps), desc="prepare: warm start", disable=not progress, mininterval=1.0)
-    for _ in bar:
+    for i in bar:
+        stop_in_prepare("warm start")
+        _log_every_tenth(progress, "warm start", i, steps, losses)
         # Without replacement when the prompts allow it; a prompt set smaller than a batch repeats.
         examples = rng.sample(train_rows, batch_size) if len(train_rows) >= batch_size else rng.choices(train_rows, k=batch_size)
         prompt_ids, prompt_mask = encode_prompts(tok, examples, "prompt", "cpu")
@@ -72,6 +75,7 @@ def _rm_pool(policy, tok, task: Task, rows: list[dict], samples_per_prompt: int,
     rng = random.Random(seed + 1)
     groups = []
     for i in tqdm(range(0, len(rows), 64), desc=desc, disable=not progress, mininterval=1.0):
+        stop_in_prepare("reward-model samples")
         chunk = rows[i : i + 64]
         ro = sample_groups(policy, tok, chunk, samples_per_prompt, max_new_tokens, encoder=encoder)
         g, _ = gold_of(task, tok, ro.examples, ro.response_ids, ro.response_mask)
@@ -191,7 +195,9 @@ def train_reward_model(rm, policy, tok, task: Task, train_rows, eval_rows, rcfg,
     n_prompts = max(rcfg.batch_size // RM_GROUP, 1)
     losses = []
     bar = tqdm(range(rcfg.steps), desc="prepare: reward model", disable=not progress, mininterval=1.0)
-    for _ in bar:
+    for i in bar:
+        stop_in_prepare("reward-model training")
+        _log_every_tenth(progress, "reward model", i, rcfg.steps, losses)
         examples, responses, golds, keys = [], [], [], []
         for p in torch.randint(len(pool), (n_prompts,), generator=rng).tolist():
             ex, resp, gold = pool[p]
@@ -231,3 +237,10 @@ def train_reward_model(rm, policy, tok, task: Task, train_rows, eval_rows, rcfg,
         "heldout_within_group_corr": within_group_corr(pred, gold, RM_GROUP),
         "heldout_gold_mean": float(gold.mean()),
     }
+
+
+def _log_every_tenth(progress: bool, what: str, i: int, steps: int, losses: list[float]) -> None:
+    """Without progress bars (``trainer.progress=false``, e.g. the real preset), a log line at
+    every tenth of the prepare step's loops, so a long prepare is not silent."""
+    if not progress and i > 0 and i % max(steps // 10, 1) == 0:
+        log.info("prepare: %s step %d of %d, loss %.4f", what, i, steps, losses[-1] if losses else float("nan"))

@@ -14,31 +14,39 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from datc.config import ConfigError, hydra_error_line
+from datc.config import ConfigError, hydra_error_line, validate
 from datc.paths import CONFIG_DIR
+from datc.runlock import remove_new_dirs
 
 __all__ = ["CONFIG_DIR", "main"]
 
 
 def _run(cfg: DictConfig) -> float | None:
+    run_dir = HydraConfig.get().runtime.output_dir
+    try:
+        validate(cfg)  # before the heavy imports below: a bad value is said in about a second
+    except ConfigError as e:
+        remove_new_dirs(run_dir)
+        print(f"datc-train: {e}", file=sys.stderr)
+        sys.exit(2)
     from datc.models import ModelLoadError
     from datc.numerics import NonFiniteError
-    from datc.rundir import remove_stray
     from datc.signals import Interrupted
     from datc.trainer import train
 
-    run_dir = HydraConfig.get().runtime.output_dir
     try:
         summary = train(cfg, run_dir=run_dir)
     except (ConfigError, ModelLoadError, FileNotFoundError, NonFiniteError) as e:
-        remove_stray(run_dir)  # a refused command leaves no directory behind
+        remove_new_dirs(run_dir)  # a refused command leaves no directory behind
         print(f"datc-train: {e}", file=sys.stderr)
         sys.exit(2)
     except Interrupted as e:
+        remove_new_dirs(run_dir)  # stopped in the set-up of a fresh run: nothing of it stays
         print(f"datc-train: {e}", file=sys.stderr)
         sys.exit(e.exit_code)
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            remove_new_dirs(run_dir)
             raise
         from datc.checkpoint import latest_checkpoint
 
@@ -47,6 +55,9 @@ def _run(cfg: DictConfig) -> float | None:
               f"{'the last good checkpoint ' + last.name + ' is kept' if last else 'no checkpoint was written yet'}: "
               "free space and run the same command again to resume", file=sys.stderr)
         sys.exit(2)
+    except Exception:
+        remove_new_dirs(run_dir)  # an unexpected error: its traceback follows, and no stray directory
+        raise
     ev = summary["eval"]
     if os.environ.get("RANK", "0") == "0":  # rank 0 speaks for a multi-process run
         print(f"run {summary['run_name']}: eval gold {_num(ev['initial'].get('eval/gold'))} -> {_num(ev['final'].get('eval/gold'))}, "

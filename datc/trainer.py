@@ -22,10 +22,11 @@ from datc.distributed import Dist
 from datc.distributed import init as init_distributed
 from datc.evaluation import evaluate
 from datc.export import save_final_policy
-from datc.lifecycle import NoLogger, finish, open_run, resolved_config, resume, save
+from datc.lifecycle import NoLogger, check_inputs, finish, open_run, resolved_config, resume, save
 from datc.logger import RunLogger
 from datc.numerics import NonFiniteReport
 from datc.rundir import release_run_locks
+from datc.runlock import note
 from datc.session import build_session
 from datc.signals import stop_if_requested, stop_requested, stop_signals
 from datc.step import train_step
@@ -57,6 +58,8 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
     t = c.trainer
     run, done = open_run(dist, run_dir or c.run_dir, resolved, t.resume)
     if done is not None:  # this run already finished: nothing to redo
+        if dist.is_main:
+            note(f"{run.path} already holds this run, finished: returning its summary (nothing retrained)")
         if dist.is_main and c.results_dir is not None:  # e.g. `make demo-results` after `make demo`
             atomic_write_json(Path(c.results_dir) / f"{c.run_name}.json", done)
         return done
@@ -65,7 +68,7 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
         keep_freed_memory()
     quiet_libraries()
     try:
-        s = build_session(c, dist, ops)
+        s = build_session(c, dist, ops, on_assets=lambda assets: check_inputs(dist, c, run, assets))
     except BaseException:
         if dist.is_main:
             run.discard()
@@ -78,6 +81,8 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
     start, elapsed = resume(s, run)
     if dist.is_main:
         log.info("step plan: %s", s.plan.describe())
+        if start > 0:
+            note(f"resumed {run.path} from its checkpoint of step {start} of {t.steps}")
     completions = None  # of the last step before an eval (W&B's table)
 
     def do_eval(step: int) -> None:
@@ -105,11 +110,14 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
         stopping = stop_requested(dist)
         if step % t.checkpoint_every == 0 or step == t.steps or stopping:
             save(s, run, step, elapsed)
-        bar.set_postfix({k.split("/")[1]: f"{metrics[k]:.3f}" for k in ("reward/gold", "reward/rm_score", "loss/kl")
-                         if k in metrics})
+        shown = {k.split("/")[1]: f"{metrics[k]:.3f}" for k in ("reward/gold", "reward/rm_score", "loss/kl") if k in metrics}
+        bar.set_postfix(shown)
+        if dist.is_main and not t.progress:  # no bar: one log line per step (train.log and stderr)
+            log.info("step %d/%d: %s, %.2fs", step, t.steps, ", ".join(f"{k} {v}" for k, v in shown.items()),
+                     metrics["perf/step_s"])
         stop_if_requested(stopping and step < t.steps, step)  # the last step finishes the run instead
 
-    save_final_policy(s.optim.module, s.m.tok, run.path / "final", dist)  # a Hugging Face checkpoint
+    save_final_policy(s.optim.module, s.m.tok, run.path / "final", dist, s.m.adapter)  # a Hugging Face checkpoint
     summary = None
     if dist.is_main:
         summary = finish(c, run, s.assets, elapsed)

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from datc.logprobs import selective_log_softmax
+from datc.lora import trunk_tensors
 from datc.passes import scaled
 from datc.rewards.model import RMScore, as_score, left_align_index, rows_by_gradient
 from datc.rollout import Rollout
@@ -55,9 +56,10 @@ def _trunk_config(model) -> dict:
 
 
 def _same(a: nn.Module, b: nn.Module) -> bool:
-    """Whether two modules hold the same parameters and buffers: names, dtypes, shapes, values."""
-    ta = {**dict(a.named_parameters()), **dict(a.named_buffers())}
-    tb = {**dict(b.named_parameters()), **dict(b.named_buffers())}
+    """Whether two modules hold the same parameters and buffers: names, dtypes, shapes, values.
+    A LoRA policy's blocks count by their base weights (the reference is the policy with its
+    adapters disabled, :func:`datc.lora.trunk_tensors`)."""
+    ta, tb = trunk_tensors(a), trunk_tensors(b)
     return ta.keys() == tb.keys() and all(
         ta[n].dtype == tb[n].dtype and ta[n].shape == tb[n].shape and torch.equal(ta[n], tb[n]) for n in ta)
 

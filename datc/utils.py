@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import hashlib
-import json
 import math
 import platform
 import random
@@ -18,11 +16,7 @@ import numpy as np
 import torch
 
 from datc.atomic import atomic_dir, atomic_write_bytes, atomic_write_json, atomic_write_text  # noqa: F401
-
-
-def config_hash(obj: Any, n: int = 10) -> str:
-    """A short stable hash of a JSON-serialisable object (cache keys, run identity)."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:n]
+from datc.hashing import config_hash  # noqa: F401  (light: the run name's resolver needs it without torch)
 
 
 def seed_everything(seed: int) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from datc.credit_cost import paired_steps
+from datc.analysis.credit_cost import paired_steps
 from datc.utils import peak_rss_mb
 
 ROOT = Path(__file__).resolve().parents[1]

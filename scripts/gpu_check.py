@@ -13,10 +13,15 @@ Cases, most important first (a global deadline skips what does not fit, and says
 - ``build/<family>``: the random models, tokenizer and prompts (on the GPU);
 - ``credit/<family>``: DATC's exact and top-64 credit (``datc.credit.datc_math.datc_scores``, the
   call scripts/bench_credit.py times on CPU) against one LM-head matmul of the same shape;
+- ``decode/<family>``: the rollout's decode loops at a generation batch of 128 rows
+  (``datc.decode_bench``): the dynamic-cache loop, the static-cache step eager and as a replayed
+  CUDA graph, tokens/s and the fraction of the HBM bound (bandwidth of a device-to-device copy
+  measured in the same case), and the graph's replay against the eager step;
 - ``train/<family>/<credit>/<stage>``: a few training steps, ``credit`` in grpo, datc and
   ``deepspeed`` in none, zero2, zero3 (one process; DeepSpeed joins a one-rank process group);
 - ``synced/<family>``: sampling with ``synced_gpus=True`` from a ZeRO-3 engine under bf16
-  autocast (the trainer turns synced_gpus on only with several ranks);
+  autocast (the trainer turns synced_gpus on only with several ranks); ``synced/<family>/gathered``
+  the same with the parameters gathered once per call (``deepspeed.gather_for_generation``);
 - ``fused_adam``: whether DeepSpeed's FusedAdam (the optimizer ``deepspeed.optimizer_impl=auto``
   picks on GPUs) JIT-compiles; the training cases use torch's AdamW so that no case waits on it.
 
@@ -79,11 +84,15 @@ class Scale:
     case_timeout_s: float = 150.0
     min_start_s: float = 45.0  # a training case starts only with this much of the global budget left
     arch: dict[str, Any] = field(default_factory=dict)  # overrides of both models' arch blocks
+    decode_rows: int = 128  # the decode case's rows: a preset's generation batch (16 prompts x 8)
+    decode_repeats: int = 2  # timed rounds of the decode case (after one warm-up round)
+    decode_check_tokens: int = 16  # tokens of the graph-against-eager logits check
+    copy_bytes: int = 2**30  # the device-to-device copy that measures the bandwidth
 
 
 REAL = Scale()
 TINY = Scale(prompts=2, mini_batch=8, micro_batch=4, max_new_tokens=8, prompt_words=6, steps=2, eval_prompts=2,
-             threads=1, case_timeout_s=120.0, min_start_s=5.0,
+             threads=1, case_timeout_s=120.0, min_start_s=5.0, decode_rows=16, decode_check_tokens=8, copy_bytes=2**22,
              arch=dict(num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
                        num_key_value_heads=1, head_dim=16, vocab_size=512, max_position_embeddings=256))
 
@@ -290,9 +299,11 @@ def render(report: dict[str, Any]) -> str:
                          f"{_fmt(m.get('datc_top64'), '.4f')} | {_fmt(m.get('lm_head_fp32'), '.4f')} | {_fmt(m.get('lm_head_bf16'), '.4f')} | "
                          f"{_fmt(o32.get('datc_exact'))} | {_fmt(o32.get('datc_top64'))} | {_fmt(o16.get('datc_exact'))} | "
                          f"{_fmt(pk.get('datc_exact'), '.0f')} |")
+    lines += render_decode(report)
+    lines += render_projection(report)
     lines += ["", "## Other cases", "", "| case | status | result |", "|---|---|---|"]
     for name, r in report["cases"].items():
-        if name.startswith(("train/", "credit/")):
+        if name.startswith(("train/", "credit/", "decode/")):
             continue
         keep = {k: v for k, v in r.items() if k not in ("status", "traceback", "error")}
         lines.append(f"| {name} | {r['status']} | {json.dumps(keep, default=str)[:300]} |")
@@ -301,6 +312,59 @@ def render(report: dict[str, Any]) -> str:
         lines += ["", "## Not ok", ""]
         lines += [f"- `{n}`: {r['status']}: {r.get('error', '')}" for n, r in bad]
     return "\n".join(lines) + "\n"
+
+
+def render_projection(report: dict[str, Any]) -> list[str]:
+    """The headline: one paper-preset run (500 steps of 64 prompts x 8 responses of up to 512
+    tokens, 4 updates per batch) on this GPU, projected from the measured rates
+    (:func:`datc.projection.project`), per family, with its arithmetic."""
+    from datc.projection import PRESET, project
+
+    lines = ["", "## Projected paper-preset run", "",
+             f"{PRESET['steps']} steps of {PRESET['responses']} responses of {PRESET['max_new_tokens']} tokens, sampled in calls of "
+             f"{PRESET['rows_per_call']}, from the decode case's fastest loop and the `train/<family>/datc/none` case's "
+             "phases scaled by tokens (datc.projection: both terms underestimate the attention's growth at long responses).", ""]
+    sc = report["scale"]
+    for fam, ptok in report.get("prompt_tokens", {}).items():
+        dec, tr = report["cases"].get(f"decode/{fam}", {}), report["cases"].get(f"train/{fam}/datc/none", {})
+        if dec.get("status") != "ok" or tr.get("status") != "ok" or ptok is None:
+            lines.append(f"- {fam}: not projected (decode/{fam} {dec.get('status', 'missing')}, "
+                         f"train/{fam}/datc/none {tr.get('status', 'missing')})")
+            continue
+        p = project(dec, tr["summary"], sc["prompts"] * 8, ptok)
+        report.setdefault("projection", {})[fam] = {"hours": p.hours, "seconds_per_step": p.seconds_per_step}
+        lines.append(f"- **{fam}: {p.hours:.2f} h** ({p.seconds_per_step:.1f} s a step)")
+        lines += [f"  - {ln}" for ln in p.lines]
+    return lines
+
+
+def render_decode(report: dict[str, Any]) -> list[str]:
+    """The decode cases' table: each loop's throughput and fraction of the HBM bound, and the
+    graph's replay against the eager step."""
+    lines = ["", "## Decode", "",
+             "datc.decode_bench through the rollout's sampler, forced to the full budget, under the trainer's autocast. "
+             "Step: (call - prefill) / (T - 1). HBM bound: (weights + KV cache at its mean live length P + T/2) / "
+             "the bandwidth of a device-to-device copy in the same case; fraction = bound / step. Graph: the static "
+             "step replayed as a CUDA graph (off CUDA it runs eagerly), checking for finished rows every "
+             "trainer.decode_sync_every steps or (to_budget) never; captured and replay = eager: the graph check's "
+             "capture and its kept logits against the eager step's on the same tokens.", "",
+             "| case | status | rows x P x T | loop | tokens/s | decode tokens/s | step ms | bound ms | of the bound | captured | replay = eager |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in report["cases"].items():
+        if not name.startswith("decode/"):
+            continue
+        if r["status"] != "ok":
+            lines.append(f"| {name[7:]} | {r['status']} | - | - | - | - | - | - | - | - | - |")
+            continue
+        sh, b, g = r["shape"], r["bound"], r["graph_vs_eager"]
+        for mode in ("dynamic", "static", "static_graph", "static_graph_to_budget"):
+            m = r["modes"][mode]
+            graph = mode.startswith("static_graph")
+            lines.append(f"| {name[7:]} | ok | {sh['rows']} x {sh['prompt_width']} x {sh['max_new_tokens']} | {mode} | "
+                         f"{m['tokens_per_s']:.0f} | {m['decode_tokens_per_s']:.0f} | {1e3 * m['step_s']:.2f} | "
+                         f"{1e3 * b['bound_step_s']:.3f} | {m['hbm_fraction']:.1%} | {g['captured'] if graph else '-'} | "
+                         f"{('bit for bit' if g['bit_equal'] else 'within bf16' if g['within_bf16'] else 'NO') if graph else '-'} |")
+    return lines
 
 
 def write(out: Path, report: dict[str, Any]) -> None:
@@ -313,7 +377,7 @@ def write(out: Path, report: dict[str, Any]) -> None:
 
 def build_cases(a: argparse.Namespace, scale: Scale, work: Path) -> list[Case]:
     """Every case, most important first, so that a deadline cuts the end: family by family
-    (Qwen3, the larger, first), each its models, its credit timing, then its training cases
+    (Qwen3, the larger, first), each its models, its credit timing, its decode loops, then its training cases
     stage by stage (grpo and datc side by side), the first family's synced_gpus sampling, and
     last the FusedAdam build."""
     cases: list[Case] = []
@@ -322,14 +386,19 @@ def build_cases(a: argparse.Namespace, scale: Scale, work: Path) -> list[Case]:
                                                    "prompt_words": scale.prompt_words, "threads": scale.threads}, 300.0))
         cases.append(Case(f"credit/{fam}", "credit", {"family": fam, "repeats": 5, "tokens": 512,
                                                      "arch_overrides": arch_overrides(scale)}, 90.0))
+        cases.append(Case(f"decode/{fam}", "decode", {"family": fam, "stage": "none", "rows": scale.decode_rows,
+                                                     "max_new_tokens": scale.max_new_tokens, "repeats": scale.decode_repeats,
+                                                     "check_tokens": scale.decode_check_tokens,
+                                                     "copy_bytes": scale.copy_bytes, "threads": scale.threads}, 150.0))
         for stage in (s for s in STAGES if s in a.stages):
             for credit in (c for c in CREDITS if c in a.credits):
                 cases.append(Case(f"train/{fam}/{credit}/{stage}", "train",
                                   {"family": fam, "credit": credit, "stage": stage, "steps": scale.steps,
                                    "threads": scale.threads}, scale.case_timeout_s))
         if i == 0 and "zero3" in a.stages:
-            cases.append(Case(f"synced/{fam}", "synced", {"family": fam, "prompts": scale.prompts, "threads": scale.threads},
-                              120.0))
+            for gather in (False, True):  # ZeRO-3 sampling: per-module synced gathers, then gathered once
+                cases.append(Case(f"synced/{fam}" + ("/gathered" if gather else ""), "synced",
+                                  {"family": fam, "prompts": scale.prompts, "threads": scale.threads, "gather": gather}, 120.0))
     if not a.tiny:
         cases.append(Case("fused_adam", "fused_adam", {}, 240.0))
     if a.inject_failures:  # early, so the rehearsal shows that the cases after them still run
@@ -396,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def run_case(case: Case) -> None:
         fam = case.spec.get("family")
-        if case.kind in ("train", "synced"):
+        if case.kind in ("train", "synced", "decode"):
             stage = case.spec.get("stage", "zero3")
             run_dir = work / "runs" / case.name.replace("/", "_")
             ov = train_overrides(fam, case.spec.get("credit", "grpo"), stage, scale, work / fam,
@@ -418,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for case in cases:
         fam = case.spec.get("family")
-        if case.kind in ("credit", "train", "synced") and built.get(fam, {}).get("status") != "ok":
+        if case.kind in ("credit", "decode", "train", "synced") and built.get(fam, {}).get("status") != "ok":
             case.result = {"status": "skipped", "error": f"build/{fam} did not succeed"}
         else:
             try:

@@ -1,6 +1,6 @@
 """``credit=datc`` step time over ``credit=grpo`` for any preset, paired: both sessions start
 every step from the same weights and random stream (so they sample the same responses), steps
-interleaved (grpo, datc, datc, grpo, ...); the measurement is ``datc.credit_cost.paired_steps``
+interleaved (grpo, datc, datc, grpo, ...); the measurement is ``datc.analysis.credit_cost.paired_steps``
 (scripts/bench_credit.py's testbed figure), here with the preset's overrides and a JSON +
 Markdown report in ``--out``. Also the phase breakdown (rollout / reward (+ RM gradient) /
 credit / update) and this process's peak RSS.
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "real_model")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args(args)
-    from datc.credit_cost import paired_steps
+    from datc.analysis.credit_cost import paired_steps
     from datc.utils import atomic_write_json, atomic_write_text, peak_rss_mb, quiet_libraries
 
     quiet_libraries()

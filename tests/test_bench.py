@@ -217,35 +217,36 @@ def test_notes_template_gives_the_notes_of_the_committed_runs():
 
 
 @pytest.mark.slow
-def test_datc_side_steps_are_the_trainers_own(tmp_path, monkeypatch):
+def test_datc_side_steps_are_the_trainers_own(tmp_path):
     """``datc_side.step`` with ``min_new_tokens`` is ``train_step`` with every sampling call given
     ``min_new_tokens`` (here two calls per step), and ``datc_side.learn`` on a rollout is
     ``train_step`` with that rollout as its sample: the same metrics, timings aside."""
     import functools
 
-    from datc import trainer
     from datc.config import validate
+    from datc.session import build_session
+    from datc.step import train_step
+    from datc.step.ops import StepOps
     from scripts.bench.datc_side import learn, step
-    from tests.test_train_e2e import cfg_for
+    from tests.conftest import cfg_for
 
-    def session(credit, *overrides):
-        return trainer.build_session(validate(cfg_for(tmp_path / "cache", tmp_path / "unused", f"credit={credit}",
-                                                      *overrides)))
+    def session(credit, *overrides, ops=None):
+        return build_session(validate(cfg_for(tmp_path / "cache", tmp_path / "unused", f"credit={credit}", *overrides)),
+                             ops=ops)
 
     def timeless(m):
         return {k: v for k, v in m.items() if not k.startswith("perf/")}
 
     T = session("grpo").c.trainer.max_new_tokens
     torch.manual_seed(3)
-    assert trainer.train_step(session("grpo"), 0)["rollout/response_len"] < T  # unforced, some responses end early
+    assert train_step(session("grpo"), 0).metrics["rollout/response_len"] < T  # unforced, some responses end early
     for credit in ("grpo", "datc"):
         split = "trainer.generation_batch_size=4"  # one group per sampling call: two calls per step
         torch.manual_seed(3)
         ours = timeless(step(session(credit, split), 0, T))
-        with monkeypatch.context() as mp:
-            mp.setattr(trainer, "sample_groups", functools.partial(sample_groups, min_new_tokens=T))
-            torch.manual_seed(3)
-            theirs = timeless(trainer.train_step(session(credit, split), 0))
+        forced = StepOps(sample=functools.partial(sample_groups, min_new_tokens=T))
+        torch.manual_seed(3)
+        theirs = timeless(train_step(session(credit, split, ops=forced), 0).metrics)
         assert ours == theirs, credit
         assert ours["rollout/response_len"] == T
     s = session("grpo")
@@ -254,7 +255,5 @@ def test_datc_side_steps_are_the_trainers_own(tmp_path, monkeypatch):
     ro = sample_groups(s.m.policy, s.m.tok, [s.assets.train[i] for i in s.sampler.indices(0)], t.num_generations,
                        t.max_new_tokens, encoder=s.m.encoder)
     ours = timeless(learn(s, 0, ro))
-    with monkeypatch.context() as mp:
-        mp.setattr(trainer, "sample_groups", lambda *a, **k: ro)
-        theirs = timeless(trainer.train_step(session("grpo"), 0))
+    theirs = timeless(train_step(session("grpo", ops=StepOps(sample=lambda *a, **k: ro)), 0).metrics)
     assert ours == theirs

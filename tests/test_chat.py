@@ -223,8 +223,9 @@ def test_long_prompts_are_dropped_or_refused(tmp_path):
     import datasets
 
     ds = datasets.Dataset.from_list([{"prompt": "cats " * n} for n in (1, 2, 30)])
+    # a testbed policy needs a task to warm-start on (keywords here): only the prompt lengths are checked
     base = ["data=ultrafeedback", "reward=skywork_v2_qwen3_1_7b", "data.max_prompt_tokens=20", "policy=tiny_gpt2",
-            "policy.chat_template=true"]
+            "data.task=keywords", "policy.chat_template=true"]
     train, evald = check_lengths(_cfg(*base), tok, ds, ds)
     assert len(train) == len(evald) == 2  # the 30-word prompt (plus its template) is dropped
     with pytest.raises(ConfigError, match="^data.max_prompt_tokens"):

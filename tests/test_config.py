@@ -16,8 +16,10 @@ from datc.paths import CONFIG_DIR
 GROUPS = ["policy", "reward", "credit", "data", "trainer", "logger", "deepspeed", "experiment", "debug"]
 # Options that need a path the user must supply (no model is bundled for them).
 NEEDS_PATH = {("policy", "pretrained"): "policy.path=/some/dir", ("reward", "pretrained"): "reward.path=/some/dir",
-              # a real prompt dataset has no gold reward to train a testbed reward model on
-              ("data", "ultrafeedback"): "reward=skywork_v2_qwen3_1_7b", ("data", "hh_rlhf"): "reward=skywork_v2_qwen3_1_7b"}
+              # a real prompt dataset has no gold reward to train a testbed reward model on, nor a task to
+              # warm-start the testbed policy on (the warm start failed with an AttributeError)
+              ("data", "ultrafeedback"): ["reward=skywork_v2_qwen3_1_7b", "policy=qwen3_1_7b"],
+              ("data", "hh_rlhf"): ["reward=skywork_v2_qwen3_1_7b", "policy=qwen3_1_7b"]}
 
 
 def _compose(overrides: list[str]):
@@ -34,7 +36,8 @@ def _options(group: str) -> list[str]:
 def test_every_option_composes_and_validates(group, option):
     overrides = [f"{group}={option}"]
     if (group, option) in NEEDS_PATH:
-        overrides.append(NEEDS_PATH[(group, option)])
+        extra = NEEDS_PATH[(group, option)]
+        overrides += extra if isinstance(extra, list) else [extra]
     cfg = _compose(overrides)
     validate(cfg)
     OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
@@ -59,6 +62,8 @@ def test_every_field_has_a_comment():
         ("trainer.mini_batch_size=48", "trainer.mini_batch_size", "must divide"),
         ("trainer.loss_agg=mean", "trainer.loss_agg", "token-mean, seq-mean-token-mean"),
         ("trainer.scale_rewards=std", "trainer.scale_rewards", "group, batch, none"),
+        ("trainer.decode=graph", "trainer.decode", "auto, dynamic, static"),
+        ("trainer.decode_sync_every=0", "trainer.decode_sync_every", "> 0"),
         ("credit.name=nope", "credit.name", "grpo"),
         ("+trainer.learning_rate=1e-3", "trainer.learning_rate", "valid keys of trainer"),
         ("trainer.steps=many", "trainer.steps", "steps"),

@@ -85,6 +85,21 @@ def test_two_processes_match_one_on_the_same_global_batch(cache_dir, tmp_path, s
     assert any(s["loss/grad_norm"] > 0 for s in one["steps"])
 
 
+@pytest.mark.parametrize("credit", ["grpo", "datc"])
+def test_zero3_sampling_with_gathered_parameters_equals_synced_gathers(cache_dir, tmp_path, credit):
+    # deepspeed.gather_for_generation: the policy's parameters gathered once per sampling call
+    # (no per-token all-gathers, no rank waiting on the others' responses) against ZeRO's
+    # per-module gathers with synced_gpus: the same samples, so the same steps, bit for bit.
+    port = 29500 + hash(("gather", credit)) % 400
+    overrides = [*COMMON, f"cache_dir={cache_dir}", f"credit={credit}", "deepspeed=zero3"]
+    runs = {mode: _worker(cache_dir, tmp_path / f"{mode}.pt", 2, [*overrides, f"deepspeed.gather_for_generation={mode}"],
+                          port) for mode in ("gather", "synced")}
+    assert runs["gather"]["gather_generation"] is True and runs["synced"]["gather_generation"] is False
+    assert runs["gather"]["steps"] == runs["synced"]["steps"]
+    for name, p in runs["synced"]["params"].items():
+        assert torch.equal(runs["gather"]["params"][name], p), name
+
+
 def _launch_cmd(*overrides, nproc=2):
     return build(Namespace(nproc=nproc, hostfile=None, num_nodes=None, master_addr=None, master_port=29777, threads=None,
                            dry_run=False, overrides=list(overrides)), cpu_count=2, environ={}, cuda=False)

@@ -60,6 +60,8 @@ def test_a_run_leaves_a_hugging_face_checkpoint_and_any_checkpoint_exports(cache
     exported = AutoModelForCausalLM.from_pretrained(out)
     torch.testing.assert_close(logits_of(exported, ids), logits_of(trained_policy(run, first), ids), rtol=0, atol=0)
     assert not torch.equal(logits_of(exported, ids), logits_of(final, ids))  # it is the earlier policy
+    # Both pad prompts on the left, as the policy was trained (the export padded on the right)
+    assert AutoTokenizer.from_pretrained(out).padding_side == AutoTokenizer.from_pretrained(run / "final").padding_side == "left"
 
     # Default output: inside the run directory, never in the checkout.
     assert export_checkpoint(run) == run / "export" / last.name

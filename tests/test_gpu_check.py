@@ -15,8 +15,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = [f"train/{f}/{c}/{s}" for f in ("qwen3", "llama32") for c in ("grpo", "datc") for s in ("none", "zero2", "zero3")]
-EXPECTED = {"build/qwen3", "build/llama32", "credit/qwen3", "credit/llama32", "synced/qwen3", "fail/error", "fail/hang",
-            *TRAIN}
+EXPECTED = {"build/qwen3", "build/llama32", "credit/qwen3", "credit/llama32", "decode/qwen3", "decode/llama32",
+            "synced/qwen3", "synced/qwen3/gathered", "fail/error", "fail/hang", *TRAIN}
 
 
 @pytest.mark.slow
@@ -49,11 +49,24 @@ def test_gpu_check_rehearsal_runs_every_case_and_reports_failures(tmp_path):
     # the models were built at the scaled-down arch and the same tokenizer size everywhere
     assert cases["build/qwen3"]["vocab"] == 512 and cases["build/qwen3"]["params"]["policy"] > 0
     assert cases["synced/qwen3"]["zero3_partitioned"] and cases["synced/qwen3"]["tokens"] > 0
+    gathered = cases["synced/qwen3/gathered"]  # the same sampling with the parameters gathered once per call
+    assert gathered["generation"] == "gathered once" and gathered["zero3_partitioned"]  # partitioned again after
+    assert gathered["tokens"] > 0 and gathered["responses"] == cases["synced/qwen3"]["responses"]
     assert cases["credit/qwen3"]["shape"] == {"tokens": 512, "vocab": 512, "hidden": 32, "chunk_size": 128}
+    for fam in ("qwen3", "llama32"):  # the decode loops through the rollout's sampler, the graph's step run eagerly
+        d = cases[f"decode/{fam}"]
+        assert d["shape"]["rows"] == 16 and d["shape"]["max_new_tokens"] == report["scale"]["max_new_tokens"]
+        assert set(d["modes"]) == {"prefill", "dynamic", "static", "static_graph", "static_graph_to_budget"}
+        assert all(d["modes"][m]["tokens_per_s"] > 0 and d["modes"][m]["hbm_fraction"] > 0 for m in d["modes"] if m != "prefill")
+        assert d["bound"]["weight_bytes"] > 0 and d["bound"]["kv_bytes"] > 0 and d["copy_bandwidth_gb_s"] > 0
+        g = d["graph_vs_eager"]
+        assert g["captured"] is False and g["bit_equal"] and g["shape"] == [16, 8, 512]  # 8 check tokens (TINY)
     md = (out / "gpu_check.md").read_text()
     for name in TRAIN:
         assert f"| {name[6:]} | ok |" in md
+    assert "| qwen3 | ok | 16 x" in md and "| static_graph |" in md
     assert "`fail/error`: error" in md and "`fail/hang`: timeout" in md
+    assert "## Projected paper-preset run" in md and "- **qwen3: " in md and "- **llama32: " in md  # the headline, per family
 
 
 def test_gpu_check_reports_what_the_deadline_skipped(tmp_path):
@@ -64,7 +77,7 @@ def test_gpu_check_reports_what_the_deadline_skipped(tmp_path):
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     cases = json.loads((out / "gpu_check.json").read_text())["cases"]
-    assert len(cases) == 1 + 1 + 6 + 1  # build, credit, 2 credits x 3 stages, synced
+    assert len(cases) == 1 + 1 + 1 + 6 + 2  # build, credit, decode, 2 credits x 3 stages, synced (and gathered)
     assert all(r["status"] == "skipped" for r in cases.values())
     assert cases["build/qwen3"]["error"].startswith("global deadline")
     assert cases["train/qwen3/datc/zero3"]["error"] == "build/qwen3 did not succeed"

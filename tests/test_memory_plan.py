@@ -121,7 +121,7 @@ def test_every_preset_plans_and_files_are_written(written):
     md = (out / "presets.md").read_text()
     data = json.loads((out / "presets.json").read_text())
     assert data["command"] == "datc-memory-plan --out " + str(out)
-    assert len(data["plans"]) == 4 and "| preset | ZeRO |" in md
+    assert len(data["plans"]) == len(mp.PRESETS) == 8 and "| preset | ZeRO |" in md
     for p in plans:
         pol = mf.arch_of(mp.compose(p["preset"]).policy.arch)
         assert p["params"]["policy"] == mf.param_count_formula(pol, "causal_lm")
@@ -130,6 +130,8 @@ def test_every_preset_plans_and_files_are_written(written):
             totals = [per[n]["total"] for n in mp.GPU_COUNTS]
             assert all(x > y for x, y in zip(totals, totals[1:], strict=False))  # more GPUs, less memory per GPU
             assert p["stages"][stage]["gpus_needed"] in (*mp.FIT_COUNTS, None)
+        if "adapter" in p["params"]:  # LoRA: states of a few adapters, so ZeRO-3's gathers can cost more than it saves
+            continue
         # ZeRO-3 never needs more memory than ZeRO-2 at the same N
         assert all(p["stages"]["zero3"]["per_gpus"][n]["total"] <= p["stages"]["zero2"]["per_gpus"][n]["total"]
                    for n in mp.GPU_COUNTS)

@@ -29,7 +29,8 @@ def test_runs_whose_configs_differ_get_different_names():
     assert base not in differ.values() and len(set(differ.values())) == len(differ), differ
     assert _name("debug=fast", "deepspeed=zero2") not in (differ["debug=fast"], differ["deepspeed=zero2"])
     # Settings that do not change what a run computes keep its name (and so resume it).
-    for same in ("trainer.threads=1", "logger=wandb", "trainer.progress=false", "experiment=demo", "trainer.resume=never"):
+    for same in ("trainer.threads=1", "logger=wandb", "trainer.progress=false", "experiment=demo", "trainer.resume=never",
+                 "trainer.decode=static", "trainer.decode_sync_every=1"):
         assert _name(same) == base, same
     assert _name("trainer.lr=1e-4") == _name("trainer.lr=0.0001")  # values, not spellings
 

@@ -319,6 +319,30 @@ def test_files_and_folders_follow_the_umask(tmp_path):
     assert stat.S_IMODE((tmp_path / "metrics.jsonl").stat().st_mode) == 0o664
 
 
+def test_files_written_by_libraries_follow_the_umask(tmp_path, tok):
+    # safetensors creates model.safetensors 0600 whatever the umask; every directory datc
+    # writes through atomic_dir (final/, datc-export, the cached policy and reward model)
+    # gives its files the user's umask like datc's own.
+    from datc.export import save_pretrained_dir
+    from datc.models import build_causal_lm
+    from tests.conftest import ARCHS
+
+    old = os.umask(0o022)
+    try:
+        out = save_pretrained_dir(build_causal_lm(ARCHS["gpt2"], tok, 0), tok, tmp_path / "final")
+        with atomic_dir(tmp_path / "lib") as d:
+            os.close(os.open(d / "secret", os.O_WRONLY | os.O_CREAT, 0o600))
+            os.mkdir(d / "sub", 0o700)
+            os.close(os.open(d / "sub" / "tool", os.O_WRONLY | os.O_CREAT, 0o700))
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o644}, modes
+    assert stat.S_IMODE((tmp_path / "lib" / "secret").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "lib" / "sub").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "lib" / "sub" / "tool").stat().st_mode) == 0o755
+
+
 READ_ONLY_AS_ROOT = """
 import builtins, errno, os, sys
 RO = sys.argv.pop(1)
@@ -370,7 +394,7 @@ def test_a_read_only_run_directory(finished, tmp_path):
 @pytest.mark.parametrize("override,line", [
     ("credit=DATC", "datc-train: credit=DATC: no such option in credit/; choose one of datc, "),
     ("policy=tiny-gpt2", "datc-train: policy=tiny-gpt2: no such option in policy/; choose one of "),
-    ("trainer.step=10", "datc-train: trainer.step: not a config key; valid keys of trainer: adam_betas, "),
+    ("trainer.step=10", "datc-train: trainer.step: not a config key; valid keys of trainer: accept_changed_inputs, adam_betas, "),
 ])
 def test_hydra_errors_are_one_line_and_exit_2(tmp_path, override, line):
     r = subprocess.run(_cli(tmp_path / "cache", tmp_path / "r", override), capture_output=True, text=True, timeout=120)
@@ -469,3 +493,76 @@ def test_a_gguf_file_in_a_subfolder_is_a_model_and_a_tokenizer(tmp_path):
             check_model_path(str(tmp_path), "policy.path", what, gguf_file="pkg/other.gguf")
         with pytest.raises(ModelLoadError, match="holds no"):  # without gguf_file: no model files at its top
             check_model_path(str(tmp_path), "policy.path", what)
+
+
+# ---- bad data and what a refused command leaves -------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,overrides,line", [
+    ("latin1", ["data.eval_split=train"], "datc-train: data.path: '{path}' is not UTF-8 text (invalid continuation byte"),
+    ("missing", ["data.task=null"], "datc-train: data.path: '{path}' does not exist"),
+    ("ok", ["data.task=null", "reward.path=."], "datc-train: policy.path: the testbed policy (policy.path=null) is "
+     "warm-started on a testbed task, and data.task is null"),
+    ("ok", [], "datc-train: data.train_split / data.eval_split: split 'eval' is not in '{path}'; splits: ['train']; "
+     "a single file is one split: evaluate on it too with data.eval_split=train"),
+])
+def test_bad_data_files_are_one_line_and_leave_no_directories(cache_dir, tmp_path, name, overrides, line):
+    # Before: a bare UnicodeDecodeError traceback (exit 1) for a Latin-1 file, an AttributeError
+    # in the warm start for a real dataset with the testbed policy, reward.path named before a
+    # missing data file, no hint for a single file's eval split; and the new run directory's
+    # parents stayed behind.
+    data = tmp_path / f"{name}.jsonl"
+    if name == "latin1":
+        data.write_bytes(b'{"prompt": "caf\xe9 au lait"}\n{"prompt": "two words"}\n')
+    elif name == "ok":
+        data.write_text('{"prompt": "one two"}\n{"prompt": "three four"}\n')
+    run = tmp_path / "new" / "deeper" / "r"
+    r = subprocess.run(_cli(cache_dir, run, f"data.path={data}", *overrides), capture_output=True, text=True,
+                       timeout=300, cwd=REPO)
+    err = [ln for ln in r.stderr.splitlines() if "Setting accelerator to CPU" not in ln]
+    assert r.returncode == 2 and len(err) == 1 and err[0].startswith(line.format(path=data)), r.stderr
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_bad_value_is_said_before_torch_is_imported(tmp_path):
+    # Value errors took about 12 s: the run name's resolver and the entry point imported torch
+    # (and the trainer) before validating.
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "datc.train", f"run_dir={tmp_path / 'r'}",
+                        "trainer.lr=-1"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 2 and "datc-train: trainer.lr: must be > 0, got -1.0" in r.stderr
+    imported = {ln.split("|")[-1].strip() for ln in r.stderr.splitlines() if ln.startswith("import time:")}
+    assert "hydra" in imported and "torch" not in imported and "datc.trainer" not in imported
+
+
+def test_an_unquoted_path_with_an_apostrophe_says_how_to_quote_it(tmp_path):
+    r = subprocess.run(_cli(tmp_path / "cache", "x") [:4] + [f"run_dir={tmp_path}/café's run"], capture_output=True,
+                       text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "must be quoted for Hydra, inside the shell's quotes: 'run_dir=\"...\"'" in r.stderr
+    ok = subprocess.run(_cli(tmp_path / "cache", "x")[:4] + [f'run_dir="{tmp_path}/café\'s run"', "trainer.lr=-1"],
+                        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert ok.returncode == 2 and "trainer.lr: must be > 0" in ok.stderr, ok.stderr  # quoted: it parses
+
+
+@pytest.mark.slow
+def test_sigterm_in_the_prepare_step_stops_within_seconds_keeping_the_cache(tmp_path):
+    # Before: "stopping after the current step", then minutes more of reward-model training, so
+    # a scheduler's SIGKILL after its grace period lost the whole prepare step.
+    cache, run = tmp_path / "cache", tmp_path / "r"
+    cmd = _cli(cache, run, "reward.train.steps=100000", "policy.warm_start.steps=5")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    deadline = time.time() + 300
+    while not list((cache / "policy").glob("*/config.json")):  # the warm start is cached: the reward model trains
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else "timed out"
+        time.sleep(0.05)
+    time.sleep(1.0)
+    t0 = time.time()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert time.time() - t0 < 60, "the prepare step went on after SIGTERM"
+    assert "stopped by SIGTERM in the prepare step (reward-model" in err and "Traceback" not in err, err
+    assert list((cache / "policy").glob("*/config.json"))  # the finished part stays cached
+    assert not (cache / "reward").exists() or not list((cache / "reward").iterdir())  # no half-trained entry
+    assert not run.exists() or {p.name for p in run.iterdir()} <= {"train.log", ".lock"}  # its log, no run files

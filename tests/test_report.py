@@ -456,3 +456,113 @@ def test_sources_below_the_working_directory_are_named_relative_to_it(tmp_path, 
     loaded = load_run_dirs([tmp_path / "runs"])  # an absolute root
     assert [r.source for r in loaded.runs] == [str(path.relative_to(tmp_path))]
     assert loaded.runs[0].source.startswith("runs")
+
+
+# ---- runs of different configs; two comparisons on one --out --------------------------------------
+
+
+def _with_run_json(summary_path: Path, steps: int, lr: float = 1e-3, seed: int = 0, credit: str = "grpo") -> Path:
+    ident = {"seed": seed, "credit": {"name": credit}, "data": {"name": "keywords"}, "policy": {"name": "tiny_gpt2"},
+             "trainer": {"steps": steps, "lr": lr}}
+    (summary_path.parent / "run.json").write_text(json.dumps({"run_id": "x", "identity": ident}))
+    return summary_path
+
+
+def test_runs_whose_configs_differ_beyond_scheme_and_seed_are_split_and_said(tmp_path, capsys):
+    from datc.report import main
+
+    root = tmp_path / "runs"
+    for seed in (0, 1, 2):
+        for credit in ("grpo", "datc"):
+            s = summary("keywords", "tiny_gpt2", credit, seed, 0.1 + 0.1 * seed + (credit == "datc") * 0.05)
+            _with_run_json(write_summary(root, s), 3, seed=seed, credit=credit)
+    long = summary("keywords", "tiny_gpt2", "datc", 0, 0.9)  # 300 steps: not a fourth seed, not a duplicate
+    long["run_name"] = "long"
+    _with_run_json(write_summary(root, long), 300, credit="datc")
+    out = tmp_path / "out"
+    main([str(root), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert ("keywords / tiny_gpt2: runs whose configs differ in more than the scheme and the seed (at trainer.steps) "
+            "are split into 2 settings: [trainer.steps=3] 6 run(s); [trainer.steps=300] 1 run(s)") in err
+    assert "duplicate" not in err
+    assert ("compared keywords / tiny_gpt2 [trainer.steps=300]: datc (seeds 0); keywords / tiny_gpt2 [trainer.steps=3]: "
+            "datc (seeds 0, 1, 2), grpo (seeds 0, 1, 2)") in err
+    rows = {(r["setting"], r["scheme"]): r for r in json.loads((out / "report.json").read_text())["rows"]}
+    assert rows[("keywords / tiny_gpt2 [trainer.steps=3]", "datc")]["n_runs"] == 3
+    assert rows[("keywords / tiny_gpt2 [trainer.steps=300]", "datc")]["n_runs"] == 1
+    assert ("keywords / tiny_gpt2", "datc") not in rows
+
+
+def test_two_comparisons_on_one_out_leave_one_whole(runs_root, tmp_path, monkeypatch):
+    # Writer A pauses half-way through its files; writer B runs meanwhile. Without the lock and
+    # the one-rename swap, table.md came from B and runs.csv from A.
+    import threading
+
+    import datc.report.cli as cli
+
+    other = tmp_path / "other"
+    write_summary(other, summary("reviews", "smollm2", "grpo", 0, 0.5))
+    reports = {"A": build_report(load_run_dirs([runs_root]).runs), "B": build_report(load_run_dirs([other]).runs)}
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "README.md").write_text("kept\n")  # a file of the user's in --out survives
+    paused, go = threading.Event(), threading.Event()
+    real = cli.write_atomic
+
+    def slow(path, data):
+        if threading.current_thread().name == "A" and path.name == "runs.csv":
+            paused.set()
+            go.wait(10)
+        real(path, data)
+
+    monkeypatch.setattr(cli, "write_atomic", slow)
+    a = threading.Thread(target=write_outputs, args=(reports["A"], out), name="A")
+    b = threading.Thread(target=write_outputs, args=(reports["B"], out), name="B")
+    a.start()
+    assert paused.wait(10)
+    b.start()
+    b.join(1.0)  # B waits for A's lock (before: it wrote all eight files now)
+    go.set()
+    a.join(20)
+    b.join(20)
+    table, csv = (out / "table.md").read_text(), (out / "runs.csv").read_text()
+    assert ("reviews" in table) == ("reviews" in csv), "table.md and runs.csv come from different comparisons"
+    assert "reviews" in table and "keywords" not in csv  # B, the later one, whole
+    assert (out / "README.md").read_text() == "kept\n"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out.")) == [".out.lock"]
+
+
+def test_a_comparison_that_fails_half_way_leaves_the_old_outputs(runs_root, tmp_path, monkeypatch):
+    import datc.report.cli as cli
+
+    out = tmp_path / "out"
+    write_outputs(build_report(load_run_dirs([runs_root]).runs), out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    other = tmp_path / "other"
+    write_summary(other, summary("reviews", "smollm2", "grpo", 0, 0.5))
+    real = cli.write_atomic
+
+    def full_disk(path, data):
+        if path.name == "report.json":
+            raise OSError(28, "No space left on device", str(path))
+        real(path, data)
+
+    monkeypatch.setattr(cli, "write_atomic", full_disk)
+    with pytest.raises(OSError):
+        write_outputs(build_report(load_run_dirs([other]).runs), out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.") and p.name != ".out.lock"] == []
+
+
+def test_plot_titles_fit_their_figures():
+    from matplotlib.figure import Figure
+
+    from datc.report.plots import wrapped
+
+    for width in (4.0, 6.0, 12.0):
+        fig = Figure(figsize=(width, 3), layout="constrained")
+        fig.subplots()
+        title = fig.suptitle(wrapped("Credit accuracy: mean over seeds ± 95% t-interval (grpo, something: undefined)", fig))
+        fig.canvas.draw()
+        box, frame = title.get_window_extent(), fig.bbox
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1, (width, box, frame)

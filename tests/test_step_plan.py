@@ -14,7 +14,7 @@ from datc.step.plan import build_plan
 
 def _t(**kw):
     base = dict(epochs=1, batch_size=8, mini_batch_size=8, micro_batch_size=2, max_new_tokens=4, temperature=0.7,
-                reuse_rollout_logits="auto", skip_zero_advantage=True)
+                reuse_rollout_logits="auto", skip_zero_advantage=True, decode="auto", device="cpu")
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -45,6 +45,10 @@ CASES = [
     ("datc_shuffled", {}, {}, V, dict(skip_zero=False)),
     ("datc", {}, {"synced_gpus": True, "share_prompts": False}, V, dict(skip_zero=False, synced_gpus=True,
                                                                        share_prompts=False)),
+    # the decode loop: auto is dynamic on CPU (measured faster there); static unless ranks are synced
+    ("grpo", {}, {}, V, dict(decode="dynamic")),
+    ("grpo", {"decode": "static"}, {}, V, dict(decode="static")),
+    ("grpo", {"decode": "static"}, {"synced_gpus": True}, V, dict(decode="dynamic")),
     # the models' placement is carried as it was found
     ("datc", {}, {"trunk": 3}, V, dict(trunk=3, with_ref=True)),
     ("grpo", {}, {"with_ref": False}, V, dict(with_ref=False, trunk=0)),
@@ -88,3 +92,30 @@ def test_the_plan_describes_itself_in_plain_values():
     d = build_plan(_t(), CREDIT_SCHEMES.get("datc"), V, **MODELS).describe()
     assert json.loads(json.dumps(d)) == d and d["passes"] == {"temperature": 0.7, "micro": 2, "share": True}
     assert "_chunked" not in d and d["reuse"] is True
+
+
+def test_zero3_sampling_gathers_or_syncs_as_decided_once():
+    zero3 = {**MODELS, "synced_gpus": True, "share_prompts": False}
+    gathered = build_plan(_t(), CREDIT_SCHEMES.get("datc"), V, **zero3, gather_generation=True)
+    assert gathered.gather_generation and not gathered.sample_synced and gathered.synced_gpus
+    assert not gathered.skip_zero  # the other passes are still partitioned: every rank makes the same forwards
+    synced = build_plan(_t(), CREDIT_SCHEMES.get("datc"), V, **zero3)
+    assert not synced.gather_generation and synced.sample_synced
+    alone = build_plan(_t(), CREDIT_SCHEMES.get("datc"), V, **MODELS, gather_generation=True)
+    assert not alone.gather_generation and not alone.sample_synced  # nothing partitioned: nothing to gather
+
+
+def test_auto_gathers_where_the_parameters_fit():
+    import torch
+
+    from datc.step.plan import gather_generation_for
+
+    policy = torch.nn.Linear(1000, 1000)  # 4 MB of float32 parameters
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert gather_generation_for("auto", policy, False, cpu)[0] is False
+    assert gather_generation_for("auto", policy, True, cpu)[0] is True
+    assert gather_generation_for("auto", policy, True, cuda, free_bytes=9 * 2**20)[0] is True
+    fits, why = gather_generation_for("auto", policy, True, cuda, free_bytes=7 * 2**20)
+    assert fits is False and "GiB free" in why
+    assert gather_generation_for("synced", policy, True, cpu)[0] is False
+    assert gather_generation_for("gather", policy, True, cuda, free_bytes=0)[0] is True

@@ -116,7 +116,14 @@ def run_session(run_dir: Path, overrides: list[str]) -> tuple[Session, Path]:
     if groups:
         raise SystemExit(f"--run: {' '.join(groups)}: the run's own config ({run_dir / 'config.yaml'}) sets its groups; "
                          "only plain fields can be overridden (e.g. cache_dir=...)")
-    cfg = OmegaConf.merge(OmegaConf.load(run_dir / "config.yaml"), OmegaConf.from_dotlist(list(overrides)))
+    from datc.config import ConfigError
+    from datc.rundir import read_run_config
+
+    try:
+        own = read_run_config(run_dir)  # checked against run.json
+    except ConfigError as e:
+        raise SystemExit(f"--run: {e}") from None
+    cfg = OmegaConf.merge(OmegaConf.create(own), OmegaConf.from_dotlist(list(overrides)))
     s = build_session(validate(cfg))
     load_policy_weights(s.m.policy, checkpoint_state_dict(ckpt))
     torch.manual_seed(s.c.seed)  # after the build, as session_for: samples never depend on a warm cache

@@ -8,9 +8,12 @@ policy's logits, ``π = softmax(z)``, ``y`` the sampled id, ``ρ = E g`` (V,) an
   ``identity``: ``f = ρ - mean_v ρ``;
 - displacement ``u = sign · (e_y - π)``;
 - score ``s``: ``projection`` ``⟨f,u⟩/‖u‖``, ``work`` ``⟨f,u⟩``, ``cosine``
-  ``⟨f,u⟩/(‖f‖‖u‖)``; a zero denominator gives ``s = 0`` (no displacement or no force);
-  a row with a non-finite logit (NaN or ±inf) gives ``s = NaN``, so its response falls back to
-  ``w = 1`` in the weight step.
+  ``⟨f,u⟩/(‖f‖‖u‖)``; a zero denominator gives ``s = 0`` (no displacement or no force), a
+  NaN one (a NaN reward gradient) ``s = NaN``;
+  a row with a NaN or ``+inf`` logit, or whose sampled token's logit is ``-inf``, gives
+  ``s = NaN``, so its response falls back to ``w = 1`` in the weight step. Any other ``-inf``
+  logit is a vocabulary entry of probability 0 (masked or padded rows, banned tokens): the
+  score is computed through it with ``π_v = 0``.
 
 The fast functions use METHOD's cheap identities, in a form that keeps relative precision when
 ``π`` is peaked. Every score is unchanged by adding a constant to all entries of ``ρ``, so ``ρ``
@@ -80,7 +83,7 @@ def datc_scores(
 
     Returns:
         (N,) scores, float32 (float64 if any input is float64); NaN on a row whose logits hold
-        a NaN or an inf.
+        a NaN or a ``+inf``, or put the sampled token at ``-inf``.
     """
     check_options(logit_map, alignment, chunk_size, top_k)
     _check_shapes(g, E, logits, y, sign)
@@ -99,7 +102,7 @@ def datc_scores(
                 score = _safe_div(signed, u_norm)
             else:
                 score = _safe_div(signed, f_norm * u_norm)
-            out.append(_nan_where_nonfinite(score, z))
+            out.append(_nan_where_nonfinite(score, z, y[sel]))
     return _cat(out, g, dtype)
 
 
@@ -328,12 +331,16 @@ def _rowdot(a: Tensor, b: Tensor) -> Tensor:
     return (a[:, None, :] @ b[:, :, None]).reshape(-1)
 
 
-def _nan_where_nonfinite(score: Tensor, logits: Tensor) -> Tensor:
-    """NaN for the rows (c,) whose logits (c, V) hold a NaN or an inf, else ``score``.
+def _nan_where_nonfinite(score: Tensor, logits: Tensor, y: Tensor | None = None) -> Tensor:
+    """NaN for the rows (c,) whose logits (c, V) hold a NaN or a ``+inf``, or whose sampled id
+    ``y`` (c,) has a ``-inf`` logit (every entry ``-inf`` without ``y``), else ``score``.
 
-    A non-finite logit makes ``π`` NaN, which ``_safe_div``'s zero-denominator rule would
+    A NaN or ``+inf`` logit makes ``π`` NaN, which ``_safe_div``'s zero-denominator rule would
     silently turn into a score of 0; a NaN score instead makes the weight step give the whole
-    response ``w = 1`` (METHOD §2.5: any non-finite input falls back).
+    response ``w = 1`` (METHOD §2.5). A ``-inf`` logit elsewhere is an entry of probability 0
+    (``softmax`` gives exactly 0 there, and every term is finite): the score stands, so a logit
+    processor that bans tokens does not turn DATC into GRPO. The sampled token itself at
+    ``-inf`` has probability 0, impossible under the policy: it falls back.
 
     A row's sum is finite only if all its entries are (a NaN or an inf makes it NaN or inf), so
     one reduction settles every row whose sum is finite; only the others (non-finite entries,
@@ -341,7 +348,13 @@ def _nan_where_nonfinite(score: Tensor, logits: Tensor) -> Tensor:
     ok = torch.isfinite(logits.sum(-1))
     if not bool(ok.all()):
         rows = (~ok).nonzero().squeeze(-1)
-        ok[rows] = torch.isfinite(logits[rows]).all(-1)
+        z = logits[rows]
+        bad = torch.isnan(z).any(-1) | (z == torch.inf).any(-1)
+        if y is None:
+            bad |= (z == -torch.inf).all(-1)
+        else:
+            bad |= z.gather(-1, y[rows][:, None]).squeeze(-1) == -torch.inf
+        ok[rows] = ~bad
     return torch.where(ok, score, torch.nan)
 
 
@@ -352,8 +365,10 @@ def _no_autocast(like: Tensor):
 
 
 def _safe_div(num: Tensor, den: Tensor) -> Tensor:
-    """``num / den`` where ``den > 0``, else 0 (a zero norm means no displacement or force)."""
-    return torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny), 0.0)
+    """``num / den`` where ``den > 0``, else 0 (a zero norm means no displacement or force);
+    NaN where either is NaN (a NaN reward gradient must fall back, not score 0)."""
+    zero_or_nan = torch.where(torch.isnan(num) | torch.isnan(den), torch.nan, 0.0)
+    return torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny), zero_or_nan)
 
 
 def _chunks(m: int, rows: Tensor | None, chunk_size: int) -> Iterator[slice | Tensor]:

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import shutil
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from datc.atomic import atomic_write_bytes
+from datc.atomic import atomic_write_bytes, follow_umask, umask
+from datc.report.grouping import grouped, split_by_config
 from datc.report.loading import deduplicate, load_run_dirs, load_wandb
 from datc.report.plots import plot_credit_accuracy, plot_gold_curves, plot_rm_vs_gold
 from datc.report.statistics import Report, build_report
@@ -20,9 +28,13 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 def write_outputs(report: Report, out: str | Path, warnings: Sequence[str] = ()) -> list[Path]:
-    """Write every output file under ``out`` (created if needed); returns the paths written."""
+    """Write every output file under ``out`` as one unit; returns the paths written.
+
+    The files are rendered, then written into a temporary sibling directory (with whatever else
+    ``out`` already held), which replaces ``out`` in one rename (Linux's ``RENAME_EXCHANGE``
+    where available, else two renames), under an exclusive lock on ``.<out>.lock`` beside it:
+    two comparisons writing one ``--out`` leave the whole of one of them, never a mix."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     contents = {
         "table.md": markdown_table(report).encode(),
         "table.tex": latex_table(report).encode(),
@@ -33,11 +45,77 @@ def write_outputs(report: Report, out: str | Path, warnings: Sequence[str] = ())
         "credit_accuracy.png": plot_credit_accuracy(report),
         "rm_vs_gold.png": plot_rm_vs_gold(report),
     }
-    paths = []
-    for name, data in contents.items():
-        write_atomic(out / name, data)
-        paths.append(out / name)
-    return paths
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(out.parent / f".{out.name}.lock"), atomic_dir_swap(out) as tmp:
+        for name, data in contents.items():
+            write_atomic(tmp / name, data)
+    return [out / name for name in contents]
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # waits for the other comparison (seconds)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_dir_swap(out: Path) -> Iterator[Path]:
+    """A temporary sibling of ``out`` holding ``out``'s other files (hard links), that replaces
+    ``out`` when the block succeeds; removed if it fails, ``out`` untouched."""
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(out))
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    try:
+        if out.is_dir():
+            for p in out.iterdir():
+                _carry(p, tmp / p.name)
+        yield tmp
+        follow_umask(tmp)
+        os.chmod(tmp, 0o777 & ~umask())
+        if not out.exists():
+            os.rename(tmp, out)
+        elif _exchange(tmp, out):
+            shutil.rmtree(tmp)  # it holds the old outputs now
+        else:
+            old = tmp.with_name(tmp.name + ".old")
+            os.rename(out, old)
+            os.rename(tmp, out)
+            shutil.rmtree(old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _carry(src: Path, dst: Path) -> None:
+    if src.is_dir() and not src.is_symlink():
+        shutil.copytree(src, dst, symlinks=True, copy_function=_link_or_copy)
+    else:
+        _link_or_copy(src, dst)
+
+
+def _link_or_copy(src, dst) -> None:
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(src, dst, follow_symlinks=False)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories in one step (``renameat2(RENAME_EXCHANGE)``); False where the
+    kernel or libc cannot."""
+    if sys.platform != "linux":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -79,8 +157,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             ) from e
         runs += remote.runs
         warns += remote.warnings
-    unique = deduplicate(runs)
-    warns += unique.warnings
+    split = split_by_config(runs)  # only configs that differ in the scheme and the seed share a setting
+    unique = deduplicate(split.runs)
+    warns += split.warnings + unique.warnings
     if unique.runs and not any(r.credit == args.baseline for r in unique.runs):
         warns.append(f"no run of the baseline scheme {args.baseline!r}: no paired differences")
     for w in warns:
@@ -88,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not unique.runs:
         sources = [*args.roots, *([args.wandb_project] if args.wandb_project else [])]
         raise SystemExit(f"datc-compare: no runs found in {', '.join(map(str, sources))}")
+    print(f"datc-compare: {grouped(unique.runs)}", file=sys.stderr)
     try:
         written = write_outputs(build_report(unique.runs, args.baseline), args.out, warns)
     except (FileExistsError, NotADirectoryError, PermissionError) as e:

@@ -3,6 +3,7 @@ projects, flattened to :class:`Run` records, and duplicates removed."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -66,10 +67,18 @@ class Run:
     curve: tuple[CurvePoint, ...]  # sorted by step
     source: str  # the summary.json path or the W&B run path
     mtime: float  # seconds since the epoch; the newest of duplicate runs is kept
+    # its identity less the scheme and the seed (datc.report.grouping); None: unknown
+    config: dict[str, Any] | None = field(default=None, compare=False, hash=False)
+    variant: str = ""  # what sets it apart from other configs of its (data, policy), e.g. "trainer.steps=20"
+
+    @property
+    def policy_label(self) -> str:
+        """The policy, with the variant that splits its setting (if any)."""
+        return f"{self.policy} [{self.variant}]" if self.variant else self.policy
 
     @property
     def setting(self) -> str:
-        return f"{self.data} / {self.policy}"
+        return f"{self.data} / {self.policy_label}"
 
     def value(self, key: str) -> float | None:
         return getattr(self, key)
@@ -188,8 +197,26 @@ def load_run_dirs(roots: Sequence[str | Path]) -> LoadResult:
             if not isinstance(summary, dict):
                 warns.append(f"{path}: not a run summary (a JSON {type(summary).__name__}, not an object), skipped")
                 continue
-            runs.append(run_from_summary(summary, _shown(path), mtime, path.parent.name))
+            run = run_from_summary(summary, _shown(path), mtime, path.parent.name)
+            runs.append(dataclasses.replace(run, config=_run_config(path.parent / "run.json")))
     return LoadResult(runs, warns)
+
+
+IGNORED_IN_COMPARISON = ("credit", "seed")  # what a comparison may vary (datc.report.grouping)
+
+
+def comparison_config(identity: dict[str, Any]) -> dict[str, Any]:
+    """The part of a run's identity that must be equal for runs to be compared."""
+    return {k: v for k, v in identity.items() if k not in IGNORED_IN_COMPARISON}
+
+
+def _run_config(run_json: Path) -> dict[str, Any] | None:
+    """The comparison config of the run whose ``run.json`` this is; None if it has none."""
+    try:
+        ident = json.loads(run_json.read_text()).get("identity")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return comparison_config(ident) if isinstance(ident, dict) else None
 
 
 def _shown(path: Path) -> str:
@@ -273,17 +300,27 @@ def load_wandb(project: str) -> LoadResult:
     for r in wandb.Api().runs(project):
         summary = summary_from_wandb(r, r.scan_history(keys=["eval/rm_score"]))
         mtime = _num(r.summary.get("_timestamp")) or 0.0
-        runs.append(run_from_summary(summary, f"wandb:{project}/{r.id}", mtime, str(r.id)))
+        run = run_from_summary(summary, f"wandb:{project}/{r.id}", mtime, str(r.id))
+        runs.append(dataclasses.replace(run, config=_wandb_config(r.config)))
     return LoadResult(runs)
 
 
+def _wandb_config(config: Any) -> dict[str, Any] | None:
+    from datc.rundir import identity
+
+    try:
+        return comparison_config(identity(dict(config)))
+    except (KeyError, TypeError, AttributeError):
+        return None
+
+
 def deduplicate(runs: Iterable[Run]) -> LoadResult:
-    """One run per (data, policy, credit, seed), the one with the newest ``mtime``; each
+    """One run per (data, policy and variant, credit, seed), the one with the newest ``mtime``; each
     dropped run is warned about. Runs without a seed are told apart by ``run_name``."""
-    best: dict[tuple[str, str, str, int | str], Run] = {}
+    best: dict[tuple[str, str, str, int | str], Run] = {}  # (data, policy and variant, credit, seed)
     warns = []
     for run in runs:
-        key = (run.data, run.policy, run.credit, run.seed if run.seed is not None else run.run_name)
+        key = (run.data, run.policy_label, run.credit, run.seed if run.seed is not None else run.run_name)
         if key not in best:
             best[key] = run
             continue

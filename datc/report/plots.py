@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 from typing import Any
 
 import matplotlib
@@ -51,6 +52,13 @@ def _figure(width: float, height: float) -> Figure:
     return fig
 
 
+def wrapped(text: str, fig: Figure, fontsize_pt: float = 12.0) -> str:
+    """``text`` wrapped to the figure's width (a title on a one-panel figure was cut off at its
+    edges): about 0.55 em per character of the default sans-serif font."""
+    chars = max(20, int(fig.get_figwidth() * 72 / (0.55 * fontsize_pt)))
+    return textwrap.fill(text, chars)
+
+
 def _png(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
@@ -91,9 +99,7 @@ def plot_gold_curves(report: Report) -> bytes:
         ax.set(title=setting, xlabel="step", ylabel="held-out gold")
     for ax in axes[len(settings) :]:
         ax.set_visible(False)
-    fig.suptitle(
-        "Held-out gold: mean over seeds; band = 95% Student-t interval (steps with ≥2 seeds)"
-    )
+    fig.suptitle(wrapped("Held-out gold: mean over seeds; band = 95% Student-t interval (steps with ≥2 seeds)", fig))
     return _png(fig)
 
 
@@ -133,10 +139,8 @@ def plot_credit_accuracy(report: Report) -> bytes:
         )
     for ax in axes[max(len(settings), 1) :]:
         ax.set_visible(False)
-    fig.suptitle(
-        "Credit accuracy: mean over seeds ± 95% t-interval "
-        f"({', '.join(sorted(UNIFORM_CREDIT))}: undefined)"
-    )
+    fig.suptitle(wrapped("Credit accuracy: mean over seeds ± 95% t-interval "
+                         f"({', '.join(sorted(UNIFORM_CREDIT))}: undefined)", fig))
     return _png(fig)
 
 
@@ -192,7 +196,7 @@ def plot_rm_vs_gold(report: Report) -> bytes:
     ax.set(
         xlabel="final held-out gold",
         ylabel="final RM score",
-        title="Final RM score vs gold, one point per run (above the line: RM over-rates)",
+        title=wrapped("Final RM score vs gold, one point per run (above the line: RM over-rates)", fig),
     )
     return _png(fig)
 

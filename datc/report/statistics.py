@@ -186,10 +186,10 @@ def _scheme_order(schemes: Iterable[str], baseline: str) -> list[str]:
 
 
 def group_runs(runs: Iterable[Run]) -> dict[tuple[str, str, str], list[Run]]:
-    """Runs by (data, policy, credit), each list sorted by seed."""
+    """Runs by (data, policy with its variant, credit), each list sorted by seed."""
     out: dict[tuple[str, str, str], list[Run]] = {}
     for run in runs:
-        out.setdefault((run.data, run.policy, run.credit), []).append(run)
+        out.setdefault((run.data, run.policy_label, run.credit), []).append(run)
     return {
         k: sorted(v, key=lambda r: (r.seed is None, r.seed or 0, r.run_name))
         for k, v in out.items()

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from datc.credit import CreditOutput
 from datc.attribution import policy_grad_x_input, rm_edit_scorer
+from datc.credit import CreditOutput
 from datc.credit.base import (
     GOLD_CONTRIB,
     LOGPS_UNDER,

@@ -12,8 +12,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from datc.credit.base import ENTROPY, POLICY_LOGITS, RM_GRAD
 from datc.passes import Passes, pass_plan
+from datc.static_decode import decode_mode
 
 
 @dataclass(frozen=True)
@@ -28,10 +31,16 @@ class StepPlan:
     rm_grad: bool  # the reward model's input-embedding gradient is made (the scheme declares it)
     credit_entropy: bool  # the credit pass makes entropies (read by the scheme, or rollout/entropy off-policy)
     with_ref: bool  # a frozen reference (KL term, beta > 0)
+    ref_is_policy: bool  # ... which is the policy with its LoRA adapters disabled, no second model (datc.lora)
     trunk: int  # blocks the reward model shares with the reference: one pass gives both (datc.trunk); 0 off
     share_prompts: bool  # forwards compute each distinct prompt once (datc.shared_prompt)
-    synced_gpus: bool  # sampling keeps every rank forwarding (ZeRO-3 with several ranks)
+    synced_gpus: bool  # ZeRO-3 with several ranks: every rank makes as many forwards as the others
+    gather_generation: bool  # sampling with the policy's parameters gathered once per call (ZeRO-3)
+    sample_synced: bool  # sampling keeps every rank forwarding until all are done (synced, not gathered)
+    decode: str  # the sampler's decode loop: static (cache and graph, datc.static_decode) or dynamic
     keep_completions: bool  # the step before an eval keeps its completions (for the W&B table)
+    head_chunk: int | None  # the update's LM head this many positions at a time (no (rows, T, V) logits); None: whole
+    grad_checkpoint: bool  # the update recomputes the decoder blocks' activations in the backward
     passes: Passes  # the policy-side passes with (temperature, micro-batch, shared prompts) bound
 
     def given(self, has_logits: bool) -> StepPlan:
@@ -47,7 +56,13 @@ class StepPlan:
         declare from one pass over the whole batch, the reward model's gradient for every
         response, no reference and no skip."""
         return dataclasses.replace(self, on_policy=True, wants_dist=True, reuse=False, chunk_rows=None, skip_zero=False,
-                                   rm_grad=True, credit_entropy=True, with_ref=False, trunk=0)
+                                   rm_grad=True, credit_entropy=True, with_ref=False, ref_is_policy=False, trunk=0)
+
+    @property
+    def update_passes(self) -> Passes:
+        """The update's passes: the run's, without shared prompts under activation checkpointing
+        (a block recomputed in the backward must not append to the shared prompt's KV cache again)."""
+        return dataclasses.replace(self.passes, share=False) if self.grad_checkpoint else self.passes
 
     _chunked: bool = False  # a row-local scheme that reads the policy's logits (chunked when they are recomputed)
 
@@ -62,9 +77,11 @@ class StepPlan:
         return out
 
 
-def build_plan(t, scheme, vocab_size: int, *, with_ref: bool, trunk: int, share_prompts: bool, synced_gpus: bool,
-               keep_completions: bool = False) -> StepPlan:
-    """The plan for trainer settings ``t`` (``c.trainer``), a credit scheme and the placed models."""
+def build_plan(t, scheme, vocab_size: int, *, with_ref: bool, trunk: int, ref_is_policy: bool = False, share_prompts: bool, synced_gpus: bool,
+               keep_completions: bool = False, head_chunk: int | None = None,
+               gather_generation: bool = False, grad_checkpoint: bool = False) -> StepPlan:
+    """The plan for trainer settings ``t`` (``c.trainer``), a credit scheme and the placed models
+    (``head_chunk``: ``trainer.lm_head_chunk`` where the policy allows it, :func:`head_chunk_for`)."""
     needs = scheme.needs
     pp = pass_plan(t, needs, vocab_size)
     chunked = scheme.row_local and POLICY_LOGITS in needs
@@ -76,8 +93,49 @@ def build_plan(t, scheme, vocab_size: int, *, with_ref: bool, trunk: int, share_
         rm_grad=RM_GRAD in needs,
         # On-policy the update's forward is the rollout policy's, and rollout/entropy comes from it.
         credit_entropy=ENTROPY in needs or not pp.on_policy,
-        with_ref=with_ref, trunk=trunk, share_prompts=share_prompts, synced_gpus=synced_gpus,
-        keep_completions=keep_completions,
+        with_ref=with_ref, ref_is_policy=with_ref and ref_is_policy, trunk=trunk, share_prompts=share_prompts, synced_gpus=synced_gpus,
+        gather_generation=gather_generation and synced_gpus, sample_synced=synced_gpus and not gather_generation,
+        decode=decode_mode(t.decode, t.device != "cpu" and torch.cuda.is_available(),
+                           synced_gpus and not gather_generation),
+        keep_completions=keep_completions, head_chunk=head_chunk, grad_checkpoint=grad_checkpoint,
         passes=Passes(t.temperature, t.micro_batch_size, share_prompts),
         _chunked=chunked,
     )
+
+
+# Families whose logits are exactly ``lm_head(last hidden state)`` (no soft-capping or scale)
+HEAD_CHUNK_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
+
+
+def head_chunk_for(chunk: int | None, policy) -> tuple[int | None, str | None]:
+    """``trainer.lm_head_chunk`` for this policy: (chunk, None), or (None, why) where the update
+    cannot apply the LM head itself: a family outside :data:`HEAD_CHUNK_MODEL_TYPES`, or
+    parameters partitioned by ZeRO-3 (the head's weight is gathered by the model's own forward)."""
+    if chunk is None:
+        return None, None
+    model_type = getattr(getattr(policy, "config", None), "model_type", None)
+    if model_type not in HEAD_CHUNK_MODEL_TYPES:
+        return None, f"model type {model_type!r} is not one whose logits are lm_head(hidden): {HEAD_CHUNK_MODEL_TYPES}"
+    if any(hasattr(p, "ds_id") for p in policy.parameters()):
+        return None, "the policy's parameters are ZeRO-3 partitioned"
+    return chunk, None
+
+
+def gather_generation_for(mode: str, policy, synced_gpus: bool, device, free_bytes: int | None = None) -> tuple[bool, str]:
+    """Whether ZeRO-3 sampling gathers the policy's parameters once per call
+    (``deepspeed.gather_for_generation``): ``gather`` / ``synced`` as asked; ``auto`` gathers when
+    the whole parameters take at most half the device's free memory (always on the CPU).
+    Returns (gather, why) for the run's log. Without several ZeRO-3 ranks there is nothing to gather."""
+    if not synced_gpus:
+        return False, "no ZeRO-3 partitioning across ranks"
+    if mode != "auto":
+        return mode == "gather", f"deepspeed.gather_for_generation={mode}"
+    full = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in policy.parameters())
+    if device.type != "cuda":
+        return True, f"auto: {full / 2**30:.2f} GiB of parameters in host memory"
+    if free_bytes is None:
+        import torch
+
+        free_bytes = torch.cuda.mem_get_info(device)[0]
+    fits = full <= free_bytes // 2
+    return fits, f"auto: {full / 2**30:.2f} GiB of parameters, {free_bytes / 2**30:.2f} GiB free on the device"

@@ -15,9 +15,12 @@ def rollout(s, examples: list[dict], plan: StepPlan | None = None, keep_logits: 
     plan = plan or s.plan
     keep = plan.reuse if keep_logits is None else keep_logits
     per_call = (t.generation_batch_size or len(examples) * t.num_generations) // t.num_generations  # prompts
-    ro = cat_rollouts([s.ops.sample(m.policy, m.tok, examples[i : i + per_call], t.num_generations, t.max_new_tokens,
-                                    t.temperature, t.top_p, c.data.prompt_field, keep_logits=keep,
-                                    synced_gpus=plan.synced_gpus, encoder=m.encoder, share_prompts=plan.share_prompts)
-                       for i in range(0, len(examples), per_call)], m.tok.pad_token_id)
+    with s.optim.generation(plan.gather_generation):  # ZeRO-3: parameters gathered once, or per module
+        ro = cat_rollouts([s.ops.sample(m.policy, m.tok, examples[i : i + per_call], t.num_generations, t.max_new_tokens,
+                                        t.temperature, t.top_p, c.data.prompt_field, keep_logits=keep,
+                                        synced_gpus=plan.sample_synced, encoder=m.encoder,
+                                        share_prompts=plan.share_prompts, decode=plan.decode,
+                                        sync_every=t.decode_sync_every)
+                           for i in range(0, len(examples), per_call)], m.tok.pad_token_id)
     s.ops.observe("rollout", ro)
     return ro

@@ -3,12 +3,14 @@ optimizer step each, through the session's :class:`datc.optim.PolicyOptimizer`."
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor
 
-from datc.logprobs import entropy_from_logits, selective_log_softmax
 from datc.losses import AggNorm, aggregate
 from datc.numerics import NonFiniteReport, loss_is_finite
+from datc.passes import checkpointed_layers
 from datc.rollout import Rollout
 from datc.step.plan import StepPlan
 
@@ -33,49 +35,52 @@ def update(s, ro: Rollout, mask: Tensor, token_adv: Tensor, old_logps: Tensor | 
     B, T = ro.response_ids.shape
     mini = t.mini_batch_size // W
     micro_size = min(t.micro_batch_size, mini)
+    passes = plan.update_passes  # no shared prompts under activation checkpointing
     sums = dict.fromkeys(("kl", "clip_frac", "ratio", "entropy", "total", "grad_norm", "skipped_steps"), 0.0)
     n_tok_total, n_updates = 0.0, 0
-    for _ in range(t.epochs):
-        order = torch.randperm(B) if mini < B else torch.arange(B)
-        for mb in order.split(mini):
-            norm = AggNorm(num_seqs=len(mb) * W, num_tokens=dist.sum(mask[mb].sum()), norm_len=T)
-            if norm.num_tokens == 0:  # every response masked (e.g. all truncated with mask_truncated):
-                sums["skipped_steps"] += 1  # no step, or Adam's momentum alone would move the policy
-                opt.skip()
+    lr = opt.lr  # the rate of this step's first update (read after the updates, it was the next step's)
+    checkpointing = checkpointed_layers(opt.module) if plan.grad_checkpoint else contextlib.nullcontext()
+    with checkpointing:  # the decoder blocks' activations recomputed in the backward (trainer.gradient_checkpointing)
+        for _ in range(t.epochs):
+            order = torch.randperm(B) if mini < B else torch.arange(B)
+            for mb in order.split(mini):
+                norm = AggNorm(num_seqs=len(mb) * W, num_tokens=dist.sum(mask[mb].sum()), norm_len=T)
+                if norm.num_tokens == 0:  # every response masked (e.g. all truncated with mask_truncated):
+                    sums["skipped_steps"] += 1  # no step, or Adam's momentum alone would move the policy
+                    opt.skip()
+                    n_updates += 1
+                    continue
+                opt.zero_grad()
+                backpropagated = 0
+                for micro in mb.split(micro_size):
+                    logps, ent = passes.token_logps(opt.module, ro, micro, plan.head_chunk)
+                    old = old_logps[micro] if old_logps is not None else logps.detach()
+                    out = s.ops.loss(logps, old, token_adv[micro], t.epsilon_low, t.epsilon_high, t.beta,
+                                     ref_logps[micro] if ref_logps is not None else None)
+                    mk = mask[micro]
+                    loss = aggregate(out.loss, mk, t.loss_agg, norm)
+                    if not loss_is_finite(loss):  # never backpropagate NaN/inf
+                        nf.nonfinite_micro_batches += 1
+                        nf.add("loss", torch.zeros(B, dtype=torch.bool).index_fill_(0, micro.cpu(), True))
+                        if not opt.collective:
+                            continue
+                        loss = aggregate(torch.where(torch.isfinite(out.loss), out.loss, torch.zeros_like(out.loss)), mk,
+                                         t.loss_agg, norm)
+                    opt.backward(loss)
+                    backpropagated += 1
+                    mkf = mk.float()
+                    with torch.no_grad():
+                        sums["total"] += float(loss)
+                        sums["clip_frac"] += float((out.clipped.float() * mkf).sum())
+                        sums["ratio"] += float((out.ratio * mkf).sum())
+                        sums["entropy"] += float((ent * ro.response_mask[micro]).sum())
+                        if out.kl is not None:
+                            sums["kl"] += float((out.kl * mkf).sum())
+                    n_tok_total += float(mkf.sum())
+                grad_norm, skipped = opt.step(backpropagated)
+                sums["skipped_steps"] += skipped
+                sums["grad_norm"] += grad_norm
                 n_updates += 1
-                continue
-            opt.zero_grad()
-            backpropagated = 0
-            for micro in mb.split(micro_size):
-                z = plan.passes.logits(opt.module, ro, micro)
-                logps = selective_log_softmax(z, ro.response_ids[micro])
-                old = old_logps[micro] if old_logps is not None else logps.detach()
-                out = s.ops.loss(logps, old, token_adv[micro], t.epsilon_low, t.epsilon_high, t.beta,
-                                 ref_logps[micro] if ref_logps is not None else None)
-                mk = mask[micro]
-                loss = aggregate(out.loss, mk, t.loss_agg, norm)
-                if not loss_is_finite(loss):  # never backpropagate NaN/inf
-                    nf.nonfinite_micro_batches += 1
-                    nf.add("loss", torch.zeros(B, dtype=torch.bool).index_fill_(0, micro.cpu(), True))
-                    if not opt.collective:
-                        continue
-                    loss = aggregate(torch.where(torch.isfinite(out.loss), out.loss, torch.zeros_like(out.loss)), mk,
-                                     t.loss_agg, norm)
-                opt.backward(loss)
-                backpropagated += 1
-                mkf = mk.float()
-                with torch.no_grad():
-                    sums["total"] += float(loss)
-                    sums["clip_frac"] += float((out.clipped.float() * mkf).sum())
-                    sums["ratio"] += float((out.ratio * mkf).sum())
-                    sums["entropy"] += float((entropy_from_logits(z.detach()) * ro.response_mask[micro]).sum())
-                    if out.kl is not None:
-                        sums["kl"] += float((out.kl * mkf).sum())
-                n_tok_total += float(mkf.sum())
-            grad_norm, skipped = opt.step(backpropagated)
-            sums["skipped_steps"] += skipped
-            sums["grad_norm"] += grad_norm
-            n_updates += 1
     # the global mini-batch's figures (each rank's loss is its share of it; one process: as they are)
     sums = {k: dist.sum(v) if k in _SUMMED else v for k, v in sums.items()}
     n_tok = max(dist.sum(n_tok_total), 1.0)
@@ -87,6 +92,6 @@ def update(s, ro: Rollout, mask: Tensor, token_adv: Tensor, old_logps: Tensor | 
         "ratio": sums["ratio"] / n_tok,
         "grad_norm": sums["grad_norm"] / n_updates,
         "skipped_steps": sums["skipped_steps"],
-        "lr": opt.lr,
+        "lr": lr,
         "entropy": sums["entropy"] / max(n_resp_tok * t.epochs, 1.0),
     }

@@ -110,3 +110,47 @@ def test_nonfinite_policy_logit_falls_back_to_uniform_weights():
         assert (out.weights[1] == 1).all()
         assert not (out.weights[0] == 1).all() and not (out.weights[2] == 1).all()
         assert bool(out.fallback[1]) and not bool(out.fallback[0])
+
+
+def _scheme_batch(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    B, T, V, d = 3, 5, 11, 4
+    mask = torch.ones(B, T, dtype=torch.bool)
+    ids = torch.randint(0, V, (B, T), generator=gen)
+    return dict(
+        response_ids=ids, response_mask=mask, advantages=torch.tensor([1.0, -0.5, 0.7]),
+        rm_grad=torch.randn(B, T, d, generator=gen), rm_embedding=torch.randn(V, d, generator=gen),
+        policy_logits=torch.randn(B, T, V, generator=gen),
+    )
+
+
+def test_a_banned_token_at_minus_inf_keeps_datc_weights():
+    # A logit processor that writes -inf on tokens that were not sampled must not turn DATC
+    # into GRPO (it gave w = 1 for the whole response before); the weights equal those of the
+    # same logits with the banned entries at a logit so low that their probability is 0 too.
+    from datc.credit import compute_credit, resolve_scheme
+    from datc.credit.base import CreditBatch
+
+    kw = _scheme_batch()
+    scheme, params = resolve_scheme({"name": "datc"})
+    z = kw.pop("policy_logits")
+    banned = torch.zeros_like(z, dtype=torch.bool)
+    banned[..., 0] = True
+    banned &= kw["response_ids"][..., None] != 0  # never the sampled token
+    inf = compute_credit(scheme, CreditBatch(policy_logits=z.masked_fill(banned, -torch.inf), **kw), params)
+    low = compute_credit(scheme, CreditBatch(policy_logits=z.masked_fill(banned, -1e4), **kw), params)
+    assert not inf.fallback.any()
+    torch.testing.assert_close(inf.weights, low.weights)
+    assert not (inf.weights == 1).all(-1).any()
+
+
+def test_cosine_with_a_nan_reward_gradient_falls_back_through_the_scheme():
+    from datc.credit import compute_credit, resolve_scheme
+    from datc.credit.base import CreditBatch
+
+    kw = _scheme_batch(1)
+    kw["rm_grad"][1, 3, 2] = torch.nan
+    scheme, params = resolve_scheme({"name": "datc", "alignment": "cosine"})
+    out = compute_credit(scheme, CreditBatch(**kw), params)
+    assert bool(out.fallback[1]) and (out.weights[1] == 1).all()
+    assert not out.fallback[0] and not out.fallback[2]

@@ -280,10 +280,10 @@ def test_vocabulary_mismatch_is_a_clear_error():
         force_norm(g[:, :-1], E, logits)
 
 
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 @pytest.mark.parametrize("logit_map,alignment", COMBOS)
 def test_nonfinite_logit_gives_nan_score(bad, logit_map, alignment):
-    # METHOD §2.5: a non-finite policy logit must make its response fall back to w = 1, not
+    # METHOD §2.5: a NaN or +inf policy logit must make its response fall back to w = 1, not
     # score 0 (projection/cosine divided 0 by a NaN norm and returned 0 before).
     g, E, logits, y, sign = case(3)
     logits = logits.clone()
@@ -297,6 +297,58 @@ def test_nonfinite_logit_gives_nan_score(bad, logit_map, alignment):
                       torch.cat([sign[:2], sign[3:]]), logit_map=logit_map, alignment=alignment)
     torch.testing.assert_close(s[others], ref)
     assert torch.isnan(force_norm(g, E, logits, logit_map=logit_map)[2])
+
+
+@pytest.mark.parametrize("top_k", [None, 4])
+@pytest.mark.parametrize("logit_map,alignment", COMBOS)
+def test_a_minus_inf_logit_off_the_sampled_token_is_probability_zero(logit_map, alignment, top_k):
+    # METHOD §2.5: -inf on a token that was not sampled (a masked or padded vocabulary row, a
+    # banned token) is an entry with pi_v = 0, and DATC computes through it (it fell back to
+    # w = 1 before, turning DATC into GRPO under any logit processor that writes -inf). The
+    # expected score is the slow reference's, whose softmax gives exactly 0 there.
+    g, E, logits, y, sign = case(3)
+    logits = logits.clone()
+    row = 4  # sign -1
+    banned = [v for v in range(logits.shape[1]) if v != int(y[row])][:3]
+    logits[row, banned] = -torch.inf
+    logits[7, [v for v in range(logits.shape[1]) if v != int(y[7])][5]] = -torch.inf
+    kw = dict(logit_map=logit_map, alignment=alignment, top_k=top_k)
+    s = datc_scores(g, E, logits, y, sign, chunk_size=4, **kw)
+    assert torch.isfinite(s).all()
+    torch.testing.assert_close(s, reference_scores(g, E, logits, y, sign, **kw))
+    assert s[row] != 0 and s[7] != 0
+    assert torch.isfinite(force_norm(g, E, logits, logit_map=logit_map, top_k=top_k)).all()
+    # the sampled token itself at -inf has probability 0 under the policy: that row falls back
+    logits[row, y[row]] = -torch.inf
+    s2 = datc_scores(g, E, logits, y, sign, chunk_size=4, **kw)
+    assert torch.isnan(s2[row]) and torch.isfinite(s2[torch.arange(s2.numel()) != row]).all()
+    assert torch.equal(s2[:row], s[:row]) and torch.equal(s2[row + 1:], s[row + 1:])  # bit for bit
+    # a row of -inf only is no distribution at all
+    logits[row] = -torch.inf
+    assert torch.isnan(force_norm(g, E, logits, logit_map=logit_map, top_k=top_k)[row])
+
+
+def test_finite_logits_give_the_same_scores_bit_for_bit_beside_a_minus_inf_row():
+    g, E, logits, y, sign = case(5)
+    z = logits.clone()
+    z[1, (int(y[1]) + 1) % z.shape[1]] = -torch.inf
+    for alignment in ALIGNMENTS:
+        a = datc_scores(g, E, logits, y, sign, alignment=alignment, chunk_size=3)
+        b = datc_scores(g, E, z, y, sign, alignment=alignment, chunk_size=3)
+        keep = torch.arange(a.numel()) != 1
+        assert torch.equal(a[keep], b[keep])
+
+
+@pytest.mark.parametrize("logit_map", LOGIT_MAPS)
+@pytest.mark.parametrize("alignment", ALIGNMENTS)
+def test_a_nan_reward_gradient_gives_nan_not_zero(logit_map, alignment):
+    # cosine divided a NaN work by a NaN norm and the zero-denominator rule returned s = 0 (no
+    # fallback) for a direct caller; every alignment now scores NaN there.
+    g, E, logits, y, sign = case(3)
+    g = g.clone()
+    g[4, 1] = torch.nan
+    s = datc_scores(g, E, logits, y, sign, logit_map=logit_map, alignment=alignment)
+    assert torch.isnan(s[4]) and torch.isfinite(s[torch.arange(s.numel()) != 4]).all()
 
 
 def test_finite_logits_whose_sum_overflows_still_score():

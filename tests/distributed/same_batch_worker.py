@@ -43,7 +43,7 @@ def main(out: str, overrides: list[str]) -> None:
     params = {n: gathered(p).float().clone() for n, p in s.m.policy.named_parameters()}
     if dist.is_main:
         torch.save({"steps": steps, "params": params, "world_size": dist.world_size,
-                    "share_prompts": s.m.share_prompts}, out)
+                    "share_prompts": s.m.share_prompts, "gather_generation": s.plan.gather_generation}, out)
     dist.barrier()
     dist.close()
 

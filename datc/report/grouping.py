@@ -1,0 +1,75 @@
+"""Which runs may be compared: only runs whose configs differ in nothing but the credit scheme
+and the seed. Runs of one ``(data, policy)`` whose configs differ elsewhere (other step counts,
+learning rates, ...) are split into separate settings, each labelled with the values that tell
+it apart (``tiny_gpt2 [trainer.steps=20]``), and every split is said.
+
+A run's config is the identity in its ``run.json`` (beside ``summary.json``) or its W&B config;
+a summary without either is compared by data, policy and step count only, and said.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from datc.report.loading import LoadResult, Run
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix.rstrip("."): d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}."))
+    return out
+
+
+def _key(run: Run) -> str:
+    return json.dumps(run.config if run.config is not None else {"steps (config unknown)": run.steps},
+                      sort_keys=True, default=str)
+
+
+def split_by_config(runs: Iterable[Run]) -> LoadResult:
+    """``runs`` with a ``variant`` set wherever one ``(data, policy)`` holds runs of different
+    configs, and one line per setting saying what was grouped (and per split, how)."""
+    runs = list(runs)
+    by_setting: dict[tuple[str, str], dict[str, list[Run]]] = {}
+    for r in runs:
+        by_setting.setdefault((r.data, r.policy), {}).setdefault(_key(r), []).append(r)
+    out, warns = [], []
+    unknown = [r for r in runs if r.config is None]
+    if unknown:
+        warns.append(f"{len(unknown)} run(s) without run.json beside their summary (e.g. {unknown[0].source}): "
+                     "their configs are unknown, so they are compared by data, policy and steps only")
+    for (data, policy), configs in sorted(by_setting.items()):
+        if len(configs) == 1:
+            group = next(iter(configs.values()))
+            out += group
+            continue
+        flats = {k: _flat(json.loads(k)) for k in configs}
+        keys = sorted({f for fl in flats.values() for f in fl})
+        differing = [f for f in keys if len({json.dumps(fl.get(f), sort_keys=True, default=str) for fl in flats.values()}) > 1]
+        labels = []
+        for k, group in configs.items():
+            shown = [f"{f}={flats[k].get(f)}" for f in differing[:3]] + (["..."] if len(differing) > 3 else [])
+            variant = ", ".join(shown)
+            labels.append(f"[{variant}] {len(group)} run(s)")
+            out += [dataclasses.replace(r, variant=variant) for r in group]
+        warns.append(f"{data} / {policy}: runs whose configs differ in more than the scheme and the seed "
+                     f"(at {', '.join(differing[:6])}) are split into {len(configs)} settings: {'; '.join(labels)}")
+    return LoadResult(out, warns)
+
+
+def grouped(runs: Iterable[Run]) -> str:
+    """One line saying what is compared: per setting, the schemes and their seeds."""
+    settings: dict[str, dict[str, list]] = {}
+    for r in runs:
+        settings.setdefault(r.setting, {}).setdefault(r.credit, []).append(r.seed)
+    parts = []
+    for setting, schemes in sorted(settings.items()):
+        shown = ", ".join(f"{c} (seeds {', '.join(str(s) for s in sorted(x for x in seeds if x is not None)) or 'none'})"
+                          for c, seeds in sorted(schemes.items()))
+        parts.append(f"{setting}: {shown}")
+    return "compared " + "; ".join(parts)

@@ -1,0 +1,295 @@
+"""LoRA policies (``policy.lora``, :mod:`datc.lora`): validated before training; the reference is
+the policy with its adapters disabled, equal to a separately loaded base model, and no second
+model is loaded; only the adapters train (every one of them) and the checkpoints hold them and
+their optimizer state alone; every credit scheme, the shared trunk and the zero-advantage skip
+keep working; a killed run resumes to the same metrics; ``final/`` holds the adapter
+(``PeftModel.from_pretrained``) and ``datc-export --merge`` a plain merged model, both giving the
+trained policy's logits; the memory plan counts the adapters exactly."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from datc.checkpoint import checkpoint_dirs, load_checkpoint
+from datc.config import ConfigError, LoraConfig, validate
+from datc.credit import CREDIT_SCHEMES
+from datc.lora import AdaptersOff, GradOnlyDropout, add_adapters, alpha_of, trunk_tensors
+from datc.models import load_pretrained
+from datc.passes import rollout_policy_pass
+from datc.session import build_session
+from datc.step import train_step
+from datc.trainer import train
+from tests.conftest import cfg_for
+from tests.test_zero_advantage_skip import forced  # noqa: F401  the fixture: forced ties, NaNs, identical groups
+
+LORA = ["policy.lora.r=4"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("lora_cache")
+
+
+def _session(cache, tmp_path, *overrides):
+    return build_session(validate(cfg_for(cache, tmp_path / "unused", "trainer.warmup_steps=0", *overrides)))
+
+
+def _adapters(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _frozen(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+
+
+def logits_of(model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model.eval()(input_ids=ids).logits
+
+
+# ---- config ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["policy.lora.r=-1"], r"policy.lora.r: must be >= 0"),
+    (["policy.lora.r=4", "policy.lora.alpha=0"], r"policy.lora.alpha: must be > 0"),
+    (["policy.lora.r=4", "policy.lora.dropout=1.0"], r"policy.lora.dropout: must be in \[0, 1\)"),
+    (["policy.lora.r=4", "policy.lora.target_modules=[]"], r"policy.lora.target_modules: an empty list"),
+    (["policy.lora.r=4", "policy.lora.target_modules=[q_proj]"],
+     r"^policy.lora.target_modules: q_proj not a module of the policy \(gpt2\); choose from c_attn, c_fc, c_proj, lm_head, wpe, wte$"),
+    (["policy=tiny_llama", "policy.lora.r=4", "policy.lora.target_modules=[q_proj,qkv]"],
+     r"^policy.lora.target_modules: qkv not a module of the policy \(llama\); choose from down_proj, embed_tokens, "
+     r"gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj$"),
+    (["experiment=paper/qwen3_ultrafeedback_lora", "policy.lora.target_modules=[c_attn]"],
+     r"c_attn not a module of the policy \(qwen3\)"),  # the real preset's arch, built on the meta device
+])
+def test_bad_lora_values_are_one_line_naming_the_field(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(cfg_for(tmp_path / "cache", tmp_path / "run", *overrides))
+    assert not (tmp_path / "cache").exists()  # before anything was prepared or loaded
+
+
+def test_lora_is_off_by_default_and_leaves_full_policy_run_names_alone(tmp_path):
+    from datc.naming import config_id
+
+    c = validate(cfg_for(tmp_path, tmp_path / "run"))
+    assert c.policy.lora.r == 0
+    on = cfg_for(tmp_path, tmp_path / "run", *LORA)
+    assert config_id(on) != config_id(cfg_for(tmp_path, tmp_path / "run"))
+    assert alpha_of(validate(on).policy.lora) == 8.0  # alpha null: 2 r
+
+
+def test_dropout_acts_only_where_a_graph_is_built():
+    drop = GradOnlyDropout(0.5).eval()  # the trainer keeps the policy in eval mode throughout
+    x = torch.ones(4, 100)
+    with torch.no_grad():
+        assert torch.equal(drop(x), x)  # sampling, old / reference log-probs, evaluation
+    y = drop(x.requires_grad_())
+    assert (y == 0).any() and torch.allclose(y[y != 0], torch.tensor(2.0))  # the update's forward
+
+
+# ---- the reference is the base -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["tiny_gpt2", "tiny_llama"])
+def test_the_reference_is_the_policy_with_adapters_off_equal_to_the_base_model(cache, tmp_path, policy):
+    s = _session(cache, tmp_path, f"policy={policy}", *LORA, "credit=datc")
+    m = s.m
+    assert isinstance(m.ref, AdaptersOff) and m.ref._policy is m.policy  # no second model
+    assert s.plan.with_ref and s.plan.ref_is_policy
+    assert m.adapter is not None and m.adapter.base_model.model is m.policy
+    base_before = _frozen(m.policy)
+    before = _adapters(m.policy)
+    assert before and all("lora_" in n for n in before)
+    torch.manual_seed(0)
+    train_step(s, 0)
+    after = _adapters(m.policy)
+    assert all(not torch.equal(after[n], before[n]) for n in before if ".lora_B." in n)  # every B left zero
+    assert all(torch.equal(p, base_before[n]) for n, p in _frozen(m.policy).items())  # the base is frozen
+
+    torch.manual_seed(1)
+    from datc.rollout import sample_groups
+
+    t = s.c.trainer
+    ro = sample_groups(m.policy, m.tok, [s.assets.train[i] for i in range(4)], 4, t.max_new_tokens, t.temperature,
+                       t.top_p, s.c.data.prompt_field, encoder=m.encoder)
+    base = load_pretrained("causal_lm", s.assets.policy_path, "policy.path").eval()  # loaded apart
+    for share in (True, False):
+        ref = rollout_policy_pass(m.ref, ro, t.temperature, 8, False, with_entropy=False, share=share)[0]
+        want = rollout_policy_pass(base, ro, t.temperature, 8, False, with_entropy=False, share=share)[0]
+        assert torch.equal(ref, want), share
+        pol = rollout_policy_pass(m.policy, ro, t.temperature, 8, False, with_entropy=False, share=share)[0]
+        assert not torch.equal(pol[ro.response_mask], want[ro.response_mask])  # the adapters are on again after
+
+
+def test_the_shared_trunk_still_applies_with_the_reference_from_adapters_off(tok):
+    """The trunk compares the reference's blocks with the reward model's: with LoRA the reference
+    is the base (adapters off), so a reward model made from the policy shares its lower blocks,
+    and one pass gives what the unadapted base's trunk gives."""
+    from datc.trunk import reference_and_score, shared_trunk_depth
+    from tests.test_shared_prompt import _batch
+    from tests.test_trunk import LAYERS, _pair
+
+    ref, rm = _pair(tok)
+    policy = copy.deepcopy(ref)
+    add_adapters(policy, LoraConfig(r=4))
+    with torch.no_grad():
+        for n, p in policy.named_parameters():
+            if "lora_B" in n:
+                p.normal_()  # trained adapters: the adapted policy is not the base
+    off = AdaptersOff(policy)
+    assert trunk_tensors(policy.base_model.layers[0]).keys() == trunk_tensors(ref.base_model.layers[0]).keys()
+    depth = shared_trunk_depth(ref, rm)
+    assert depth == LAYERS - 1 and shared_trunk_depth(off, rm) == depth
+    assert shared_trunk_depth(policy, rm) == depth  # by base weights: the adapters are not the reference's
+    ro = _batch(len(tok))
+    lp, out = reference_and_score(off, rm, depth, ro, 0.7, 5, with_grad=True)
+    lp0, out0 = reference_and_score(ref, rm, depth, ro, 0.7, 5, with_grad=True)
+    assert torch.equal(lp, lp0) and torch.equal(out.scores, out0.scores) and torch.equal(out.grad, out0.grad)
+    assert policy.base_model.layers[0].self_attn.q_proj.lora_A["default"].weight.grad is None  # no adapter gradient
+
+
+def test_a_training_step_with_the_shared_trunk_matches_one_without_under_lora(cache, tmp_path):
+    overrides = ["policy=tiny_llama", "+reward.init=policy", "+reward.train.trainable_layers=1", "credit=datc", *LORA]
+    metrics, depth = [], []
+    for share in (True, False):
+        s = _session(cache, tmp_path, *overrides, f"trainer.share_trunk={share}")
+        depth.append(s.m.trunk)
+        torch.manual_seed(0)
+        metrics.append(train_step(s, 0).metrics)
+    assert depth == [1, 0]
+    for k in ("reward/rm_score", "reward/advantage_abs", "loss/kl", "loss/total", "loss/grad_norm"):
+        assert metrics[0][k] == pytest.approx(metrics[1][k], rel=1e-4, abs=1e-6), k
+
+
+# ---- every scheme, the skip ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CREDIT_SCHEMES.names())
+def test_every_credit_scheme_trains_the_adapters(cache, tmp_path, name):
+    s = _session(cache, tmp_path, f"credit={name}", *LORA, "trainer.steps=2")
+    before, base = _adapters(s.m.policy), _frozen(s.m.policy)
+    torch.manual_seed(0)
+    for it in range(2):  # B = 0 at the start: the first step moves B alone, the second A as well
+        metrics = train_step(s, it).metrics
+    assert torch.isfinite(torch.tensor(metrics["loss/total"])) and metrics["loss/grad_norm"] > 0
+    after = _adapters(s.m.policy)
+    assert all(not torch.equal(after[n], before[n]) for n in before), name  # every adapter parameter moved
+    assert all(torch.equal(p, base[n]) for n, p in _frozen(s.m.policy).items())
+
+
+@pytest.mark.slow
+def test_the_zero_advantage_skip_is_exact_under_lora(cache, tmp_path, forced):  # noqa: F811
+    from tests.test_zero_advantage_skip import _same_update
+
+    _same_update(cache, tmp_path, "credit=datc", *LORA, ops=forced["ops"])
+
+
+# ---- runs: checkpoints, resume, final/, export -----------------------------------------------------
+
+
+def _rows(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _comparable(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
+
+
+@pytest.mark.slow
+def test_a_killed_lora_run_resumes_to_the_same_metrics(cache, tmp_path):
+    overrides = ["trainer.steps=6", "trainer.checkpoint_every=2", "trainer.eval_every=3", *LORA]
+    train(cfg_for(cache, tmp_path / "full", *overrides))
+    state = load_checkpoint(checkpoint_dirs(tmp_path / "full")[-1])
+    assert state["policy"] and all("lora_" in k for k in state["policy"])  # the adapters, not the frozen base
+    assert len(state["optimizer"]["state"]) == len(state["policy"])  # AdamW moments for each adapter tensor only
+
+    killed = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "datc.train", "debug=fast", f"cache_dir={cache}", f"run_dir={killed}", *overrides]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (killed / "checkpoints" / "step_0000002").exists():
+        assert proc.poll() is None and time.time() < deadline, "run ended before its first checkpoint"
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "summary.json").exists(), "the run finished before it could be killed"
+    train(cfg_for(cache, killed, *overrides))
+    assert _comparable(_rows(killed)) == _comparable(_rows(tmp_path / "full"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["tiny_gpt2", "tiny_llama"])
+def test_final_holds_the_adapter_and_the_merged_export_loads_with_plain_transformers(cache, tmp_path, policy):
+    from peft import PeftModel
+
+    from datc.prepare import ensure_assets
+
+    run = tmp_path / "run"
+    cfg = cfg_for(cache, run, f"policy={policy}", *LORA, "credit=datc")
+    train(cfg)
+    base_path = ensure_assets(validate(cfg)).policy_path
+    final = run / "final"
+    assert (final / "adapter_config.json").exists() and (final / "adapter_model.safetensors").exists()
+    assert not list(final.glob("model*.safetensors"))  # no copy of the base
+
+    # the trained policy as the run left it: the base with the last checkpoint's adapters (loaded as a
+    # user would: datc's own loader swaps GPT-2's GELU for an equal formula that rounds differently)
+    trained = AutoModelForCausalLM.from_pretrained(base_path)
+    add_adapters(trained, validate(cfg).policy.lora)
+    trained.load_state_dict(load_checkpoint(checkpoint_dirs(run)[-1])["policy"], strict=False)
+    ids = torch.randint(4, 100, (3, 12), generator=torch.Generator().manual_seed(0))
+    want = logits_of(trained, ids)
+    assert not torch.equal(want, logits_of(AutoModelForCausalLM.from_pretrained(base_path), ids))  # it trained
+
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path), final)
+    torch.testing.assert_close(logits_of(adapted, ids), want, rtol=0, atol=0)
+
+    out = tmp_path / "merged"
+    proc = subprocess.run([sys.executable, "-m", "datc.export", str(run), "--merge", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, env=os.environ)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not (out / "adapter_config.json").exists()
+    merged = AutoModelForCausalLM.from_pretrained(out)  # plain transformers, no peft
+    assert not any("lora" in n for n, _ in merged.named_parameters())
+    torch.testing.assert_close(logits_of(merged, ids), want, rtol=1e-5, atol=1e-5)  # W + (alpha/r) BA: rounding
+
+    proc = subprocess.run([sys.executable, "-m", "datc.export", str(run), "--out", str(tmp_path / "adapter")],
+                          capture_output=True, text=True, timeout=300, env=os.environ)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    again = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path), tmp_path / "adapter")
+    torch.testing.assert_close(logits_of(again, ids), want, rtol=0, atol=0)
+
+
+# ---- memory plan -------------------------------------------------------------------------------------
+
+
+def test_the_memory_plan_counts_the_adapters_and_drops_the_reference():
+    from datc.memory_formulas import GIB, arch_of, lora_param_count, lora_param_count_formula
+    from datc.memory_plan import compose, plan_preset
+
+    for preset in ("qwen3_ultrafeedback_lora", "llama32_ultrafeedback_lora"):
+        c = compose(preset)
+        assert lora_param_count(c.policy.arch, c.policy.lora) == lora_param_count_formula(arch_of(c.policy.arch), 16)
+    cache: dict = {}
+    full = plan_preset("qwen3_ultrafeedback", 80, 4, ["credit=datc"], cache)["stages"]["zero2"]["per_gpus"][1]
+    lora = plan_preset("qwen3_ultrafeedback_lora", 80, 4, ["credit=datc"], cache)
+    one = lora["stages"]["zero2"]["per_gpus"][1]
+    phi, phi_a = lora["params"]["policy"], lora["params"]["adapter"]
+    assert phi_a == 17_432_576  # 16 · 28 · (7·2048 + 2·2048 + 2·1024 + 3·6144), by hand
+    assert one["items"]["reference"] == 0 and full["items"]["reference"] == 2 * phi
+    assert one["items"]["policy_weights"] == 2 * phi + 4 * phi_a  # bf16 base + fp32 adapters
+    assert one["items"]["optimizer"] == 12 * phi_a and one["items"]["grads"] == 4 * phi_a
+    assert one["total"] < full["total"] - 20 * GIB

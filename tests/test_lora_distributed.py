@@ -1,0 +1,99 @@
+"""LoRA policies under DeepSpeed on CPU (gloo), as the full-policy tests of
+tests/test_distributed.py: 2-process ZeRO-2 and ZeRO-3 runs compute the same losses and end
+with the same adapters as one plain process on the same global batch; a run saved and resumed
+equals an uninterrupted one, its checkpoints hold the adapters (not the frozen base), and the
+adapter exported from DeepSpeed's shards is the one ``final/`` holds."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from tests.test_distributed import (
+    COMMON,
+    LOSS_RTOL,
+    PARAM_ATOL,
+    _env,
+    _launch_cmd,
+    _worker,
+    cache_dir,  # noqa: F401  the module's prepared cache
+)
+
+pytestmark = pytest.mark.slow
+
+LORA = ["policy.lora.r=4"]
+
+
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_two_lora_processes_match_one_on_the_same_global_batch(cache_dir, tmp_path, stage):  # noqa: F811
+    port = 29900 + hash(("lora", stage)) % 90
+    overrides = [*COMMON, f"cache_dir={cache_dir}", "credit=datc", *LORA]
+    one = _worker(cache_dir, tmp_path / "one.pt", 1, [*overrides, f"trainer.share_prompts={str(stage != 'zero3').lower()}"],
+                  port)
+    two = _worker(cache_dir, tmp_path / "two.pt", 2, [*overrides, f"deepspeed={stage}"], port)
+    for a, b in zip(one["steps"], two["steps"], strict=True):
+        for k in a:
+            assert b[k] == pytest.approx(a[k], rel=LOSS_RTOL, abs=1e-7), (k, a, b)
+    assert one["params"].keys() == two["params"].keys()
+    adapters = [n for n in one["params"] if "lora_" in n]
+    assert adapters
+    for name, p in one["params"].items():
+        torch.testing.assert_close(two["params"][name], p, atol=PARAM_ATOL, rtol=0, msg=name)
+    assert any(one["steps"][i]["loss/grad_norm"] > 0 for i in range(len(one["steps"])))
+
+
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_a_lora_run_under_deepspeed_saves_adapters_and_resumes_as_uninterrupted(cache_dir, tmp_path, stage):  # noqa: F811
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from datc.export import export_checkpoint
+    from tests.test_distributed import _warm_policy
+
+    overrides = ["debug=fast", f"deepspeed={stage}", "credit=datc", "trainer.steps=4", "trainer.checkpoint_every=2",
+                 f"cache_dir={cache_dir}", "trainer.keep_checkpoints=3", *LORA]
+    full = tmp_path / "full"
+    launch = _launch_cmd(*overrides, f"run_dir={full}")
+    proc = subprocess.run(launch.argv, env={**_env(cache_dir), **launch.env}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ckpt = full / "checkpoints" / "step_0000002"
+    files = sorted(ckpt.glob("*model_states.pt"))
+    assert files
+    for f in files:
+        module = torch.load(f, map_location="cpu", weights_only=False)["module"] or {}
+        assert all("lora_" in k for k in module), sorted(module)[:4]  # the adapters, not the frozen base
+        assert module or stage == "zero3", f.name  # ZeRO-3's live in its optimizer's fp32 partitions
+
+    base = _warm_policy(cache_dir)
+    ids = torch.randint(4, 100, (2, 10), generator=torch.Generator().manual_seed(0))
+
+    def logits(path):
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), path).eval()
+        with torch.no_grad():
+            return model(input_ids=ids).logits
+
+    final = logits(full / "final")
+    torch.testing.assert_close(logits(export_checkpoint(full, 4, tmp_path / "exported")), final, rtol=0, atol=1e-6)
+    with torch.no_grad():
+        assert not torch.equal(AutoModelForCausalLM.from_pretrained(base).eval()(input_ids=ids).logits, final)
+
+    resumed = tmp_path / "resumed"  # "killed" after its step-2 checkpoint
+    shutil.copytree(full, resumed, ignore=shutil.ignore_patterns("step_0000004", "summary.json"))
+    rows = [json.loads(x) for x in (resumed / "metrics.jsonl").read_text().splitlines()]
+    (resumed / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= 3))
+    launch = _launch_cmd(*overrides, f"run_dir={resumed}")
+    proc = subprocess.run(launch.argv, env={**_env(cache_dir), **launch.env}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    def comparable(path):
+        return [{k: v for k, v in json.loads(x).items() if not k.startswith("perf/")}
+                for x in (path / "metrics.jsonl").read_text().splitlines()]
+
+    a, b = comparable(full), comparable(resumed)
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b, strict=True):
+        assert rb == pytest.approx(ra, rel=1e-6, abs=1e-9)
