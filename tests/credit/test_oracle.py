@@ -52,10 +52,12 @@ def test_padding_never_changes_weights():
 
 
 def test_a_run_without_per_token_gold_is_refused_before_any_model_loads(tmp_path):
-    # Neither the prompt file nor the reward model exists: reaching the assets or the models
-    # would fail with another error.
+    # Neither model exists: reaching the assets or the models would fail with another error.
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "hello"}\n')
     c = validate(cfg_for(tmp_path / "cache", tmp_path / "run", "credit=oracle", "data.task=null",
-                         "data.path=prompts.jsonl", "reward=pretrained", "reward.path=some/rm"))
+                         f"data.path={prompts}", "reward=pretrained", "reward.path=some/rm", "policy=pretrained",
+                         "policy.path=some/policy"))
     with pytest.raises(ConfigError, match=r"credit.name: 'oracle' .*data.task.*arithmetic"):
         build_session(c)
 
