@@ -92,8 +92,14 @@ def test_a_resume_refuses_when_the_reward_model_or_the_data_changed(own_cache, t
     cache = tmp_path / "cache"
     shutil.copytree(own_cache, cache)
     run = _killed_after_step_2(cache, tmp_path)
-    assert set(json.loads((run / "inputs.json").read_text())["inputs"]) == {"policy", "reward", "tokenizer", "data"}
-    rm_weights = next((cache / "reward").glob("*/model.safetensors"))
+    inputs = json.loads((run / "inputs.json").read_text())["inputs"]
+    assert set(inputs) == {"policy", "reward", "tokenizer", "data"}
+
+    def recorded(label: str, name: str) -> Path:  # the run's own file (the cache may hold other draws' too)
+        path = Path(inputs[label]["path"])
+        return path / name if path.is_dir() else path
+
+    rm_weights = recorded("reward", "model.safetensors")
     original = rm_weights.read_bytes()
     state = load_file(rm_weights)
     save_file({k: v + 0.01 for k, v in state.items()}, rm_weights, metadata={"format": "pt"})  # another reward model
@@ -104,7 +110,7 @@ def test_a_resume_refuses_when_the_reward_model_or_the_data_changed(own_cache, t
     assert not (run / "summary.json").exists()
 
     rm_weights.write_bytes(original)  # restored: the same bytes resume (its time moved, its content did not)
-    data = next((cache / "data").glob("*/train.jsonl"))
+    data = recorded("data", "train.jsonl")
     lines = data.read_text().splitlines(keepends=True)
     data.write_text("".join(lines[1:] + lines[:1]))  # the same prompts in another order
     with pytest.raises(ConfigError, match=f"data: {data} changed content"):
