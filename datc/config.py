@@ -171,6 +171,21 @@ class DeepSpeedConfig:
 
 
 @dataclass
+class RolloutConfig:
+    """``rollout``: the engine that samples the step's responses (:mod:`datc.engines`)."""
+
+    name: str = "torch"  # torch (the built-in sampler) or vllm
+    correction: str = "none"  # importance-sampling correction of the sampler/trainer mismatch (datc.correction)
+    correction_cap: float = 2.0  # C: ratios truncated at (or masked above) C
+    dtype: str = "auto"  # vllm: the engine's compute dtype; auto = the policy's
+    max_model_len: int | None = None  # vllm: prompt + response tokens; null = data.max_prompt_tokens + trainer.max_new_tokens
+    gpu_memory_utilization: float = 0.3  # vllm on GPUs: the fraction of device memory the engine may take
+    kv_cache_memory_bytes: int | None = None  # vllm on CPU: KV-cache bytes; null = sized for one generation call
+    sleep_mode: str = "auto"  # vllm: on, off or auto (on GPUs): weights and KV cache released during the update
+    enforce_eager: bool = False  # vllm: no CUDA graphs (the CPU backend is always eager)
+
+
+@dataclass
 class TrainConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -179,6 +194,7 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     seed: int = 0
     prepare_seed: int = 0
     run_name: str = "run"
@@ -208,6 +224,10 @@ CHOICES = {
     "deepspeed.offload_param": ("none", "cpu"),
     "deepspeed.optimizer_impl": ("auto", "torch", "deepspeed"),
     "deepspeed.gather_for_generation": ("auto", "gather", "synced"),
+    "rollout.name": ("torch", "vllm"),
+    "rollout.correction": ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
+    "rollout.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "rollout.sleep_mode": ("auto", "on", "off"),
 }
 
 POSITIVE = [
@@ -218,7 +238,7 @@ POSITIVE = [
     "data.train_size", "data.eval_size", "data.norm_len", "data.max_prompt_tokens",
     "policy.warm_start.lr", "policy.warm_start.batch_size", "reward.train.lr",
     "reward.train.batch_size", "reward.train.n_prompts", "reward.train.samples_per_prompt",
-    "reward.train.test_prompts",
+    "reward.train.test_prompts", "rollout.correction_cap",
 ]
 NON_NEGATIVE = [
     "trainer.weight_decay", "trainer.warmup_steps", "trainer.beta", "trainer.epsilon_low",
@@ -326,6 +346,9 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
     from datc.lora import check_lora
 
     check_lora(c)
+    from datc.engines.checks import check_engine
+
+    check_engine(c)
     d = c.deepspeed
     if d.offload_param != "none" and d.stage != 3:
         raise ConfigError(f"deepspeed.offload_param: parameter offload needs deepspeed.stage=3, got stage {d.stage}")

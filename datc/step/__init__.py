@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from datc.engines import prompt_seeds
 from datc.logger import completions_of
 from datc.numerics import NonFiniteReport
 from datc.rollout import Rollout
@@ -47,8 +48,11 @@ def train_step(s, it: int) -> StepResult:
     with s.autocast():
         t0 = time.perf_counter()
         indices = s.sampler.indices(it)
-        examples = [s.assets.train[i] for i in indices[s.dist.shard(len(indices))]]
-        ro = rollout(s, examples)
+        shard = s.dist.shard(len(indices))
+        examples = [s.assets.train[i] for i in indices[shard]]
+        # per-prompt seeds for an engine with its own sampler: (run seed, step, position, prompt)
+        seeds = prompt_seeds(s.c.seed, it, indices)[shard]
+        ro = rollout(s, examples, seeds=seeds)
         return learn(s, it, ro, t0)
 
 

@@ -40,7 +40,7 @@ def step_metrics(s, ro: Rollout, rw: Rewarded, cr: Credited, stats: dict[str, fl
         "rollout/truncated_frac": float(ro.truncated.float().mean()),
         "rollout/entropy": rollout_entropy,
         "credit/skipped_frac": float((~rw.credited).float().mean()),  # responses left out of the credit (A = 0)
-        **{f"loss/{k}": v for k, v in stats.items()},
+        **{(k if "/" in k else f"loss/{k}"): v for k, v in stats.items()},  # rollout/sampler_*: the engine's gap
         **credit_metrics(cr.credit, rw.advantages, rw.mask, rw.gold_contrib),
         **rw.nonfinite.metrics(),
         "perf/step_s": t4 - t0, "perf/rollout_s": t1 - t0, "perf/reward_s": t2 - t1,

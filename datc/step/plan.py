@@ -41,6 +41,10 @@ class StepPlan:
     keep_completions: bool  # the step before an eval keeps its completions (for the W&B table)
     head_chunk: int | None  # the update's LM head this many positions at a time (no (rows, T, V) logits); None: whole
     grad_checkpoint: bool  # the update recomputes the decoder blocks' activations in the backward
+    engine: str  # the rollout engine (datc.engines): torch samples with the policy, vllm with its own copy
+    sync_engine: bool  # the policy's weights are pushed to the engine before each rollout (an engine with its own)
+    correction: str  # importance-sampling correction of the sampler/trainer mismatch (datc.correction), or none
+    correction_cap: float  # its C
     passes: Passes  # the policy-side passes with (temperature, micro-batch, shared prompts) bound
 
     def given(self, has_logits: bool) -> StepPlan:
@@ -79,15 +83,22 @@ class StepPlan:
 
 def build_plan(t, scheme, vocab_size: int, *, with_ref: bool, trunk: int, ref_is_policy: bool = False, share_prompts: bool, synced_gpus: bool,
                keep_completions: bool = False, head_chunk: int | None = None,
-               gather_generation: bool = False, grad_checkpoint: bool = False) -> StepPlan:
+               gather_generation: bool = False, grad_checkpoint: bool = False, engine=None,
+               correction: str = "none", correction_cap: float = 2.0) -> StepPlan:
     """The plan for trainer settings ``t`` (``c.trainer``), a credit scheme and the placed models
-    (``head_chunk``: ``trainer.lm_head_chunk`` where the policy allows it, :func:`head_chunk_for`)."""
+    (``head_chunk``: ``trainer.lm_head_chunk`` where the policy allows it, :func:`head_chunk_for`).
+    ``engine``: the session's rollout engine (:mod:`datc.engines`; None: the built-in one): one
+    that keeps no logits has the credit recompute them, one with its own weights is synced and
+    may be corrected for (``correction``, :mod:`datc.correction`)."""
     needs = scheme.needs
     pp = pass_plan(t, needs, vocab_size)
     chunked = scheme.row_local and POLICY_LOGITS in needs
+    keeps_logits = engine is None or engine.keeps_logits
+    own_weights = engine is not None and engine.own_weights
+    reuse = pp.reuse and keeps_logits
     return StepPlan(
-        on_policy=pp.on_policy, wants_dist=pp.wants_dist, reuse=pp.reuse,
-        chunk_rows=t.micro_batch_size if chunked and not pp.reuse else None,
+        on_policy=pp.on_policy, wants_dist=pp.wants_dist, reuse=reuse,
+        chunk_rows=t.micro_batch_size if chunked and not reuse else None,
         # Off under ZeRO-3 with several ranks, where every rank must run as many forwards as the others.
         skip_zero=t.skip_zero_advantage and scheme.row_separable and not synced_gpus,
         rm_grad=RM_GRAD in needs,
@@ -98,6 +109,8 @@ def build_plan(t, scheme, vocab_size: int, *, with_ref: bool, trunk: int, ref_is
         decode=decode_mode(t.decode, t.device != "cpu" and torch.cuda.is_available(),
                            synced_gpus and not gather_generation),
         keep_completions=keep_completions, head_chunk=head_chunk, grad_checkpoint=grad_checkpoint,
+        engine="torch" if engine is None else engine.name, sync_engine=own_weights,
+        correction=correction if own_weights else "none", correction_cap=correction_cap,
         passes=Passes(t.temperature, t.micro_batch_size, share_prompts),
         _chunked=chunked,
     )

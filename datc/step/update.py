@@ -8,6 +8,7 @@ import contextlib
 import torch
 from torch import Tensor
 
+from datc.correction import is_weights, mismatch_sums, weight_stats
 from datc.losses import AggNorm, aggregate
 from datc.numerics import NonFiniteReport, loss_is_finite
 from datc.passes import checkpointed_layers
@@ -40,8 +41,9 @@ def update(s, ro: Rollout, mask: Tensor, token_adv: Tensor, old_logps: Tensor | 
     n_tok_total, n_updates = 0.0, 0
     lr = opt.lr  # the rate of this step's first update (read after the updates, it was the next step's)
     checkpointing = checkpointed_layers(opt.module) if plan.grad_checkpoint else contextlib.nullcontext()
+    mismatch = Mismatch()
     with checkpointing:  # the decoder blocks' activations recomputed in the backward (trainer.gradient_checkpointing)
-        for _ in range(t.epochs):
+        for epoch in range(t.epochs):
             order = torch.randperm(B) if mini < B else torch.arange(B)
             for mb in order.split(mini):
                 norm = AggNorm(num_seqs=len(mb) * W, num_tokens=dist.sum(mask[mb].sum()), norm_len=T)
@@ -55,9 +57,16 @@ def update(s, ro: Rollout, mask: Tensor, token_adv: Tensor, old_logps: Tensor | 
                 for micro in mb.split(micro_size):
                     logps, ent = passes.token_logps(opt.module, ro, micro, plan.head_chunk)
                     old = old_logps[micro] if old_logps is not None else logps.detach()
-                    out = s.ops.loss(logps, old, token_adv[micro], t.epsilon_low, t.epsilon_high, t.beta,
-                                     ref_logps[micro] if ref_logps is not None else None)
                     mk = mask[micro]
+                    w = None
+                    if plan.sync_engine:  # the engine sampled with its own copy: π_train / π_sampler
+                        sampled = ro.sampler_logps[micro]
+                        w = is_weights(old, sampled, mk, plan.correction, plan.correction_cap)
+                        if epoch == 0:  # each token's gap once
+                            mismatch.add(mismatch_sums(old, sampled, ro.response_mask[micro]),
+                                         None if w is None else weight_stats(w, mk))
+                    out = s.ops.loss(logps, old, token_adv[micro], t.epsilon_low, t.epsilon_high, t.beta,
+                                     ref_logps[micro] if ref_logps is not None else None, is_weight=w)
                     loss = aggregate(out.loss, mk, t.loss_agg, norm)
                     if not loss_is_finite(loss):  # never backpropagate NaN/inf
                         nf.nonfinite_micro_batches += 1
@@ -86,6 +95,7 @@ def update(s, ro: Rollout, mask: Tensor, token_adv: Tensor, old_logps: Tensor | 
     n_tok = max(dist.sum(n_tok_total), 1.0)
     n_resp_tok = dist.sum(ro.response_mask.sum())
     return {
+        **(mismatch.metrics(dist) if plan.sync_engine else {}),
         "total": sums["total"] / n_updates,
         "kl": sums["kl"] / n_tok,
         "clip_frac": sums["clip_frac"] / n_tok,
@@ -95,3 +105,35 @@ def update(s, ro: Rollout, mask: Tensor, token_adv: Tensor, old_logps: Tensor | 
         "lr": lr,
         "entropy": sums["entropy"] / max(n_resp_tok * t.epochs, 1.0),
     }
+
+
+class Mismatch:
+    """The sampler-vs-trainer gap over one step's tokens (:mod:`datc.correction`), summed over
+    micro-batches and ranks: ``rollout/sampler_logp_diff_mean`` and ``_max`` (|log π_train −
+    log π_sampler|, TRL's ``sampling/sampling_logp_difference``), ``rollout/sampler_kl`` (k3
+    estimate of KL(π_sampler ‖ π_train)) and, with a correction, ``rollout/is_ratio_min``,
+    ``_mean``, ``_max`` (TRL's ``sampling/importance_sampling_ratio``)."""
+
+    def __init__(self) -> None:
+        self.gap = {"abs": 0.0, "k3": 0.0, "max": 0.0, "tokens": 0.0}
+        self.ratio: dict[str, float] | None = None
+
+    def add(self, gap: dict[str, float], ratio: dict[str, float] | None) -> None:
+        for k in ("abs", "k3", "tokens"):
+            self.gap[k] += gap[k]
+        self.gap["max"] = max(self.gap["max"], gap["max"])
+        if ratio is not None:
+            r = self.ratio or {"min": float("inf"), "sum": 0.0, "max": float("-inf"), "n": 0.0}
+            self.ratio = {"min": min(r["min"], ratio["min"]), "sum": r["sum"] + ratio["sum"],
+                          "max": max(r["max"], ratio["max"]), "n": r["n"] + ratio["n"]}
+
+    def metrics(self, dist) -> dict[str, float]:
+        tokens = max(dist.sum(self.gap["tokens"]), 1.0)
+        out = {"rollout/sampler_logp_diff_mean": dist.sum(self.gap["abs"]) / tokens,
+               "rollout/sampler_logp_diff_max": dist.max(self.gap["max"]),
+               "rollout/sampler_kl": dist.sum(self.gap["k3"]) / tokens}
+        if self.ratio is not None:
+            out["rollout/is_ratio_min"] = -dist.max(-self.ratio["min"])
+            out["rollout/is_ratio_mean"] = dist.sum(self.ratio["sum"]) / max(dist.sum(self.ratio["n"]), 1.0)
+            out["rollout/is_ratio_max"] = dist.max(self.ratio["max"])
+        return out

@@ -1,0 +1,67 @@
+"""The rollout engine's interface, and the per-prompt seeds an engine with its own sampler uses."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from datc.rollout import Rollout
+
+
+@dataclass(frozen=True)
+class SamplingArgs:
+    """How one rollout samples (the trainer's settings, fixed for the run)."""
+
+    num_generations: int  # G responses per prompt, contiguous
+    max_new_tokens: int  # T, the response budget
+    temperature: float
+    top_p: float
+    prompt_field: str = "prompt"
+    synced_gpus: bool = False  # ZeRO-3 across ranks: every rank forwards until all are done (torch engine)
+    share_prompts: bool = True  # each prompt's prefill once for its group (torch engine)
+    decode: str = "dynamic"  # the torch engine's decode loop (datc.static_decode)
+    sync_every: int = 8  # ... and how often it checks for finished rows
+
+
+class RolloutEngine:
+    """What samples a rollout. ``keeps_logits``: the engine can hand back the sampler's raw
+    logits (B, T, V), which the credit reuses instead of a second policy pass;
+    ``own_weights``: the engine samples with its own copy of the policy's weights, which
+    :meth:`sync` refreshes, and returns its per-token log-probs (``Rollout.sampler_logps``)."""
+
+    name = "base"
+    keeps_logits = False
+    own_weights = False
+
+    def sample(self, policy, tok, examples: list[dict[str, Any]], args: SamplingArgs, *, keep_logits: bool = False,
+               encoder=None, seeds: list[int] | None = None) -> Rollout:
+        """``args.num_generations`` responses to each of ``examples`` (groups contiguous).
+        ``seeds``: one per example, for an engine with its own random streams (:func:`prompt_seeds`)."""
+        raise NotImplementedError
+
+    def sync(self, policy) -> None:
+        """Push the policy's current weights to the engine (nothing for an engine that samples
+        with the policy itself)."""
+
+    def sleep(self) -> None:
+        """Release the engine's memory while the update runs (an engine that can)."""
+
+    def describe(self) -> dict[str, Any]:
+        """The engine's settings, for the run's log."""
+        return {"name": self.name}
+
+    def close(self) -> None:
+        """Free the engine."""
+
+
+def prompt_seeds(run_seed: int, step: int, indices: list[int], offset: int = 0) -> list[int]:
+    """One seed per prompt from (run seed, step, the prompt's position in the step and its
+    dataset index): a resumed run draws the same responses, whichever rank samples the prompt.
+    31-bit values; vLLM seeds a request's ``n`` children with ``seed + i``, so two prompts'
+    streams meet only if their seeds are within G of each other (chance about G / 2^31)."""
+    out = []
+    for j, idx in enumerate(indices):
+        h = hashlib.blake2b(f"{run_seed}:{step}:{offset + j}:{idx}".encode(), digest_size=8).digest()
+        out.append(int.from_bytes(h, "little") & 0x7FFF_FFFF)
+    return out

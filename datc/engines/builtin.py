@@ -1,0 +1,32 @@
+"""The built-in engine: the trainer's policy samples with the project's own KV-cache loop
+(:func:`datc.rollout.sample_groups`, the static-cache decode on CUDA). Its logits are the
+trainer's, so the credit can reuse them and no correction applies."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from datc.engines.base import RolloutEngine, SamplingArgs
+from datc.rollout import Rollout, sample_groups
+
+
+class TorchEngine(RolloutEngine):
+    name = "torch"
+    keeps_logits = True
+    own_weights = False
+
+    def __init__(self, sample: Callable = sample_groups) -> None:
+        self._sample = sample  # the step's seam (datc.step.ops.StepOps.sample)
+
+    @classmethod
+    def build(cls, c, m, device, dist, sample: Callable = sample_groups) -> TorchEngine:
+        return cls(sample)
+
+    def sample(self, policy, tok, examples: list[dict[str, Any]], args: SamplingArgs, *, keep_logits: bool = False,
+               encoder=None, seeds: list[int] | None = None) -> Rollout:
+        # Its random numbers are torch's own stream (seeded by the run), not per-prompt seeds.
+        return self._sample(policy, tok, examples, args.num_generations, args.max_new_tokens, args.temperature,
+                            args.top_p, args.prompt_field, keep_logits=keep_logits, synced_gpus=args.synced_gpus,
+                            encoder=encoder, share_prompts=args.share_prompts, decode=args.decode,
+                            sync_every=args.sync_every)

