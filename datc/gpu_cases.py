@@ -196,7 +196,7 @@ def case_decode(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
     device = resolve_device(c.trainer.device)
     dtype = resolve_dtype(c.policy.dtype, device)
     tok = load_tokenizer(c.policy.path)
-    policy = load_pretrained("causal_lm", c.policy.path, "policy.path").to(device).eval()
+    policy = load_pretrained("causal_lm", c.policy.path, "policy.path", torch.float32).to(device).eval()
     G, T = 8, spec["max_new_tokens"]
     rows = [json.loads(x) for x in (Path(c.data.path) / "train.jsonl").read_text().splitlines()][: spec["rows"] // G]
     ids, mask = prompt_encoder(c, tok).encode(rows, device)
@@ -305,7 +305,7 @@ def case_synced(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
         device = resolve_device(c.trainer.device)
         dtype = resolve_dtype(c.policy.dtype, device)
         tok = load_tokenizer(c.policy.path)
-        policy = load_pretrained("causal_lm", c.policy.path, "policy.path").to(device)  # fp32, as the trainer
+        policy = load_pretrained("causal_lm", c.policy.path, "policy.path", torch.float32).to(device)  # fp32, as the trainer
         gather = bool(spec.get("gather"))
         if gather:  # the trainer's engine (an optimizer: its hooks are what the gather removes)
             from datc.distributed import deepspeed_config
