@@ -245,19 +245,15 @@ def _cuda_memory() -> dict[str, float]:
             "max_reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
 
 
-def plan_memory(family: str, overrides: list[str], stage: str, counts: dict[str, int]) -> dict[str, Any]:
+def plan_memory(family: str, overrides: list[str], stage: str, counts: dict[str, int], policy_bytes: int = 4) -> dict[str, Any]:
     """The memory plan's estimate (datc-memory-plan) for this case's shape on one GPU (``counts``: the
-    parameters of the models built, equal to ``memory_plan.param_count`` of their arch blocks).
-    ``none`` (plain PyTorch AdamW) is the ZeRO-2 plan without DeepSpeed's own fp32 copy of the
-    parameters (4Φ) and its reduce buckets."""
+    parameters of the models built, equal to ``memory_plan.param_count`` of their arch blocks);
+    ``none``: plain PyTorch. ``policy_bytes``: the trained policy's bytes per parameter (4, fp32)."""
     from datc import memory_plan as mp_
 
     c = mp_.compose(FAMILIES[family][0], overrides)
-    p = mp_.plan(c, counts, 2 if stage == "none" else 3 if stage == "zero3" else 2, 1)
-    total = p["total"]
-    if stage == "none":
-        total -= 4 * counts["policy"] + (p["items"]["zero_buffers"] if p["peak_phase"] == "update" else 0)
-    return {"gib": total / 2**30, "peak_phase": p["peak_phase"], "params": counts}
+    p = mp_.plan(c, counts, None if stage == "none" else 3 if stage == "zero3" else 2, 1, policy_bytes)
+    return {"gib": p["total"] / 2**30, "peak_phase": p["peak_phase"], "params": counts}
 
 
 def case_train(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
