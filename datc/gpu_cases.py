@@ -252,7 +252,15 @@ def plan_memory(family: str, overrides: list[str], stage: str, counts: dict[str,
     from datc import memory_plan as mp_
 
     c = mp_.compose(FAMILIES[family][0], overrides)
-    p = mp_.plan(c, counts, None if stage == "none" else 3 if stage == "zero3" else 2, 1, policy_bytes)
+    st = None if stage == "none" else 3 if stage == "zero3" else 2
+    if c.trainer.micro_batch_size == "auto":  # as the session resolves it (datc.micro_batch)
+        import torch
+
+        from datc.micro_batch import RESERVE_BYTES
+
+        budget = torch.cuda.get_device_properties(0).total_memory - RESERVE_BYTES if torch.cuda.is_available() else None
+        c = mp_.auto_micro(c, counts, st, 1, budget)
+    p = mp_.plan(c, counts, st, 1, policy_bytes)
     return {"gib": p["total"] / 2**30, "peak_phase": p["peak_phase"], "params": counts}
 
 

@@ -6,12 +6,17 @@ tensors torch saves for tiny models in tests/test_memory_plan.py; nothing here l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 GIB = 2**30
 # DeepSpeed defaults the configs leave untouched (deepspeed/runtime/zero/config.py).
 REDUCE_BUCKET = 500_000_000  # elements, zero_optimization.reduce_bucket_size
+# trainer.micro_batch_size: auto (datc.micro_batch, and datc-memory-plan's tables)
+RESERVE_BYTES = 4 * GIB  # kept free, as datc-memory-plan's --reserve-gib
+MARGIN = 1.15  # the plan is within 15% of the measured peaks (tests/test_memory_plan.py)
+FALLBACK = 4  # largest micro-batch for a policy the plan does not cover (the paper presets' value)
 
 
 @dataclass(frozen=True)
@@ -230,3 +235,37 @@ def zero_buffers(stage: int | None, overlap_comm: bool, reduce_bucket: int = RED
         return 0.0
     n = (2 if overlap_comm else 1) if stage in (0, 1, 2) else 1
     return n * reduce_bucket * grad_bytes
+
+
+# ============================================================================================
+# trainer.micro_batch_size: auto (datc.micro_batch resolves it for a run)
+# ============================================================================================
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def choose_micro_batch(per_rank_mini: int, planned_peak: Callable[[int], float] | None,
+                       budget_bytes: float | None) -> tuple[int, str]:
+    """(micro-batch, why): the largest divisor n of ``per_rank_mini`` with ``planned_peak(n) *
+    MARGIN <= budget_bytes``; ``budget_bytes`` None (the CPU): ``per_rank_mini``; ``planned_peak``
+    None (a model the plan does not cover): the largest divisor <= :data:`FALLBACK`."""
+    if budget_bytes is None:
+        return per_rank_mini, f"no device memory to plan for (CPU): the whole per-process mini-batch, {per_rank_mini}"
+    options = divisors(per_rank_mini)
+    if planned_peak is None:
+        n = max(d for d in options if d <= FALLBACK)
+        return n, (f"the memory plan does not cover this policy's architecture: the largest divisor of the "
+                   f"per-process mini-batch {per_rank_mini} up to {FALLBACK}")
+    peaks = {d: planned_peak(d) for d in options}
+    fits = [d for d in options if peaks[d] * MARGIN <= budget_bytes]
+    budget = f"{budget_bytes / GIB:.1f} GiB (device memory less {RESERVE_BYTES / GIB:g} GiB)"
+    if not fits:
+        return 1, (f"not even 1 response fits: planned peak {peaks[1] / GIB:.1f} GiB x {MARGIN} over {budget}; "
+                   "1, and the run may run out of memory")
+    n = max(fits)
+    nxt = next((d for d in options if d > n), None)
+    more = f"; {nxt} would plan {peaks[nxt] / GIB:.1f} GiB" if nxt is not None else ""
+    return n, (f"largest divisor of the per-process mini-batch {per_rank_mini} whose planned peak "
+               f"({peaks[n] / GIB:.1f} GiB) x {MARGIN} fits {budget}{more}")

@@ -24,6 +24,7 @@ from datc.memory_formulas import (
     GIB,
     activation_bytes,
     arch_of,
+    choose_micro_batch,
     datc_chunk_bytes,
     entropy_pass_bytes,
     frozen_memory,
@@ -159,6 +160,22 @@ def plan(c, counts: dict[str, int], stage: int | None, n_gpus: int, policy_bytes
     }
 
 
+def auto_micro(c, counts: dict[str, int], stage: int | None, n_gpus: int, budget_bytes: float):
+    """``c`` with ``trainer.micro_batch_size: auto`` resolved as a run on such GPUs would
+    (:func:`datc.micro_batch.choose_micro_batch`); ``c`` itself when it is a number."""
+    import dataclasses
+
+    if c.trainer.micro_batch_size != "auto":
+        return c
+
+    def with_micro(m: int):
+        return dataclasses.replace(c, trainer=dataclasses.replace(c.trainer, micro_batch_size=m))
+
+    m, _ = choose_micro_batch(c.trainer.mini_batch_size // n_gpus,
+                              lambda k: plan(with_micro(k), counts, stage, n_gpus)["total"], budget_bytes)
+    return with_micro(m)
+
+
 def plan_preset(preset: str, gpu_gib: float, reserve_gib: float, overrides: list[str] = (),
                 _counts: dict | None = None) -> dict[str, Any]:
     c = compose(preset, list(overrides))
@@ -189,7 +206,7 @@ def plan_preset(preset: str, gpu_gib: float, reserve_gib: float, overrides: list
             if refused is not None:
                 per_n[n] = {"allowed": False, "reason": refused}
                 continue
-            p = plan(c, counts, stage, n)
+            p = plan(auto_micro(c, counts, stage, n, (gpu_gib - reserve_gib) * GIB), counts, stage, n)
             p["allowed"] = True
             p["fits"] = p["total"] <= (gpu_gib - reserve_gib) * GIB
             per_n[n] = p
@@ -290,6 +307,10 @@ def render(plans: list[dict[str, Any]], command: str, gpu_gib: float, reserve_gi
                   "| item | " + " | ".join(f"Z{st[-1]} N={n}" for st in p["stages"] for n in GPU_COUNTS) + " |",
                   "|---|" + "---|" * (len(p["stages"]) * len(GPU_COUNTS))]
         cols = [p["stages"][st]["per_gpus"][n] for st in p["stages"] for n in GPU_COUNTS]
+        if p["batch"]["micro_batch_size"] == "auto":
+            lines[-2:-2] = ["micro-batch per GPU (auto, datc.micro_batch): " + ", ".join(
+                f"Z{st[-1]} N={n}: {p['stages'][st]['per_gpus'][n]['micro_per_rank']}" for st in p["stages"] for n in GPU_COUNTS
+                if p["stages"][st]["per_gpus"][n]["allowed"]), ""]
         for key, label in ITEM_ROWS:
             lines.append(f"| {label} | " + " | ".join(_gib(col["items"][key]) if col["allowed"] else "-" for col in cols) + " |")
         lines.append("| **peak** (phase) | " + " | ".join(f"**{_gib(col['total'])}** ({col['peak_phase']})" if col["allowed"]

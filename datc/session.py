@@ -8,6 +8,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -17,6 +18,7 @@ from datc.config import ConfigError, TrainConfig
 from datc.credit import resolve_scheme
 from datc.credit.base import GOLD_CONTRIB, RM_EMBEDDING
 from datc.distributed import Dist, deepspeed_config, gathered
+from datc.micro_batch import AUTO, RECORD_FILE, resolve_micro_batch
 from datc.model_set import Models, load_models
 from datc.models import resolve_device, resolve_dtype
 from datc.optim import DeepSpeedOptimizer, PolicyOptimizer, TorchOptimizer
@@ -73,12 +75,15 @@ class Session:
 
 
 def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None = None,
-                  on_assets: Callable[[Assets], None] | None = None) -> Session:
+                  on_assets: Callable[[Assets], None] | None = None, run_dir: str | Path | None = None) -> Session:
     """Prepare (or load from cache) the assets, load the models, build the optimizer (under
     DeepSpeed: the policy's engine, whose optimizer and schedule are the same AdamW and
     transformers scheduler) and decide the step plan. ``ops``: the step's seams (tests inject
     a sampler, scorer, credit function or loss there). ``on_assets``: called on every rank with
-    the prepared assets before any model loads (the trainer checks a resumed run's inputs)."""
+    the prepared assets before any model loads (the trainer checks a resumed run's inputs).
+    ``trainer.micro_batch_size: auto`` is resolved here, once the models are placed
+    (:mod:`datc.micro_batch`), and recorded in ``run_dir`` (a resumed run reads its value back);
+    the session's config holds the number."""
     t = c.trainer
     dist = dist or Dist()
     device = resolve_device(t.device)
@@ -100,6 +105,8 @@ def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None 
         on_assets(assets)
     m = load_models(c, assets, device, dist)
     m.policy.eval()  # dropout off: the loss must see the distribution that sampled (ratio = 1 on-policy)
+    c = micro_batch_for(c, m, dist, device, run_dir)
+    t = c.trainer
     updates_per_step = t.epochs * (t.batch_size // t.mini_batch_size)
     if t.warmup_steps > 0 and "warmup" in t.lr_scheduler and t.steps * updates_per_step == 1 and dist.is_main:
         from datc.runlock import warn
@@ -133,6 +140,20 @@ def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None 
     return Session(c, m, assets, device, scheme, credit_params, optim, plan, sampler, rm_embedding, amp, dist=dist,
                    ops=ops or StepOps())
 
+
+
+def micro_batch_for(c: TrainConfig, m: Models, dist: Dist, device: torch.device, run_dir: str | Path | None) -> TrainConfig:
+    """``c`` with ``trainer.micro_batch_size: auto`` resolved (:func:`datc.micro_batch.resolve_micro_batch`):
+    rank 0 decides (and records it in ``run_dir``), every rank gets its number; one log line says
+    which and why."""
+    if c.trainer.micro_batch_size != AUTO:
+        return c
+    record = Path(run_dir) / RECORD_FILE if run_dir is not None and dist.is_main else None
+    resolved, why = resolve_micro_batch(c, m.policy, m.rm, dist.world_size, device, record)
+    n, why = dist.broadcast((resolved.trainer.micro_batch_size, why))
+    if dist.is_main:
+        log.info("trainer.micro_batch_size=auto -> %d: %s", n, why)
+    return dataclasses.replace(c, trainer=dataclasses.replace(c.trainer, micro_batch_size=n))
 
 
 def session_plan(c: TrainConfig, scheme, m: Models, dist: Dist) -> StepPlan:

@@ -199,7 +199,10 @@ def arch_overrides(scale: Scale) -> list[str]:
 
 
 def train_overrides(family: str, credit: str, stage: str, scale: Scale, fam_dir: Path, prompt_tokens: int,
-                    run_dir: Path, work: Path, ds_optimizer: str) -> list[str]:
+                    run_dir: Path, work: Path, ds_optimizer: str, micro: int | str | None = None,
+                    mini: int | None = None) -> list[str]:
+    """The training case's overrides; ``micro``/``mini``: its micro- and mini-batch instead of the
+    scale's (the ``/auto`` case: ``micro_batch_size: auto`` over a mini-batch of the whole batch)."""
     batch = scale.prompts * 8
     return [
         f"credit={credit}", f"deepspeed={stage}", "logger=none",
@@ -207,7 +210,7 @@ def train_overrides(family: str, credit: str, stage: str, scale: Scale, fam_dir:
         f"data.path={fam_dir / 'data'}", "data.train_split=train", "data.eval_split=test",
         f"data.max_prompt_tokens={prompt_tokens}", *arch_overrides(scale),
         f"trainer.steps={scale.steps}", f"trainer.batch_size={batch}", "trainer.num_generations=8",
-        f"trainer.mini_batch_size={scale.mini_batch}", f"trainer.micro_batch_size={scale.micro_batch}",
+        f"trainer.mini_batch_size={mini or scale.mini_batch}", f"trainer.micro_batch_size={micro or scale.micro_batch}",
         f"trainer.generation_batch_size={batch}", f"trainer.max_new_tokens={scale.max_new_tokens}",
         f"trainer.eval_size={scale.eval_prompts}", f"trainer.eval_batch_size={scale.eval_prompts}",
         f"trainer.eval_every={scale.steps}", f"trainer.checkpoint_every={scale.steps}", "trainer.warmup_steps=0",
@@ -240,6 +243,9 @@ def summarize_train(run_dir: Path, n_policy: int, prompt_tokens: int, batch: int
         "gen_tokens_per_s": gen_tokens / out["rollout_s"], "update_tokens_per_s": upd_tokens / out["update_s"],
         "peak_mem_gib": max(r.get("perf/peak_mem_gb", math.nan) for r in steps),
     })
+    record = run_dir / "micro_batch.json"  # trainer.micro_batch_size: auto, as the session resolved it
+    if record.exists():
+        out["micro_batch_auto"] = json.loads(record.read_text())
     if on_gpu:
         out["mfu_generation"] = 2 * n_policy * gen_tokens / out["rollout_s"] / PEAK_BF16
         out["mfu_update"] = 6 * n_policy * upd_tokens / out["update_s"] / PEAK_BF16
@@ -279,8 +285,9 @@ def render(report: dict[str, Any]) -> str:
         if not name.startswith("train/"):
             continue
         s = r.get("summary", {})
+        auto = f" (micro {s['micro_batch_auto']['micro_batch_size']})" if "micro_batch_auto" in s else ""
         lines.append(
-            f"| {name[6:]} | {r['status']} | {_fmt(s.get('step_s'))} | {_fmt(s.get('rollout_s'))} | {_fmt(s.get('reward_s'))} "
+            f"| {name[6:]}{auto} | {r['status']} | {_fmt(s.get('step_s'))} | {_fmt(s.get('rollout_s'))} | {_fmt(s.get('reward_s'))} "
             f"| {_fmt(s.get('credit_s'), '.3f')} | {_fmt(s.get('update_s'))} | {_fmt(s.get('gen_tokens_per_s'), '.0f')} "
             f"| {_fmt(s.get('update_tokens_per_s'), '.0f')} | {_fmt(s.get('mfu_generation'), '.1%')} "
             f"| {_fmt(s.get('mfu_update'), '.1%')} | {_fmt(s.get('peak_mem_gib'))} | {_fmt(r.get('plan', {}).get('gib'))} "
@@ -395,6 +402,11 @@ def build_cases(a: argparse.Namespace, scale: Scale, work: Path) -> list[Case]:
                 cases.append(Case(f"train/{fam}/{credit}/{stage}", "train",
                                   {"family": fam, "credit": credit, "stage": stage, "steps": scale.steps,
                                    "threads": scale.threads}, scale.case_timeout_s))
+        if i == 0 and "none" in a.stages and "datc" in a.credits:
+            # trainer.micro_batch_size: auto over one mini-batch of the whole batch (datc.micro_batch)
+            cases.append(Case(f"train/{fam}/datc/none/auto", "train",
+                              {"family": fam, "credit": "datc", "stage": "none", "steps": scale.steps,
+                               "threads": scale.threads, "micro": "auto", "mini": scale.prompts * 8}, scale.case_timeout_s))
         if i == 0 and "zero3" in a.stages:
             for gather in (False, True):  # ZeRO-3 sampling: per-module synced gathers, then gathered once
                 cases.append(Case(f"synced/{fam}" + ("/gathered" if gather else ""), "synced",
@@ -469,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
             stage = case.spec.get("stage", "zero3")
             run_dir = work / "runs" / case.name.replace("/", "_")
             ov = train_overrides(fam, case.spec.get("credit", "grpo"), stage, scale, work / fam,
-                                 built[fam]["prompt_tokens"], run_dir, work, a.ds_optimizer)
+                                 built[fam]["prompt_tokens"], run_dir, work, a.ds_optimizer,
+                                 case.spec.get("micro"), case.spec.get("mini"))
             case.spec.update(overrides=ov, run_dir=str(run_dir), params=built[fam]["params"])
         log(f"{case.name}: running (limit {case.timeout_s:.0f} s, {deadline - time.monotonic():.0f} s left)")
         case.result = runner.run(case, {"train": scale.min_start_s, "fused_adam": 60.0}.get(case.kind, 5.0))

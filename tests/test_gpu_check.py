@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = [f"train/{f}/{c}/{s}" for f in ("qwen3", "llama32") for c in ("grpo", "datc") for s in ("none", "zero2", "zero3")]
 EXPECTED = {"build/qwen3", "build/llama32", "credit/qwen3", "credit/llama32", "decode/qwen3", "decode/llama32",
-            "synced/qwen3", "synced/qwen3/gathered", "fail/error", "fail/hang", *TRAIN}
+            "synced/qwen3", "synced/qwen3/gathered", "fail/error", "fail/hang", *TRAIN, "train/qwen3/datc/none/auto"}
 
 
 @pytest.mark.slow
@@ -46,6 +46,8 @@ def test_gpu_check_rehearsal_runs_every_case_and_reports_failures(tmp_path):
         assert s["response_len"] > 0 and s["gen_tokens_per_s"] > 0 and s["update_tokens_per_s"] > 0
         assert cases[name]["plan"]["gib"] > 0 or name.endswith("none")
         assert cases[name]["autocast_dtype"] == "float32"  # CPU; bfloat16 on a GPU
+    auto = cases["train/qwen3/datc/none/auto"]  # trainer.micro_batch_size: auto over the whole batch of 16
+    assert auto["summary"]["micro_batch_auto"]["micro_batch_size"] == 16 and "CPU" in auto["summary"]["micro_batch_auto"]["why"]
     # the models were built at the scaled-down arch and the same tokenizer size everywhere
     assert cases["build/qwen3"]["vocab"] == 512 and cases["build/qwen3"]["params"]["policy"] > 0
     assert cases["synced/qwen3"]["zero3_partitioned"] and cases["synced/qwen3"]["tokens"] > 0
@@ -77,7 +79,7 @@ def test_gpu_check_reports_what_the_deadline_skipped(tmp_path):
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     cases = json.loads((out / "gpu_check.json").read_text())["cases"]
-    assert len(cases) == 1 + 1 + 1 + 6 + 2  # build, credit, decode, 2 credits x 3 stages, synced (and gathered)
+    assert len(cases) == 1 + 1 + 1 + 6 + 1 + 2  # build, credit, decode, 2 credits x 3 stages, micro auto, synced (and gathered)
     assert all(r["status"] == "skipped" for r in cases.values())
     assert cases["build/qwen3"]["error"].startswith("global deadline")
     assert cases["train/qwen3/datc/zero3"]["error"] == "build/qwen3 did not succeed"
