@@ -128,7 +128,10 @@ def _sync(device) -> None:
 def case_credit(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
     """DATC's exact and top-64 scores against one LM-head matmul, at the family's shape: ``tokens``
     response tokens, |V| and d of the reward model, fp32 (as in the trainer) and, for the matmul,
-    bf16 as well. Same inputs and call as scripts/bench_credit.py (logits 4·N(0,1): peaked)."""
+    bf16 as well; the exact scores also with ``credit.matmul_dtype`` bfloat16 and tf32, with their
+    largest difference from the fp32 scores in units of the scores' spread (their error against
+    float64 is measured on CPU: results/bench/credit_precision.md). Same inputs and call as
+    scripts/bench_credit.py (logits 4·N(0,1): peaked)."""
     import torch
 
     from datc.config import validate
@@ -152,6 +155,10 @@ def case_credit(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
                                           chunk_size=128),
         "datc_top64": lambda: datc_scores(grad, E, logits, y, ones, logit_map="jacobian", alignment="projection",
                                           chunk_size=128, top_k=64),
+        # credit.matmul_dtype: the exact credit's |V|-wide work in bf16 / on TF32 tensor cores
+        **{f"datc_exact_{dt}": (lambda dt=dt: datc_scores(grad, E, logits, y, ones, logit_map="jacobian",
+                                                            alignment="projection", chunk_size=128, matmul_dtype=dt))
+           for dt in ("bfloat16", "tf32")},
     }
     times: dict[str, list[float]] = {k: [] for k in runs}
     peak: dict[str, float] = {}
@@ -171,7 +178,11 @@ def case_credit(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
             _sync(device)
             times[k].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
+    exact = runs["datc_exact"]().double()
+    spread = exact.std()
+    low_err = {dt: float((runs[f"datc_exact_{dt}"]().double() - exact).abs().max() / spread) for dt in ("bfloat16", "tf32")}
     return {"shape": {"tokens": n, "vocab": V, "hidden": d, "chunk_size": 128}, "seconds_median": med,
+            "low_precision_err_vs_fp32_in_std": low_err,
             "over_lm_head_fp32": {k: med[k] / med["lm_head_fp32"] for k in med},
             "over_lm_head_bf16": {k: med[k] / med["lm_head_bf16"] for k in med},
             "peak_mib": peak, "repeats": spec["repeats"], "device": str(device)}

@@ -12,7 +12,8 @@ Cases, most important first (a global deadline skips what does not fit, and says
 
 - ``build/<family>``: the random models, tokenizer and prompts (on the GPU);
 - ``credit/<family>``: DATC's exact and top-64 credit (``datc.credit.datc_math.datc_scores``, the
-  call scripts/bench_credit.py times on CPU) against one LM-head matmul of the same shape;
+  call scripts/bench_credit.py times on CPU) against one LM-head matmul of the same shape, and the
+  exact credit with ``credit.matmul_dtype`` bfloat16 and tf32;
 - ``decode/<family>``: the rollout's decode loops at a generation batch of 128 rows
   (``datc.decode_bench``): the dynamic-cache loop, the static-cache step eager and as a replayed
   CUDA graph, tokens/s and the fraction of the HBM bound (bandwidth of a device-to-device copy
@@ -295,8 +296,8 @@ def render(report: dict[str, Any]) -> str:
     lines += ["", "## DATC credit against one LM-head matmul", "",
               "Same call and inputs as scripts/bench_credit.py (chunk 128, logits 4·N(0,1)); medians; ratios to "
               "the fp32 matmul (as on CPU) and to the bf16 one (as the policy's LM head runs under autocast).", "",
-              "| case | status | tokens x V x d | datc exact s | top-64 s | LM head fp32 s | bf16 s | exact / fp32 | top-64 / fp32 | exact / bf16 | exact peak MiB |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| case | status | tokens x V x d | datc exact s | top-64 s | LM head fp32 s | bf16 s | exact / fp32 | top-64 / fp32 | exact / bf16 | exact peak MiB | exact bf16 / bf16 | exact tf32 / bf16 | bf16, tf32 err (std) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in report["cases"].items():
         if name.startswith("credit/"):
             sh, m = r.get("shape", {}), r.get("seconds_median", {})
@@ -305,7 +306,9 @@ def render(report: dict[str, Any]) -> str:
             lines.append(f"| {name[7:]} | {r['status']} | {shape} | {_fmt(m.get('datc_exact'), '.4f')} | "
                          f"{_fmt(m.get('datc_top64'), '.4f')} | {_fmt(m.get('lm_head_fp32'), '.4f')} | {_fmt(m.get('lm_head_bf16'), '.4f')} | "
                          f"{_fmt(o32.get('datc_exact'))} | {_fmt(o32.get('datc_top64'))} | {_fmt(o16.get('datc_exact'))} | "
-                         f"{_fmt(pk.get('datc_exact'), '.0f')} |")
+                         f"{_fmt(pk.get('datc_exact'), '.0f')} | {_fmt(o16.get('datc_exact_bfloat16'))} | "
+                         f"{_fmt(o16.get('datc_exact_tf32'))} | {_fmt(r.get('low_precision_err_vs_fp32_in_std', {}).get('bfloat16'), '.1e')}, "
+                         f"{_fmt(r.get('low_precision_err_vs_fp32_in_std', {}).get('tf32'), '.1e')} |")
     lines += render_decode(report)
     lines += render_projection(report)
     lines += ["", "## Other cases", "", "| case | status | result |", "|---|---|---|"]

@@ -55,6 +55,9 @@ def test_gpu_check_rehearsal_runs_every_case_and_reports_failures(tmp_path):
     assert gathered["generation"] == "gathered once" and gathered["zero3_partitioned"]  # partitioned again after
     assert gathered["tokens"] > 0 and gathered["responses"] == cases["synced/qwen3"]["responses"]
     assert cases["credit/qwen3"]["shape"] == {"tokens": 512, "vocab": 512, "hidden": 32, "chunk_size": 128}
+    for dt in ("bfloat16", "tf32"):  # credit.matmul_dtype, timed and compared with the fp32 scores
+        assert cases["credit/qwen3"]["seconds_median"][f"datc_exact_{dt}"] > 0
+        assert 0 < cases["credit/qwen3"]["low_precision_err_vs_fp32_in_std"][dt] < 0.1
     for fam in ("qwen3", "llama32"):  # the decode loops through the rollout's sampler, the graph's step run eagerly
         d = cases[f"decode/{fam}"]
         assert d["shape"]["rows"] == 16 and d["shape"]["max_new_tokens"] == report["scale"]["max_new_tokens"]
