@@ -366,10 +366,10 @@ def test_finite_logits_whose_sum_overflows_still_score():
 
 
 # ---- matmul_dtype: the exact credit in bf16 / TF32 (results/bench/credit_precision.md) -----------------------------
-# Bounds from that measurement at the presets' shapes (weights' relative error against float64, rounded up), checked
-# here on a small shape of the same construction.
-BF16_WEIGHT_REL_BOUND = 5e-2
-TF32_WEIGHT_REL_BOUND = 5e-3
+# Bounds from that measurement at the presets' shapes (weights' largest relative error against float64: bf16 1.9e-2 to
+# 2.7e-2, tf32 1.2e-3 to 2.4e-3, rounded up), checked here on a small shape of the same construction.
+BF16_WEIGHT_REL_BOUND = 3e-2
+TF32_WEIGHT_REL_BOUND = 3e-3
 
 
 def _precision_inputs(shifted: bool, V: int = 3000, d: int = 128, n: int = 256):
