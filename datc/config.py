@@ -106,7 +106,7 @@ class TrainerConfig:
     batch_size: int = 64
     num_generations: int = 8
     mini_batch_size: int = 64
-    micro_batch_size: int = 64
+    micro_batch_size: int | str = 64  # a positive int, or "auto" (sized by memory when the session is built: datc.micro_batch)
     generation_batch_size: int | None = None
     epochs: int = 1
     max_new_tokens: int = 16
@@ -231,7 +231,7 @@ CHOICES = {
 }
 
 POSITIVE = [
-    "trainer.steps", "trainer.batch_size", "trainer.mini_batch_size", "trainer.micro_batch_size",
+    "trainer.steps", "trainer.batch_size", "trainer.mini_batch_size",
     "trainer.epochs", "trainer.max_new_tokens", "trainer.decode_sync_every", "trainer.lr", "trainer.temperature",
     "trainer.eval_every", "trainer.eval_size", "trainer.eval_batch_size",
     "trainer.checkpoint_every", "trainer.keep_checkpoints", "trainer.threads", "trainer.max_grad_norm",
@@ -328,7 +328,13 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
     if t.lm_head_chunk is not None and t.lm_head_chunk <= 0:
         raise ConfigError(f"trainer.lm_head_chunk: {t.lm_head_chunk} must be a positive number of response positions, "
                           "or null (the whole logits at once)")
-    if t.mini_batch_size % t.micro_batch_size:
+    mb = t.micro_batch_size
+    if isinstance(mb, str) and mb.strip().isdigit():  # a number given as a string ("4")
+        mb = t.micro_batch_size = int(mb)
+    if mb != "auto" and (isinstance(mb, bool) or not isinstance(mb, int) or mb <= 0):
+        raise ConfigError(f"trainer.micro_batch_size: must be a positive number of responses or auto, got {mb!r} "
+                          "(a divisor of trainer.mini_batch_size; auto: sized by memory when the run starts, datc.micro_batch)")
+    if mb != "auto" and t.mini_batch_size % t.micro_batch_size:
         raise ConfigError(
             f"trainer.micro_batch_size: {t.micro_batch_size} must divide trainer.mini_batch_size={t.mini_batch_size}"
         )

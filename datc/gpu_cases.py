@@ -128,7 +128,10 @@ def _sync(device) -> None:
 def case_credit(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
     """DATC's exact and top-64 scores against one LM-head matmul, at the family's shape: ``tokens``
     response tokens, |V| and d of the reward model, fp32 (as in the trainer) and, for the matmul,
-    bf16 as well. Same inputs and call as scripts/bench_credit.py (logits 4·N(0,1): peaked)."""
+    bf16 as well; the exact scores also with ``credit.matmul_dtype`` bfloat16 and tf32, with their
+    largest difference from the fp32 scores in units of the scores' spread (their error against
+    float64 is measured on CPU: results/bench/credit_precision.md). Same inputs and call as
+    scripts/bench_credit.py (logits 4·N(0,1): peaked)."""
     import torch
 
     from datc.config import validate
@@ -152,6 +155,10 @@ def case_credit(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
                                           chunk_size=128),
         "datc_top64": lambda: datc_scores(grad, E, logits, y, ones, logit_map="jacobian", alignment="projection",
                                           chunk_size=128, top_k=64),
+        # credit.matmul_dtype: the exact credit's |V|-wide work in bf16 / on TF32 tensor cores
+        **{f"datc_exact_{dt}": (lambda dt=dt: datc_scores(grad, E, logits, y, ones, logit_map="jacobian",
+                                                            alignment="projection", chunk_size=128, matmul_dtype=dt))
+           for dt in ("bfloat16", "tf32")},
     }
     times: dict[str, list[float]] = {k: [] for k in runs}
     peak: dict[str, float] = {}
@@ -171,7 +178,11 @@ def case_credit(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
             _sync(device)
             times[k].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
+    exact = runs["datc_exact"]().double()
+    spread = exact.std()
+    low_err = {dt: float((runs[f"datc_exact_{dt}"]().double() - exact).abs().max() / spread) for dt in ("bfloat16", "tf32")}
     return {"shape": {"tokens": n, "vocab": V, "hidden": d, "chunk_size": 128}, "seconds_median": med,
+            "low_precision_err_vs_fp32_in_std": low_err,
             "over_lm_head_fp32": {k: med[k] / med["lm_head_fp32"] for k in med},
             "over_lm_head_bf16": {k: med[k] / med["lm_head_bf16"] for k in med},
             "peak_mib": peak, "repeats": spec["repeats"], "device": str(device)}
@@ -196,7 +207,7 @@ def case_decode(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
     device = resolve_device(c.trainer.device)
     dtype = resolve_dtype(c.policy.dtype, device)
     tok = load_tokenizer(c.policy.path)
-    policy = load_pretrained("causal_lm", c.policy.path, "policy.path").to(device).eval()
+    policy = load_pretrained("causal_lm", c.policy.path, "policy.path", torch.float32).to(device).eval()
     G, T = 8, spec["max_new_tokens"]
     rows = [json.loads(x) for x in (Path(c.data.path) / "train.jsonl").read_text().splitlines()][: spec["rows"] // G]
     ids, mask = prompt_encoder(c, tok).encode(rows, device)
@@ -245,19 +256,23 @@ def _cuda_memory() -> dict[str, float]:
             "max_reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
 
 
-def plan_memory(family: str, overrides: list[str], stage: str, counts: dict[str, int]) -> dict[str, Any]:
+def plan_memory(family: str, overrides: list[str], stage: str, counts: dict[str, int], policy_bytes: int = 4) -> dict[str, Any]:
     """The memory plan's estimate (datc-memory-plan) for this case's shape on one GPU (``counts``: the
-    parameters of the models built, equal to ``memory_plan.param_count`` of their arch blocks).
-    ``none`` (plain PyTorch AdamW) is the ZeRO-2 plan without DeepSpeed's own fp32 copy of the
-    parameters (4Φ) and its reduce buckets."""
+    parameters of the models built, equal to ``memory_plan.param_count`` of their arch blocks);
+    ``none``: plain PyTorch. ``policy_bytes``: the trained policy's bytes per parameter (4, fp32)."""
     from datc import memory_plan as mp_
 
     c = mp_.compose(FAMILIES[family][0], overrides)
-    p = mp_.plan(c, counts, 2 if stage == "none" else 3 if stage == "zero3" else 2, 1)
-    total = p["total"]
-    if stage == "none":
-        total -= 4 * counts["policy"] + (p["items"]["zero_buffers"] if p["peak_phase"] == "update" else 0)
-    return {"gib": total / 2**30, "peak_phase": p["peak_phase"], "params": counts}
+    st = None if stage == "none" else 3 if stage == "zero3" else 2
+    if c.trainer.micro_batch_size == "auto":  # as the session resolves it (datc.micro_batch)
+        import torch
+
+        from datc.micro_batch import RESERVE_BYTES
+
+        budget = torch.cuda.get_device_properties(0).total_memory - RESERVE_BYTES if torch.cuda.is_available() else None
+        c = mp_.auto_micro(c, counts, st, 1, budget)
+    p = mp_.plan(c, counts, st, 1, policy_bytes)
+    return {"gib": p["total"] / 2**30, "peak_phase": p["peak_phase"], "params": counts}
 
 
 def case_train(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
@@ -305,7 +320,7 @@ def case_synced(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
         device = resolve_device(c.trainer.device)
         dtype = resolve_dtype(c.policy.dtype, device)
         tok = load_tokenizer(c.policy.path)
-        policy = load_pretrained("causal_lm", c.policy.path, "policy.path").to(device)  # fp32, as the trainer
+        policy = load_pretrained("causal_lm", c.policy.path, "policy.path", torch.float32).to(device)  # fp32, as the trainer
         gather = bool(spec.get("gather"))
         if gather:  # the trainer's engine (an optimizer: its hooks are what the gather removes)
             from datc.distributed import deepspeed_config

@@ -6,12 +6,17 @@ tensors torch saves for tiny models in tests/test_memory_plan.py; nothing here l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 GIB = 2**30
 # DeepSpeed defaults the configs leave untouched (deepspeed/runtime/zero/config.py).
 REDUCE_BUCKET = 500_000_000  # elements, zero_optimization.reduce_bucket_size
+# trainer.micro_batch_size: auto (datc.micro_batch, and datc-memory-plan's tables)
+RESERVE_BYTES = 4 * GIB  # kept free, as datc-memory-plan's --reserve-gib
+MARGIN = 1.15  # the plan is within 15% of the measured peaks (tests/test_memory_plan.py)
+FALLBACK = 4  # largest micro-batch for a policy the plan does not cover (the paper presets' value)
 
 
 @dataclass(frozen=True)
@@ -102,24 +107,40 @@ def lora_param_count(arch: dict[str, Any], lora) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def zero_memory(n_params: int, stage: int, n_gpus: int) -> dict[str, float]:
-    """Bytes per GPU of the trained policy's model states under DeepSpeed with fp32 parameters
-    (bf16 only through torch autocast) and AdamW:
+def zero_memory(n_params: int, stage: int | None, n_gpus: int, param_bytes: int = 4,
+                foreach_adam: bool = True) -> dict[str, float]:
+    """Bytes per GPU of the trained policy's model states and AdamW, with its parameters in
+    ``param_bytes`` (4: the fp32 master weights the trainer loads, bf16 only through torch autocast;
+    2: a bf16 policy, what the H200 run of results/gpu/ trained, its loader then keeping the
+    checkpoint's bf16). ``stage`` None: plain PyTorch (one process, fused AdamW); 2 or 3:
+    DeepSpeed ZeRO with ``n_gpus`` processes. Re-fitted to that run's measured peaks
+    (tests/test_memory_plan.py replays every case it measured):
 
-    - ``weights``: the model's fp32 parameters, 4Φ (ZeRO-2, replicated) or 4Φ/N (ZeRO-3);
-    - ``grads``: fp32 gradient partition, 4Φ/N (both stages);
-    - ``optimizer``: AdamW's two fp32 moments 8Φ/N, plus under ZeRO-2 the optimizer's own fp32
-      copy of its parameter partition 4Φ/N (DeepSpeed clones it even when the model is fp32;
-      ZeRO-3 updates the fp32 partition in place).
+    - ``weights``: the model's parameters, pΦ (plain, ZeRO-2: replicated) or pΦ/N (ZeRO-3);
+    - ``grads``: p bytes per parameter, Φ (plain) or the partition Φ/N (ZeRO; ZeRO-3 holds its
+      flat gradient buffer for the whole run);
+    - ``optimizer``: plain torch AdamW keeps its two moments in the parameters' dtype, 2pΦ (a bf16
+      policy: 4Φ; the first fit counted 8Φ, 3.2 GiB of the 16 GiB it over-estimated there); under
+      ZeRO the optimizer's fp32 copy of the partition 4Φ/N (``clone().float()``, at both stages
+      and whatever p) and its fp32 moments 8Φ/N;
+    - ``step``: what the ZeRO optimizer step adds for a moment, when no activation is held: the
+      flattened gradient partition cast to fp32 (4Φ/N) and, with torch's AdamW
+      (``foreach_adam``, ``deepspeed.optimizer_impl`` torch or auto's fallback), its foreach
+      update's fp32 temporary (sqrt of the second moment, 4Φ/N); plain PyTorch's fused AdamW adds
+      none. ZeRO-3's measured peak (44.95 GiB, first planned 42.30) is this phase: 24Φ of states
+      and step plus the two frozen bf16 models.
     """
+    p = param_bytes
+    if stage is None:
+        return {"weights": p * n_params, "grads": p * n_params, "optimizer": 2 * p * n_params, "step": 0.0}
     shard = n_params / n_gpus
-    return {"weights": 4 * (n_params if stage == 2 else shard), "grads": 4 * shard,
-            "optimizer": (12 if stage == 2 else 8) * shard}
+    return {"weights": p * (n_params if stage in (0, 1, 2) else shard), "grads": p * shard, "optimizer": 12 * shard,
+            "step": (8 if foreach_adam else 4) * shard}
 
 
 def frozen_memory(n_params: int, stage: int, n_gpus: int, bytes_per_param: int = 2) -> float:
-    """A frozen bf16 model: replicated under ZeRO-2, sharded under ZeRO-3."""
-    return bytes_per_param * n_params / (1 if stage == 2 else n_gpus)
+    """A frozen bf16 model: replicated without DeepSpeed (``stage`` None) and under ZeRO-2, sharded under ZeRO-3."""
+    return bytes_per_param * n_params / (n_gpus if stage == 3 else 1)
 
 
 def gathered_working_set(a: Arch, n_params: int, bytes_per_param: int) -> float:
@@ -137,7 +158,7 @@ def kv_cache_bytes(a: Arch, batch: int, tokens: int, key_bytes: int = 4, value_b
     return a.layers * batch * tokens * a.kv_dim * (key_bytes + value_bytes)
 
 
-def activation_bytes(a: Arch, rows: int, seq: int, weight_grads: bool) -> float:
+def activation_bytes(a: Arch, rows: int, seq: int, weight_grads: bool, checkpointed: bool = False) -> float:
     """Tensors a forward saves for its backward (no recomputation, SDPA/flash attention so no
     seq² term, no dropout), per token:
 
@@ -151,8 +172,16 @@ def activation_bytes(a: Arch, rows: int, seq: int, weight_grads: bool) -> float:
       4(q + kv)); outside the layers 4h + 4·head_dim.
 
     h hidden, q = heads·head_dim, kv = kv_heads·head_dim, I intermediate. Checked against the
-    tensors torch saves for tiny models in tests/test_memory_plan.py."""
+    tensors torch saves for tiny models in tests/test_memory_plan.py. ``checkpointed``
+    (``trainer.gradient_checkpointing``, the trained policy only): each decoder block keeps its
+    fp32 input, 4h per layer per token, and one block's tensors exist while it is recomputed.
+
+    Under a bf16 policy (the H200 run's) the residual stream is bf16 and these are upper bounds;
+    that run's peaks are not in this phase, so it does not test them."""
     h, q, kv, i = a.hidden, a.q_dim, a.kv_dim, a.intermediate
+    if weight_grads and checkpointed:  # each block keeps its fp32 input; one block's own set while recomputed
+        layer = 2 * (2 * h + 3 * q + 2 * kv + 4 * i) + 16 * h + (8 * (q + kv) if a.qk_norm else 0)
+        return rows * seq * (a.layers * 4 * h + layer + 8 * h + 8 * a.head_dim)
     if weight_grads:
         layer = 2 * (2 * h + 3 * q + 2 * kv + 4 * i) + 16 * h + (8 * (q + kv) if a.qk_norm else 0)
         outside = 8 * h + 8 * a.head_dim
@@ -162,11 +191,16 @@ def activation_bytes(a: Arch, rows: int, seq: int, weight_grads: bool) -> float:
     return rows * seq * (a.layers * layer + outside)
 
 
-def update_logits_bytes(rows: int, prompt: int, response: int, vocab: int) -> float:
+def update_logits_bytes(rows: int, prompt: int, response: int, vocab: int, head_chunk: int | None = None) -> float:
     """Logits of one update micro-batch: the bf16 LM-head output over all P+T positions
     (2·m·(P+T)·V), then over the T response positions three fp32 (m, T, V) tensors at once: the
     ``[:, P-1:-1]`` fp32 copy, its temperature-scaled copy (kept by the log-softmax for
-    backward) and, in backward, its gradient (3·4·m·T·V)."""
+    backward) and, in backward, its gradient (3·4·m·T·V). With ``trainer.lm_head_chunk`` k
+    (:func:`datc.logprobs.chunked_head_logps`) the head runs on k response positions at a time
+    under checkpointing, so only one chunk's bf16 and three fp32 (m, k, V) tensors exist."""
+    if head_chunk is not None:
+        k = min(head_chunk, response)
+        return 2 * rows * k * vocab + 3 * 4 * rows * k * vocab
     return 2 * rows * (prompt + response) * vocab + 3 * 4 * rows * response * vocab
 
 
@@ -193,9 +227,45 @@ def datc_chunk_bytes(chunk: int | None, vocab: int) -> float:
     return 3 * 4 * chunk_rows(chunk, vocab) * vocab
 
 
-def zero_buffers(stage: int, overlap_comm: bool, reduce_bucket: int = REDUCE_BUCKET, grad_bytes: int = 4) -> float:
-    """DeepSpeed's gradient-reduction buckets during backward: ZeRO-2 one contiguous bucket of
-    reduce_bucket_size elements (two with overlap_comm), ZeRO-3 one."""
-    n = (2 if overlap_comm else 1) if stage == 2 else 1
+def zero_buffers(stage: int | None, overlap_comm: bool, reduce_bucket: int = REDUCE_BUCKET, grad_bytes: int = 4) -> float:
+    """DeepSpeed's gradient-reduction buckets during backward, in the gradients' dtype (the
+    parameters'): ZeRO-2 one contiguous bucket of reduce_bucket_size elements (two with
+    overlap_comm), ZeRO-3 one; none without DeepSpeed."""
+    if stage is None:
+        return 0.0
+    n = (2 if overlap_comm else 1) if stage in (0, 1, 2) else 1
     return n * reduce_bucket * grad_bytes
 
+
+# ============================================================================================
+# trainer.micro_batch_size: auto (datc.micro_batch resolves it for a run)
+# ============================================================================================
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def choose_micro_batch(per_rank_mini: int, planned_peak: Callable[[int], float] | None,
+                       budget_bytes: float | None) -> tuple[int, str]:
+    """(micro-batch, why): the largest divisor n of ``per_rank_mini`` with ``planned_peak(n) *
+    MARGIN <= budget_bytes``; ``budget_bytes`` None (the CPU): ``per_rank_mini``; ``planned_peak``
+    None (a model the plan does not cover): the largest divisor <= :data:`FALLBACK`."""
+    if budget_bytes is None:
+        return per_rank_mini, f"no device memory to plan for (CPU): the whole per-process mini-batch, {per_rank_mini}"
+    options = divisors(per_rank_mini)
+    if planned_peak is None:
+        n = max(d for d in options if d <= FALLBACK)
+        return n, (f"the memory plan does not cover this policy's architecture: the largest divisor of the "
+                   f"per-process mini-batch {per_rank_mini} up to {FALLBACK}")
+    peaks = {d: planned_peak(d) for d in options}
+    fits = [d for d in options if peaks[d] * MARGIN <= budget_bytes]
+    budget = f"{budget_bytes / GIB:.1f} GiB (device memory less {RESERVE_BYTES / GIB:g} GiB)"
+    if not fits:
+        return 1, (f"not even 1 response fits: planned peak {peaks[1] / GIB:.1f} GiB x {MARGIN} over {budget}; "
+                   "1, and the run may run out of memory")
+    n = max(fits)
+    nxt = next((d for d in options if d > n), None)
+    more = f"; {nxt} would plan {peaks[nxt] / GIB:.1f} GiB" if nxt is not None else ""
+    return n, (f"largest divisor of the per-process mini-batch {per_rank_mini} whose planned peak "
+               f"({peaks[n] / GIB:.1f} GiB) x {MARGIN} fits {budget}{more}")

@@ -24,6 +24,7 @@ from datc.memory_formulas import (
     GIB,
     activation_bytes,
     arch_of,
+    choose_micro_batch,
     datc_chunk_bytes,
     entropy_pass_bytes,
     frozen_memory,
@@ -78,9 +79,12 @@ def world_ok(c, n_gpus: int, stage: int) -> str | None:
     return None
 
 
-def plan(c, counts: dict[str, int], stage: int, n_gpus: int) -> dict[str, Any]:
+def plan(c, counts: dict[str, int], stage: int | None, n_gpus: int, policy_bytes: int = 4) -> dict[str, Any]:
     """Bytes per GPU, per item and per phase of one training step, for ``c`` run with ZeRO
-    ``stage`` on ``n_gpus`` processes. ``counts``: {"policy": Φ_p, "reward": Φ_r}."""
+    ``stage`` (None: plain PyTorch, one process) on ``n_gpus`` processes. ``counts``:
+    {"policy": Φ_p, "reward": Φ_r, "adapter": Φ_a (LoRA)}. ``policy_bytes``: bytes per parameter of
+    the trained policy, 4 (fp32 master weights, what the trainer loads) or 2 (a bf16 policy: the
+    H200 run of results/gpu/, whose peaks tests/test_memory_plan.py replays)."""
     from datc.credit import resolve_scheme
     from datc.credit.base import POLICY_LOGITS, RM_EMBEDDING, RM_GRAD
     from datc.distributed import micro_batch_per_rank
@@ -103,8 +107,9 @@ def plan(c, counts: dict[str, int], stage: int, n_gpus: int) -> dict[str, Any]:
 
     lora = c.policy.lora.r > 0
     phi_a = counts.get("adapter", 0) if lora else 0
+    pb = 4 if lora else policy_bytes  # LoRA: fp32 adapters over a bf16 base
     # LoRA: fp32 states of the adapters alone, the base frozen in bf16, the reference = the base
-    z = zero_memory(phi_a if lora else phi_p, stage, n_gpus)
+    z = zero_memory(phi_a if lora else phi_p, stage, n_gpus, pb, foreach_adam=c.deepspeed.optimizer_impl != "deepspeed")
     static = {
         "policy_weights": z["weights"] + (frozen_memory(phi_p, stage, n_gpus) if lora else 0.0),
         "grads": z["grads"], "optimizer": z["optimizer"],
@@ -112,21 +117,26 @@ def plan(c, counts: dict[str, int], stage: int, n_gpus: int) -> dict[str, Any]:
         "reward_model": frozen_memory(phi_r, stage, n_gpus),
         "rm_embedding": 4 * ra.vocab * ra.hidden if RM_EMBEDDING in needs else 0.0,  # gathered, fp32
     }
-    gather_p = gathered_working_set(pa, phi_p, 2 if lora else 4) if stage == 3 else 0.0
+    gather_p = gathered_working_set(pa, phi_p, 2 if lora else pb) if stage == 3 else 0.0
     gather_f = gathered_working_set(ra, phi_r, 2) if stage == 3 else 0.0
     rm_grad = 4 * rows * T * ra.hidden if RM_GRAD in needs else 0.0  # (rows, T, d) fp32
     gen_rows = min(t.generation_batch_size or rows, rows)  # responses per sampling call
     kv = kv_cache_bytes(pa, gen_rows, P + T)
     kv_eval = kv_cache_bytes(pa, t.eval_batch_size, P + T)  # every rank evaluates whole batches
     prefill = gen_rows * P * (4 * pa.hidden + 4 * pa.intermediate)
-    act_policy = activation_bytes(pa, micro, P + T, weight_grads=True)
+    # the trainer turns checkpointing off under ZeRO-3 and the chunked head too (datc.session.session_plan)
+    checkpointed = t.gradient_checkpointing and stage != 3
+    head_chunk = t.lm_head_chunk if stage != 3 else None
+    act_policy = activation_bytes(pa, micro, P + T, weight_grads=True, checkpointed=checkpointed)
     act_rm = activation_bytes(ra, min(pass_micro, rows), P + T, weight_grads=False) if RM_GRAD in needs else 0.0
-    logits_update = max(update_logits_bytes(micro, P, T, V), entropy_pass_bytes(micro, T, V))
+    logits_update = max(update_logits_bytes(micro, P, T, V, head_chunk),
+                        entropy_pass_bytes(micro, min(T, head_chunk or T), V))
     pass_bytes = no_grad_pass_bytes(min(pass_micro, rows), P, T, V, pa.hidden, pa.intermediate)
     credit_chunk = datc_chunk_bytes(c.credit.get("chunk_size"), V) if POLICY_LOGITS in needs else 0.0
-    # autocast's bf16 weight casts, saved for backward (no cast cache under DeepSpeed); a bf16 LoRA base is not cast
-    weight_copy = 2 * (phi_a if lora else phi_p)
-    buffers = zero_buffers(stage, c.deepspeed.overlap_comm)
+    # autocast's bf16 weight casts, saved for backward (no cast cache under DeepSpeed); a bf16
+    # LoRA base, or a bf16 policy, is not cast
+    weight_copy = 2 * (phi_a if lora else phi_p) if pb == 4 else 0.0
+    buffers = zero_buffers(stage, c.deepspeed.overlap_comm, grad_bytes=pb)
     phases = {
         "generate": kv + prefill + (2 * held_logits if reuse else 0.0) + gather_p,
         "eval": kv_eval + t.eval_batch_size * P * (4 * pa.hidden + 4 * pa.intermediate) + gather_p,
@@ -135,6 +145,8 @@ def plan(c, counts: dict[str, int], stage: int, n_gpus: int) -> dict[str, Any]:
         "credit": held_logits + rm_grad + credit_chunk,
         # the trainer frees the credit's inputs (logits, RM gradients) before the update
         "update": act_policy + logits_update + weight_copy + buffers + gather_p,
+        # ZeRO's optimizer step, after the backward (no activations): fp32 gradients, AdamW's temporaries
+        "optimizer_step": z["step"],
     }
     peak_phase = max(phases, key=phases.get)
     total = sum(static.values()) + phases[peak_phase]
@@ -142,10 +154,26 @@ def plan(c, counts: dict[str, int], stage: int, n_gpus: int) -> dict[str, Any]:
         "static": static, "phases": phases, "peak_phase": peak_phase, "total": total,
         "items": {**static, "kv_cache": kv, "activations_policy": act_policy, "activations_rm": act_rm,
                   "logits_update": logits_update, "autocast_weight_copy": weight_copy, "zero_buffers": buffers,
-                  "zero3_gathered": max(gather_p, gather_f), "held_logits": held_logits, "rm_grad": rm_grad,
-                  "datc_chunk": credit_chunk},
-        "rows_per_rank": rows, "micro_per_rank": micro, "reuse_rollout_logits": reuse,
+                  "zero3_gathered": max(gather_p, gather_f), "optimizer_step": z["step"], "held_logits": held_logits,
+                  "rm_grad": rm_grad, "datc_chunk": credit_chunk},
+        "rows_per_rank": rows, "micro_per_rank": micro, "reuse_rollout_logits": reuse, "policy_bytes": pb,
     }
+
+
+def auto_micro(c, counts: dict[str, int], stage: int | None, n_gpus: int, budget_bytes: float):
+    """``c`` with ``trainer.micro_batch_size: auto`` resolved as a run on such GPUs would
+    (:func:`datc.micro_batch.choose_micro_batch`); ``c`` itself when it is a number."""
+    import dataclasses
+
+    if c.trainer.micro_batch_size != "auto":
+        return c
+
+    def with_micro(m: int):
+        return dataclasses.replace(c, trainer=dataclasses.replace(c.trainer, micro_batch_size=m))
+
+    m, _ = choose_micro_batch(c.trainer.mini_batch_size // n_gpus,
+                              lambda k: plan(with_micro(k), counts, stage, n_gpus)["total"], budget_bytes)
+    return with_micro(m)
 
 
 def plan_preset(preset: str, gpu_gib: float, reserve_gib: float, overrides: list[str] = (),
@@ -178,7 +206,7 @@ def plan_preset(preset: str, gpu_gib: float, reserve_gib: float, overrides: list
             if refused is not None:
                 per_n[n] = {"allowed": False, "reason": refused}
                 continue
-            p = plan(c, counts, stage, n)
+            p = plan(auto_micro(c, counts, stage, n, (gpu_gib - reserve_gib) * GIB), counts, stage, n)
             p["allowed"] = True
             p["fits"] = p["total"] <= (gpu_gib - reserve_gib) * GIB
             per_n[n] = p
@@ -201,7 +229,8 @@ ITEM_ROWS = (("policy_weights", "policy weights"), ("grads", "gradients"), ("opt
              ("reference", "reference model"), ("reward_model", "reward model"), ("kv_cache", "KV cache (generate)"),
              ("activations_policy", "policy activations (1 micro-batch)"), ("logits_update", "update logits (fp32)"),
              ("autocast_weight_copy", "bf16 weight casts (update)"), ("zero_buffers", "ZeRO reduce buckets"),
-             ("zero3_gathered", "ZeRO-3 gathered params"), ("activations_rm", "RM activations (input grad)"),
+             ("zero3_gathered", "ZeRO-3 gathered params"), ("optimizer_step", "ZeRO optimizer step"),
+             ("activations_rm", "RM activations (input grad)"),
              ("held_logits", "rollout logits held for credit"), ("rm_grad", "RM input gradients"),
              ("rm_embedding", "RM embedding (fp32)"), ("datc_chunk", "DATC chunk"))
 
@@ -233,8 +262,7 @@ def render(plans: list[dict[str, Any]], command: str, gpu_gib: float, reserve_gi
               "kv = kv_heads·head_dim. Peak = static + the largest phase.", "",
               "Static (whole run):",
               "- policy weights fp32: 4Φ (ZeRO-2) or 4Φ/N (ZeRO-3); gradients fp32: 4Φ/N;",
-              "- optimizer: AdamW moments 8Φ/N, plus DeepSpeed's fp32 copy of the partition 4Φ/N under ZeRO-2",
-              "  (ZeRO-3 with an fp32 model updates the partition in place);",
+              "- optimizer: AdamW moments 8Φ/N, plus DeepSpeed's fp32 copy of the partition 4Φ/N (both stages);",
               "- reference policy (trainer.beta > 0) and reward model in bf16: 2Φ each, /N under ZeRO-3;",
               "- DATC: the reward model's input embedding gathered in fp32, 4·V·h;",
               "- LoRA presets (`*_lora`, policy.lora.r > 0, Φa adapter parameters counted exactly on the meta",
@@ -259,7 +287,13 @@ def render(plans: list[dict[str, Any]], command: str, gpu_gib: float, reserve_gi
               "  logits 2·m·(P+T)·V (bf16 LM head) + 3·4·m·T·V (fp32 slice, /temperature copy kept by the",
               "  log-softmax, its gradient); autocast's bf16 weight casts saved for backward, 2Φ (also under",
               "  ZeRO-3); DeepSpeed's reduce buckets, 5e8 fp32 elements (two with overlap_comm under ZeRO-2);",
-              "  under ZeRO-3 the gathered working set, the embedding plus two layers, in every forward.", "",
+              "  under ZeRO-3 the gathered working set, the embedding plus two layers, in every forward;",
+              "  `trainer.lm_head_chunk` k: one chunk's logits, 2·m·k·V + 3·4·m·k·V; `trainer.gradient_checkpointing`:",
+              "  each block's fp32 input, 4h per layer per token, plus one block's activations (neither under ZeRO-3);",
+              "- optimizer step (ZeRO, after the backward): the gradient partition flattened to fp32 4Φ/N and torch",
+              "  AdamW's foreach temporary 4Φ/N (optimizer_impl torch, or auto, which may fall back to it).", "",
+              "Re-fitted to the peaks measured on one H200 (results/gpu/, a bf16 policy there): replayed at that run's",
+              "shapes, the plan is within 15% of every measured case (tests/test_memory_plan.py; +0.5% to +6.2%).", "",
               "Not included: CUDA context and caching-allocator slack (the reserve), NCCL buffers, tokenizer and",
               "host memory, DeepSpeed's all-gather buckets, the score head's negligible (rows, P+T, 1) output.",
               "The activation formulas are checked against the tensors torch saves for tiny models of both",
@@ -273,6 +307,10 @@ def render(plans: list[dict[str, Any]], command: str, gpu_gib: float, reserve_gi
                   "| item | " + " | ".join(f"Z{st[-1]} N={n}" for st in p["stages"] for n in GPU_COUNTS) + " |",
                   "|---|" + "---|" * (len(p["stages"]) * len(GPU_COUNTS))]
         cols = [p["stages"][st]["per_gpus"][n] for st in p["stages"] for n in GPU_COUNTS]
+        if p["batch"]["micro_batch_size"] == "auto":
+            lines[-2:-2] = ["micro-batch per GPU (auto, datc.micro_batch): " + ", ".join(
+                f"Z{st[-1]} N={n}: {p['stages'][st]['per_gpus'][n]['micro_per_rank']}" for st in p["stages"] for n in GPU_COUNTS
+                if p["stages"][st]["per_gpus"][n]["allowed"]), ""]
         for key, label in ITEM_ROWS:
             lines.append(f"| {label} | " + " | ".join(_gib(col["items"][key]) if col["allowed"] else "-" for col in cols) + " |")
         lines.append("| **peak** (phase) | " + " | ".join(f"**{_gib(col['total'])}** ({col['peak_phase']})" if col["allowed"]

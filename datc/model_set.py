@@ -61,7 +61,9 @@ def load_models(c: TrainConfig, assets: Assets, device: torch.device, dist: Dist
         ref = AdaptersOff(policy) if c.trainer.beta > 0 else None
     else:
         adapter = None
-        policy = load_pretrained("causal_lm", assets.policy_path, "policy.path").to(device)  # fp32 master weights
+        # fp32 master weights, whatever the checkpoint's dtype: transformers >= 5 loads a checkpoint in its
+        # stored dtype when none is given (bf16 for the hub's 1-2B models: AdamW steps of lr 1e-6 vanish there)
+        policy = load_pretrained("causal_lm", assets.policy_path, "policy.path", torch.float32).to(device)
         ref = freeze(load_pretrained("causal_lm", assets.policy_path, "policy.path", dtype).to(device)) if c.trainer.beta > 0 else None
     rm = freeze(load_pretrained("reward", assets.reward_path, "reward.path", dtype).to(device))
     rm_tok = load_tokenizer(assets.reward_path, "reward.path") if c.reward.path is not None else tok

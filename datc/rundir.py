@@ -184,7 +184,7 @@ class RunDir:
         name is free again for the corrected command. A resumable run is never touched."""
         if self.resumable:
             return
-        for name in ("run.json", "config.yaml", "metrics.jsonl", "inputs.json"):
+        for name in ("run.json", "config.yaml", "metrics.jsonl", "inputs.json", "micro_batch.json"):
             (self.path / name).unlink(missing_ok=True)
         for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
             (self.path / ".hydra" / name).unlink(missing_ok=True)

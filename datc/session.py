@@ -8,6 +8,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ from datc.credit import resolve_scheme
 from datc.credit.base import GOLD_CONTRIB, RM_EMBEDDING
 from datc.distributed import Dist, deepspeed_config, gathered
 from datc.engines import ENGINES
+from datc.micro_batch import AUTO, RECORD_FILE, resolve_micro_batch
 from datc.model_set import Models, load_models
 from datc.models import resolve_device, resolve_dtype
 from datc.optim import DeepSpeedOptimizer, PolicyOptimizer, TorchOptimizer
@@ -75,12 +77,15 @@ class Session:
 
 
 def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None = None,
-                  on_assets: Callable[[Assets], None] | None = None) -> Session:
+                  on_assets: Callable[[Assets], None] | None = None, run_dir: str | Path | None = None) -> Session:
     """Prepare (or load from cache) the assets, load the models, build the optimizer (under
     DeepSpeed: the policy's engine, whose optimizer and schedule are the same AdamW and
     transformers scheduler) and decide the step plan. ``ops``: the step's seams (tests inject
     a sampler, scorer, credit function or loss there). ``on_assets``: called on every rank with
-    the prepared assets before any model loads (the trainer checks a resumed run's inputs)."""
+    the prepared assets before any model loads (the trainer checks a resumed run's inputs).
+    ``trainer.micro_batch_size: auto`` is resolved here, once the models are placed
+    (:mod:`datc.micro_batch`), and recorded in ``run_dir`` (a resumed run reads its value back);
+    the session's config holds the number."""
     t = c.trainer
     dist = dist or Dist()
     device = resolve_device(t.device)
@@ -102,6 +107,8 @@ def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None 
         on_assets(assets)
     m = load_models(c, assets, device, dist)
     m.policy.eval()  # dropout off: the loss must see the distribution that sampled (ratio = 1 on-policy)
+    c = micro_batch_for(c, m, dist, device, run_dir)
+    t = c.trainer
     updates_per_step = t.epochs * (t.batch_size // t.mini_batch_size)
     if t.warmup_steps > 0 and "warmup" in t.lr_scheduler and t.steps * updates_per_step == 1 and dist.is_main:
         from datc.runlock import warn
@@ -128,17 +135,31 @@ def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None 
                                 fused=True)  # one fused kernel (CPU and CUDA) instead of per-tensor loops
         optim = TorchOptimizer(m.policy, opt, make_scheduler(opt), t.max_grad_norm)
     ops = ops or StepOps()
-    engine = ENGINES.get(c.rollout.name).build(c, m, device, dist, sample=ops.sample)
+    rollout_engine = ENGINES.get(c.rollout.name).build(c, m, device, dist, sample=ops.sample)
     if dist.is_main:
-        log.info("rollout engine: %s", engine.describe())
-    plan = session_plan(c, scheme, m, dist, engine)
+        log.info("rollout engine: %s", rollout_engine.describe())
+    plan = session_plan(c, scheme, m, dist, rollout_engine)
     sampler = PromptSampler(len(assets.train), t.batch_size // t.num_generations, c.seed)
     rm_embedding = rm_embedding_of(m) if RM_EMBEDDING in scheme.needs else None
     dtype = resolve_dtype(c.policy.dtype, device)
     amp = dtype if dtype != torch.float32 else None  # fp32 master weights, low-precision compute
     return Session(c, m, assets, device, scheme, credit_params, optim, plan, sampler, rm_embedding, amp, dist=dist,
-                   ops=ops, engine=engine)
+                   ops=ops, engine=rollout_engine)
 
+
+
+def micro_batch_for(c: TrainConfig, m: Models, dist: Dist, device: torch.device, run_dir: str | Path | None) -> TrainConfig:
+    """``c`` with ``trainer.micro_batch_size: auto`` resolved (:func:`datc.micro_batch.resolve_micro_batch`):
+    rank 0 decides (and records it in ``run_dir``), every rank gets its number; one log line says
+    which and why."""
+    if c.trainer.micro_batch_size != AUTO:
+        return c
+    record = Path(run_dir) / RECORD_FILE if run_dir is not None and dist.is_main else None
+    resolved, why = resolve_micro_batch(c, m.policy, m.rm, dist.world_size, device, record)
+    n, why = dist.broadcast((resolved.trainer.micro_batch_size, why))
+    if dist.is_main:
+        log.info("trainer.micro_batch_size=auto -> %d: %s", n, why)
+    return dataclasses.replace(c, trainer=dataclasses.replace(c.trainer, micro_batch_size=n))
 
 
 def session_plan(c: TrainConfig, scheme, m: Models, dist: Dist, engine=None) -> StepPlan:

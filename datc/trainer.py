@@ -24,6 +24,7 @@ from datc.evaluation import evaluate
 from datc.export import save_final_policy
 from datc.lifecycle import NoLogger, check_inputs, finish, open_run, resolved_config, resume, save
 from datc.logger import RunLogger
+from datc.micro_batch import RECORD_FILE
 from datc.numerics import NonFiniteReport
 from datc.rundir import release_run_locks
 from datc.runlock import note
@@ -67,12 +68,15 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
     if t.keep_freed_memory and not dist.enabled:  # single-process runs (see the README's speed section)
         keep_freed_memory()
     quiet_libraries()
+    if dist.is_main and not run.resumable:  # a fresh run sizes its own micro-batch (datc.micro_batch)
+        (run.path / RECORD_FILE).unlink(missing_ok=True)
     try:
-        s = build_session(c, dist, ops, on_assets=lambda assets: check_inputs(dist, c, run, assets))
+        s = build_session(c, dist, ops, on_assets=lambda assets: check_inputs(dist, c, run, assets), run_dir=run.path)
     except BaseException:
         if dist.is_main:
             run.discard()
         raise
+    c, t = s.c, s.c.trainer  # trainer.micro_batch_size: auto resolved by the session
     # Seeded after the set-up: a cold cache (prepare draws random numbers) and a warm one must
     # give the same run. Rank r samples its own responses (rank 0's stream is a lone run's).
     seed_everything(c.seed + 1_000_003 * dist.rank)

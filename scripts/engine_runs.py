@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=Path("results/engines"))
     ap.add_argument("--cache", default=os.environ.get("DATC_CACHE", ".cache/datc"))
     ap.add_argument("--only", default="sync,gaps,paired")
+    ap.add_argument("--gaps", default="testbed_fp32,smollm2_fp32,smollm2_bf16", help="which gap runs (kept: the others')")
     args = ap.parse_args(argv)
     parts = set(args.only.split(","))
     runs = Path("runs") / "engines"  # the run directories (git-ignored); the figures go to --out
@@ -113,10 +114,12 @@ def main(argv: list[str] | None = None) -> None:
     if "sync" in parts:
         figures["sync"] = {**sync_check(args.out, args.cache), "load": _load()}
     if "gaps" in parts:
-        gaps = {}
+        gaps = figures.get("gaps", {})
         for name, ov in [("testbed_fp32", ["debug=fast", "rollout=vllm", *TESTBED, "trainer.steps=6"]),
                          ("smollm2_fp32", [*REAL, "rollout=vllm"]),
                          ("smollm2_bf16", [*REAL, "rollout=vllm", "policy.dtype=bfloat16"])]:
+            if name not in args.gaps.split(","):
+                continue
             run = _train(runs / name, args.cache, ov)
             gaps[name] = {"overrides": ov, "wall_s": run["wall_s"], "load": [run["load_before"], run["load_after"]],
                           **_gaps(run)}

@@ -12,7 +12,8 @@ Cases, most important first (a global deadline skips what does not fit, and says
 
 - ``build/<family>``: the random models, tokenizer and prompts (on the GPU);
 - ``credit/<family>``: DATC's exact and top-64 credit (``datc.credit.datc_math.datc_scores``, the
-  call scripts/bench_credit.py times on CPU) against one LM-head matmul of the same shape;
+  call scripts/bench_credit.py times on CPU) against one LM-head matmul of the same shape, and the
+  exact credit with ``credit.matmul_dtype`` bfloat16 and tf32;
 - ``decode/<family>``: the rollout's decode loops at a generation batch of 128 rows
   (``datc.decode_bench``): the dynamic-cache loop, the static-cache step eager and as a replayed
   CUDA graph, tokens/s and the fraction of the HBM bound (bandwidth of a device-to-device copy
@@ -199,7 +200,10 @@ def arch_overrides(scale: Scale) -> list[str]:
 
 
 def train_overrides(family: str, credit: str, stage: str, scale: Scale, fam_dir: Path, prompt_tokens: int,
-                    run_dir: Path, work: Path, ds_optimizer: str) -> list[str]:
+                    run_dir: Path, work: Path, ds_optimizer: str, micro: int | str | None = None,
+                    mini: int | None = None) -> list[str]:
+    """The training case's overrides; ``micro``/``mini``: its micro- and mini-batch instead of the
+    scale's (the ``/auto`` case: ``micro_batch_size: auto`` over a mini-batch of the whole batch)."""
     batch = scale.prompts * 8
     return [
         f"credit={credit}", f"deepspeed={stage}", "logger=none",
@@ -207,7 +211,7 @@ def train_overrides(family: str, credit: str, stage: str, scale: Scale, fam_dir:
         f"data.path={fam_dir / 'data'}", "data.train_split=train", "data.eval_split=test",
         f"data.max_prompt_tokens={prompt_tokens}", *arch_overrides(scale),
         f"trainer.steps={scale.steps}", f"trainer.batch_size={batch}", "trainer.num_generations=8",
-        f"trainer.mini_batch_size={scale.mini_batch}", f"trainer.micro_batch_size={scale.micro_batch}",
+        f"trainer.mini_batch_size={mini or scale.mini_batch}", f"trainer.micro_batch_size={micro or scale.micro_batch}",
         f"trainer.generation_batch_size={batch}", f"trainer.max_new_tokens={scale.max_new_tokens}",
         f"trainer.eval_size={scale.eval_prompts}", f"trainer.eval_batch_size={scale.eval_prompts}",
         f"trainer.eval_every={scale.steps}", f"trainer.checkpoint_every={scale.steps}", "trainer.warmup_steps=0",
@@ -240,6 +244,9 @@ def summarize_train(run_dir: Path, n_policy: int, prompt_tokens: int, batch: int
         "gen_tokens_per_s": gen_tokens / out["rollout_s"], "update_tokens_per_s": upd_tokens / out["update_s"],
         "peak_mem_gib": max(r.get("perf/peak_mem_gb", math.nan) for r in steps),
     })
+    record = run_dir / "micro_batch.json"  # trainer.micro_batch_size: auto, as the session resolved it
+    if record.exists():
+        out["micro_batch_auto"] = json.loads(record.read_text())
     if on_gpu:
         out["mfu_generation"] = 2 * n_policy * gen_tokens / out["rollout_s"] / PEAK_BF16
         out["mfu_update"] = 6 * n_policy * upd_tokens / out["update_s"] / PEAK_BF16
@@ -279,8 +286,9 @@ def render(report: dict[str, Any]) -> str:
         if not name.startswith("train/"):
             continue
         s = r.get("summary", {})
+        auto = f" (micro {s['micro_batch_auto']['micro_batch_size']})" if "micro_batch_auto" in s else ""
         lines.append(
-            f"| {name[6:]} | {r['status']} | {_fmt(s.get('step_s'))} | {_fmt(s.get('rollout_s'))} | {_fmt(s.get('reward_s'))} "
+            f"| {name[6:]}{auto} | {r['status']} | {_fmt(s.get('step_s'))} | {_fmt(s.get('rollout_s'))} | {_fmt(s.get('reward_s'))} "
             f"| {_fmt(s.get('credit_s'), '.3f')} | {_fmt(s.get('update_s'))} | {_fmt(s.get('gen_tokens_per_s'), '.0f')} "
             f"| {_fmt(s.get('update_tokens_per_s'), '.0f')} | {_fmt(s.get('mfu_generation'), '.1%')} "
             f"| {_fmt(s.get('mfu_update'), '.1%')} | {_fmt(s.get('peak_mem_gib'))} | {_fmt(r.get('plan', {}).get('gib'))} "
@@ -288,8 +296,8 @@ def render(report: dict[str, Any]) -> str:
     lines += ["", "## DATC credit against one LM-head matmul", "",
               "Same call and inputs as scripts/bench_credit.py (chunk 128, logits 4·N(0,1)); medians; ratios to "
               "the fp32 matmul (as on CPU) and to the bf16 one (as the policy's LM head runs under autocast).", "",
-              "| case | status | tokens x V x d | datc exact s | top-64 s | LM head fp32 s | bf16 s | exact / fp32 | top-64 / fp32 | exact / bf16 | exact peak MiB |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| case | status | tokens x V x d | datc exact s | top-64 s | LM head fp32 s | bf16 s | exact / fp32 | top-64 / fp32 | exact / bf16 | exact peak MiB | exact bf16 / bf16 | exact tf32 / bf16 | bf16, tf32 err (std) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in report["cases"].items():
         if name.startswith("credit/"):
             sh, m = r.get("shape", {}), r.get("seconds_median", {})
@@ -298,7 +306,9 @@ def render(report: dict[str, Any]) -> str:
             lines.append(f"| {name[7:]} | {r['status']} | {shape} | {_fmt(m.get('datc_exact'), '.4f')} | "
                          f"{_fmt(m.get('datc_top64'), '.4f')} | {_fmt(m.get('lm_head_fp32'), '.4f')} | {_fmt(m.get('lm_head_bf16'), '.4f')} | "
                          f"{_fmt(o32.get('datc_exact'))} | {_fmt(o32.get('datc_top64'))} | {_fmt(o16.get('datc_exact'))} | "
-                         f"{_fmt(pk.get('datc_exact'), '.0f')} |")
+                         f"{_fmt(pk.get('datc_exact'), '.0f')} | {_fmt(o16.get('datc_exact_bfloat16'))} | "
+                         f"{_fmt(o16.get('datc_exact_tf32'))} | {_fmt(r.get('low_precision_err_vs_fp32_in_std', {}).get('bfloat16'), '.1e')}, "
+                         f"{_fmt(r.get('low_precision_err_vs_fp32_in_std', {}).get('tf32'), '.1e')} |")
     lines += render_decode(report)
     lines += render_projection(report)
     lines += ["", "## Other cases", "", "| case | status | result |", "|---|---|---|"]
@@ -395,6 +405,11 @@ def build_cases(a: argparse.Namespace, scale: Scale, work: Path) -> list[Case]:
                 cases.append(Case(f"train/{fam}/{credit}/{stage}", "train",
                                   {"family": fam, "credit": credit, "stage": stage, "steps": scale.steps,
                                    "threads": scale.threads}, scale.case_timeout_s))
+        if i == 0 and "none" in a.stages and "datc" in a.credits:
+            # trainer.micro_batch_size: auto over one mini-batch of the whole batch (datc.micro_batch)
+            cases.append(Case(f"train/{fam}/datc/none/auto", "train",
+                              {"family": fam, "credit": "datc", "stage": "none", "steps": scale.steps,
+                               "threads": scale.threads, "micro": "auto", "mini": scale.prompts * 8}, scale.case_timeout_s))
         if i == 0 and "zero3" in a.stages:
             for gather in (False, True):  # ZeRO-3 sampling: per-module synced gathers, then gathered once
                 cases.append(Case(f"synced/{fam}" + ("/gathered" if gather else ""), "synced",
@@ -469,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
             stage = case.spec.get("stage", "zero3")
             run_dir = work / "runs" / case.name.replace("/", "_")
             ov = train_overrides(fam, case.spec.get("credit", "grpo"), stage, scale, work / fam,
-                                 built[fam]["prompt_tokens"], run_dir, work, a.ds_optimizer)
+                                 built[fam]["prompt_tokens"], run_dir, work, a.ds_optimizer,
+                                 case.spec.get("micro"), case.spec.get("mini"))
             case.spec.update(overrides=ov, run_dir=str(run_dir), params=built[fam]["params"])
         log(f"{case.name}: running (limit {case.timeout_s:.0f} s, {deadline - time.monotonic():.0f} s left)")
         case.result = runner.run(case, {"train": scale.min_start_s, "fused_adam": 60.0}.get(case.kind, 5.0))

@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = [f"train/{f}/{c}/{s}" for f in ("qwen3", "llama32") for c in ("grpo", "datc") for s in ("none", "zero2", "zero3")]
 EXPECTED = {"build/qwen3", "build/llama32", "credit/qwen3", "credit/llama32", "decode/qwen3", "decode/llama32",
-            "synced/qwen3", "synced/qwen3/gathered", "fail/error", "fail/hang", *TRAIN}
+            "synced/qwen3", "synced/qwen3/gathered", "fail/error", "fail/hang", *TRAIN, "train/qwen3/datc/none/auto"}
 
 
 @pytest.mark.slow
@@ -46,6 +46,8 @@ def test_gpu_check_rehearsal_runs_every_case_and_reports_failures(tmp_path):
         assert s["response_len"] > 0 and s["gen_tokens_per_s"] > 0 and s["update_tokens_per_s"] > 0
         assert cases[name]["plan"]["gib"] > 0 or name.endswith("none")
         assert cases[name]["autocast_dtype"] == "float32"  # CPU; bfloat16 on a GPU
+    auto = cases["train/qwen3/datc/none/auto"]  # trainer.micro_batch_size: auto over the whole batch of 16
+    assert auto["summary"]["micro_batch_auto"]["micro_batch_size"] == 16 and "CPU" in auto["summary"]["micro_batch_auto"]["why"]
     # the models were built at the scaled-down arch and the same tokenizer size everywhere
     assert cases["build/qwen3"]["vocab"] == 512 and cases["build/qwen3"]["params"]["policy"] > 0
     assert cases["synced/qwen3"]["zero3_partitioned"] and cases["synced/qwen3"]["tokens"] > 0
@@ -53,6 +55,9 @@ def test_gpu_check_rehearsal_runs_every_case_and_reports_failures(tmp_path):
     assert gathered["generation"] == "gathered once" and gathered["zero3_partitioned"]  # partitioned again after
     assert gathered["tokens"] > 0 and gathered["responses"] == cases["synced/qwen3"]["responses"]
     assert cases["credit/qwen3"]["shape"] == {"tokens": 512, "vocab": 512, "hidden": 32, "chunk_size": 128}
+    for dt in ("bfloat16", "tf32"):  # credit.matmul_dtype, timed and compared with the fp32 scores
+        assert cases["credit/qwen3"]["seconds_median"][f"datc_exact_{dt}"] > 0
+        assert 0 < cases["credit/qwen3"]["low_precision_err_vs_fp32_in_std"][dt] < 0.1
     for fam in ("qwen3", "llama32"):  # the decode loops through the rollout's sampler, the graph's step run eagerly
         d = cases[f"decode/{fam}"]
         assert d["shape"]["rows"] == 16 and d["shape"]["max_new_tokens"] == report["scale"]["max_new_tokens"]
@@ -77,7 +82,7 @@ def test_gpu_check_reports_what_the_deadline_skipped(tmp_path):
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     cases = json.loads((out / "gpu_check.json").read_text())["cases"]
-    assert len(cases) == 1 + 1 + 1 + 6 + 2  # build, credit, decode, 2 credits x 3 stages, synced (and gathered)
+    assert len(cases) == 1 + 1 + 1 + 6 + 1 + 2  # build, credit, decode, 2 credits x 3 stages, micro auto, synced (and gathered)
     assert all(r["status"] == "skipped" for r in cases.values())
     assert cases["build/qwen3"]["error"].startswith("global deadline")
     assert cases["train/qwen3/datc/zero3"]["error"] == "build/qwen3 did not succeed"

@@ -33,12 +33,67 @@ def test_param_count_by_hand():
 
 
 def test_zero_arithmetic_by_hand():
-    # Φ = 1e9 on 4 GPUs: ZeRO-2 weights 4e9 (replicated), grads 4e9/4, optimizer (copy + 2 moments) 12e9/4
-    assert mf.zero_memory(10**9, 2, 4) == {"weights": 4e9, "grads": 1e9, "optimizer": 3e9}
-    # ZeRO-3: everything /4, and no separate fp32 copy: 4e9/4 + 4e9/4 + 8e9/4
-    assert mf.zero_memory(10**9, 3, 4) == {"weights": 1e9, "grads": 1e9, "optimizer": 2e9}
+    # Φ = 1e9 on 4 GPUs, fp32 policy: ZeRO-2 weights 4e9 (replicated), grads 4e9/4, optimizer (fp32 copy +
+    # 2 moments) 12e9/4, the step's fp32 gradients and foreach AdamW temporary 8e9/4 (4e9/4 with FusedAdam)
+    assert mf.zero_memory(10**9, 2, 4) == {"weights": 4e9, "grads": 1e9, "optimizer": 3e9, "step": 2e9}
+    assert mf.zero_memory(10**9, 2, 4, foreach_adam=False)["step"] == 1e9
+    # ZeRO-3: everything /4, the fp32 copy too
+    assert mf.zero_memory(10**9, 3, 4) == {"weights": 1e9, "grads": 1e9, "optimizer": 3e9, "step": 2e9}
+    # a bf16 policy: weights and gradients in 2 bytes, the ZeRO optimizer's states fp32 all the same
+    assert mf.zero_memory(10**9, 3, 4, param_bytes=2) == {"weights": 0.5e9, "grads": 0.5e9, "optimizer": 3e9, "step": 2e9}
+    # plain PyTorch: torch's AdamW keeps its moments in the parameters' dtype; fused, no step temporaries
+    assert mf.zero_memory(10**9, None, 1) == {"weights": 4e9, "grads": 4e9, "optimizer": 8e9, "step": 0.0}
+    assert mf.zero_memory(10**9, None, 1, param_bytes=2) == {"weights": 2e9, "grads": 2e9, "optimizer": 4e9, "step": 0.0}
     assert mf.frozen_memory(10**9, 2, 4) == 2e9 and mf.frozen_memory(10**9, 3, 4) == 0.5e9
+    assert mf.frozen_memory(10**9, None, 1) == 2e9
     assert mf.zero_buffers(2, True) == 2 * 5e8 * 4 and mf.zero_buffers(2, False) == 5e8 * 4 == mf.zero_buffers(3, True)
+    assert mf.zero_buffers(2, False, grad_bytes=2) == 5e8 * 2 and mf.zero_buffers(None, True) == 0
+
+
+GPU_RUNS = ("results/gpu/qwen3_gpu_check.json", "results/gpu/llama32_gpu_check.json")
+
+
+def _measured_cases():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for f in GPU_RUNS:
+        run = json.loads((root / f).read_text())
+        for name, r in run["cases"].items():
+            if name.startswith("train/") and r["status"] == "ok":
+                yield pytest.param(run, name, r, id=name)
+
+
+@pytest.mark.parametrize("run,name,case", list(_measured_cases()))
+def test_plan_replays_every_measured_gpu_peak_within_15_percent(run, name, case):
+    """Each training case the H200 run measured (results/gpu/*.json, committed), replayed through
+    the plan at its own shape: its scaled-down batch, prompt length, ZeRO stage and AdamW, the
+    LM head whole (that run predates trainer.lm_head_chunk), and a bf16 policy (its loader kept the
+    random checkpoint's bf16: transformers >= 5 loads the stored dtype when none is given). The
+    plan is within 15% of torch.cuda.max_memory_allocated in every case."""
+    from datc.gpu_cases import plan_memory
+
+    _, family, credit, stage = name.split("/")
+    sc, batch = run["scale"], run["scale"]["prompts"] * 8
+    overrides = [f"credit={credit}", f"deepspeed={stage}", "data.path=gpu_check/data",
+                 f"data.max_prompt_tokens={run['prompt_tokens'][family]}", f"trainer.batch_size={batch}",
+                 f"trainer.mini_batch_size={sc['mini_batch']}", f"trainer.micro_batch_size={sc['micro_batch']}",
+                 f"trainer.generation_batch_size={batch}", f"trainer.max_new_tokens={sc['max_new_tokens']}",
+                 f"trainer.eval_size={sc['eval_prompts']}", f"trainer.eval_batch_size={sc['eval_prompts']}",
+                 "trainer.lm_head_chunk=null", *([f"deepspeed.optimizer_impl={run['ds_optimizer']}"] if stage != "none" else [])]
+    planned = plan_memory(family, overrides, stage, case["plan"]["params"], policy_bytes=2)["gib"]
+    measured = case["max_allocated_gib"]
+    assert abs(planned - measured) <= 0.15 * measured, (name, planned, measured)
+
+
+def test_head_chunk_and_checkpointing_by_hand():
+    # chunked LM head, k=2 of T=4 response positions: one chunk's bf16 2·2·2·10 and fp32 3·4·2·2·10
+    assert mf.update_logits_bytes(2, 3, 4, 10, head_chunk=2) == 80 + 480
+    assert mf.update_logits_bytes(2, 3, 4, 10, head_chunk=64) == 2 * 2 * 4 * 10 + 3 * 4 * 2 * 4 * 10  # k capped at T
+    a = mf.arch_of(TINY)  # h=16, q=16, kv=8, I=32, head_dim 4, 2 layers
+    layer = 2 * (2 * 16 + 3 * 16 + 2 * 8 + 4 * 32) + 16 * 16
+    assert mf.activation_bytes(a, 1, 1, True, checkpointed=True) == 2 * 4 * 16 + layer + 8 * 16 + 8 * 4
+    assert mf.activation_bytes(a, 1, 1, True, checkpointed=True) < mf.activation_bytes(a, 1, 1, True)
 
 
 def test_kv_cache_by_hand():
@@ -132,9 +187,10 @@ def test_every_preset_plans_and_files_are_written(written):
             assert p["stages"][stage]["gpus_needed"] in (*mp.FIT_COUNTS, None)
         if "adapter" in p["params"]:  # LoRA: states of a few adapters, so ZeRO-3's gathers can cost more than it saves
             continue
-        # ZeRO-3 never needs more memory than ZeRO-2 at the same N
+        # ZeRO-3 needs less memory than ZeRO-2 on several GPUs; on one it partitions nothing and
+        # adds its gathers (the H200 run measured 44.95 GiB under ZeRO-3, 42.24 under ZeRO-2)
         assert all(p["stages"]["zero3"]["per_gpus"][n]["total"] <= p["stages"]["zero2"]["per_gpus"][n]["total"]
-                   for n in mp.GPU_COUNTS)
+                   for n in mp.GPU_COUNTS if n > 1)
 
 
 def test_world_sizes_that_do_not_split_the_batch_are_refused():

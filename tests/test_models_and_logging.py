@@ -173,3 +173,22 @@ def test_wandb_unavailable_at_start_is_reported_once_and_training_goes_on(tmp_pa
     train(cfg_for(tmp_path / "cache", run, "logger=wandb"))
     assert capsys.readouterr().err.count("W&B logging failed") == 1
     assert [json.loads(x)["step"] for x in open(run / "metrics.jsonl") if "loss/total" in x] == [1, 2, 3]
+
+
+def test_the_trained_policy_is_float32_from_a_bf16_checkpoint(tmp_path, tok):
+    # transformers >= 5 loads a checkpoint in its stored dtype when none is given: the hub's 1-2B
+    # checkpoints are bf16, and a bf16 policy's AdamW steps at lr 1e-6 round away. The trainer
+    # asks for float32 master weights (autocast computes in bf16 on GPUs).
+    import torch
+
+    from datc.config import validate
+    from datc.model_set import load_models
+    from datc.prepare import ensure_assets
+
+    for model, name in ((build_causal_lm(ARCHS["llama"], tok, 0), "policy"), (build_reward_model(ARCHS["llama"], tok, 1), "reward")):
+        model.to(torch.bfloat16).save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    c = validate(cfg_for(tmp_path / "cache", tmp_path / "run", "policy=pretrained", f"policy.path={tmp_path}/policy",
+                         "reward=pretrained", f"reward.path={tmp_path}/reward"))
+    m = load_models(c, ensure_assets(c), torch.device("cpu"))
+    assert {p.dtype for p in m.policy.parameters()} == {torch.float32}

@@ -46,6 +46,7 @@ from torch import Tensor
 
 LOGIT_MAPS = ("jacobian", "identity")
 ALIGNMENTS = ("projection", "work", "cosine")
+MATMUL_DTYPES = ("float32", "bfloat16", "tf32")  # datc_scores' matmul_dtype (results/bench/credit_precision.md)
 CHUNK_BYTES = 64 * 2**20  # chunk_size None: rows per chunk so that one (chunk, V) temporary fits in this
 
 
@@ -62,6 +63,7 @@ def datc_scores(
     chunk_size: int | None = None,
     top_k: int | None = None,
     rows: Tensor | None = None,
+    matmul_dtype: str = "float32",
 ) -> Tensor:
     """DATC alignment scores ``s_t`` (METHOD §2 steps 2-4), via the closed forms.
 
@@ -80,21 +82,34 @@ def datc_scores(
         top_k: keep the ``k`` largest entries of ``π_t`` (renormalised); None: exact.
         rows: (N,) long, the rows to score (e.g. the valid tokens of a flattened batch), gathered
             one chunk at a time so ``logits`` is never copied whole; None: all M rows.
+        matmul_dtype: precision of the exact credit's ``|V|``-wide work (``top_k`` None,
+            ``alignment`` projection or work): ``float32`` (the computation dtype throughout);
+            ``bfloat16``: ``ρ = E g`` as a bf16 product with float32 accumulation, ``π``'s
+            ``(chunk, V)`` passes and the two row products ``D·ρ``, ``Q·ρ`` in bf16 with float32
+            accumulation, the softmax itself and every per-row quantity in float32; ``tf32``:
+            ``ρ = E g`` on TF32 tensor cores (on a CPU emulated: both operands rounded to TF32's
+            10-bit mantissa, then a float32 product), the rest float32. Both low precisions take
+            ``E`` centred (``E - mean_v E_v``): a constant added to every ``ρ_v`` leaves each score
+            unchanged, and centring keeps a common component of the embeddings out of the
+            rounding. Errors against float64: results/bench/credit_precision.md.
 
     Returns:
         (N,) scores, float32 (float64 if any input is float64); NaN on a row whose logits hold
         a NaN or a ``+inf``, or put the sampled token at ``-inf``.
     """
     check_options(logit_map, alignment, chunk_size, top_k)
+    check_matmul_dtype(matmul_dtype, alignment, top_k)
     _check_shapes(g, E, logits, y, sign)
     dtype = _compute_dtype(g, E, logits)
     E = E.to(dtype)
     need_rho = alignment == "cosine"
     out = []
     with _no_autocast(g):
+        E_low = _low_precision_embedding(E, matmul_dtype)  # once per call, not per chunk
         for sel in _chunks(g.shape[0], rows, chunk_rows(chunk_size, E.shape[0], dtype)):
             z = logits[sel]  # gathered once: for the terms and the non-finite check
-            work, u_norm, f_norm = _chunk_terms(g[sel].to(dtype), E, z, y[sel], logit_map, top_k, need_rho)
+            work, u_norm, f_norm = _chunk_terms(g[sel].to(dtype), E, z, y[sel], logit_map, top_k, need_rho,
+                                                matmul_dtype, E_low)
             signed = sign[sel].to(dtype) * work
             if alignment == "work":
                 score = signed
@@ -151,6 +166,47 @@ def chunk_rows(chunk_size: int | None, vocab: int, dtype: torch.dtype = torch.fl
     if chunk_size is not None:
         return chunk_size
     return max(1, CHUNK_BYTES // (vocab * dtype.itemsize))
+
+
+def check_matmul_dtype(matmul_dtype: str, alignment: str, top_k: int | None) -> None:
+    """Raise ValueError naming ``matmul_dtype`` and its valid values, or where it does not apply."""
+    if matmul_dtype not in MATMUL_DTYPES:
+        raise ValueError(f"matmul_dtype must be one of {MATMUL_DTYPES}, got {matmul_dtype!r}")
+    if matmul_dtype != "float32" and (top_k is not None or alignment == "cosine"):
+        raise ValueError(f"matmul_dtype={matmul_dtype!r} applies to the exact credit (top_k null, alignment projection "
+                         f"or work), got top_k={top_k!r}, alignment={alignment!r}; use matmul_dtype float32 there")
+
+
+def round_to_tf32(x: Tensor) -> Tensor:
+    """float32 ``x`` rounded to TF32 (10 mantissa bits, round half up on the bit pattern; the
+    exponent unchanged): what a TF32 tensor core reads of a float32 operand."""
+    bits = x.float().contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def _low_precision_embedding(E: Tensor, matmul_dtype: str) -> Tensor | None:
+    """``E`` centred and in the product's precision (None for float32)."""
+    if matmul_dtype == "float32":
+        return None
+    centred = E - E.mean(0, keepdim=True)
+    if matmul_dtype == "bfloat16":
+        return centred.to(torch.bfloat16)
+    return centred.float() if E.device.type == "cuda" else round_to_tf32(centred)
+
+
+def _low_product(g: Tensor, E_low: Tensor, matmul_dtype: str) -> Tensor:
+    """(c, V) ``ρ = E g`` (centred) in the low precision: bf16 out of a bf16 GEMM, or float32 out
+    of a TF32 one."""
+    if matmul_dtype == "bfloat16":
+        return g.to(torch.bfloat16) @ E_low.T
+    if g.device.type != "cuda":
+        return round_to_tf32(g) @ E_low.T
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        return g.float() @ E_low.T
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def check_options(logit_map: str, alignment: str, chunk_size: int | None, top_k: int | None) -> None:
@@ -224,6 +280,8 @@ def _chunk_terms(
     logit_map: str,
     top_k: int | None,
     need_rho: bool,
+    matmul_dtype: str = "float32",
+    E_low: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """For one chunk of c rows: ``⟨f, e_y - π⟩`` (c,), ``‖e_y - π‖`` (c,) and, if ``need_rho``,
     ``‖f‖`` (c,) (else None).
@@ -238,7 +296,7 @@ def _chunk_terms(
     pi = torch.softmax(logits.to(dtype), dim=-1)  # (c, V)
     if top_k is None or top_k >= pi.shape[-1]:
         if not need_rho:
-            return _full_vocab_terms(g, E, pi, y, logit_map)
+            return _full_vocab_terms(g, E, pi, y, logit_map, matmul_dtype, E_low)
     sup = None
     if top_k is not None and top_k < pi.shape[-1]:
         pi, sup = pi.topk(top_k, dim=-1)  # (c, K), (c, K), sorted: the mode first
@@ -290,7 +348,8 @@ def _chunk_terms(
     return work, u_norm, None
 
 
-def _full_vocab_terms(g: Tensor, E: Tensor, pi: Tensor, y: Tensor, logit_map: str) -> tuple[Tensor, Tensor, None]:
+def _full_vocab_terms(g: Tensor, E: Tensor, pi: Tensor, y: Tensor, logit_map: str, matmul_dtype: str = "float32",
+                      E_low: Tensor | None = None) -> tuple[Tensor, Tensor, None]:
     """``_chunk_terms`` on the whole vocabulary with one ``[c, d] × [d, V]`` product, in as few
     ``(c, V)`` passes and tensors as the same precision allows: ``π`` (consumed: overwritten in
     place) with the mode's entry zeroed gives the sums over the other entries, then that entry is
@@ -299,14 +358,19 @@ def _full_vocab_terms(g: Tensor, E: Tensor, pi: Tensor, y: Tensor, logit_map: st
     size ``(c, V)``). ``ρ = E g`` is formed once and ``π·ρ' = D·ρ``, ``Σ_v π_v² ρ'_v = Q·ρ``: the
     same sums as ``g · (D E)`` and ``g · (Q E)`` with the same rounding order of magnitude (each
     term ``π_v (ρ_v - ρ_m)``, the mode's written as minus the others), for half the multiply-adds
-    of the two products."""
+    of the two products.
+
+    ``matmul_dtype`` bfloat16 (``E_low``: the centred bf16 ``E``): ``π`` is rounded to bf16 once
+    its mode and sampled entries are read in float32, its passes and ``ρ`` are bf16, and every
+    sum accumulates in float32; tf32: ``ρ`` from a TF32 product, the rest float32."""
+    dtype = g.dtype
     rows = torch.arange(pi.shape[0], device=pi.device)
     pi_m, m = pi.max(-1)  # (c,), (c,)
     pi_y = pi.gather(-1, y[:, None]).squeeze(-1)  # (c,)
-    a = pi  # π with the mode's entry zeroed, in place
+    a = pi if matmul_dtype != "bfloat16" else pi.to(torch.bfloat16)  # π with the mode's entry zeroed, in place
     a[rows, m] = 0.0
-    not_m_sum = a.sum(-1)  # Σ_{v≠m} π_v, exact even when π is peaked
-    not_m_sq = _rowdot(a, a)  # Σ_{v≠m} π_v²
+    not_m_sum = a.sum(-1, dtype=dtype)  # Σ_{v≠m} π_v, exact even when π is peaked
+    not_m_sq = _rowdot(a, a).to(dtype)  # Σ_{v≠m} π_v²
     y_is_m = y == m
     # ‖e_y - π‖² = (Σ_{v≠y} π_v)² + Σ_{v≠y} π_v²; if y ≠ m then π_y ≤ 1/2 and nothing cancels.
     not_y_sum = torch.where(y_is_m, not_m_sum, not_m_sum + pi_m - pi_y)
@@ -315,14 +379,14 @@ def _full_vocab_terms(g: Tensor, E: Tensor, pi: Tensor, y: Tensor, logit_map: st
     s2_minus_pi_y = not_m_sq - pi_m * not_m_sum + (pi_m - pi_y)  # Σπ² - π_y
     E_m = E[m]  # (c, d)
     rho_y = (g * (E[y] - E_m)).sum(-1)  # ρ'_y, exactly 0 when y = m
-    rho = g @ E.T  # (c, V) ρ = E g, one product
-    a[rows, m] = -not_m_sum  # D
-    pi_rho = _rowdot(a, rho)  # π·ρ' = Σ_v π_v (ρ_v - ρ_m)
+    rho = g @ E.T if E_low is None else _low_product(g, E_low, matmul_dtype)  # (c, V) ρ = E g, one product
+    a[rows, m] = (-not_m_sum).to(a.dtype)  # D
+    pi_rho = _rowdot(a, rho).to(dtype)  # π·ρ' = Σ_v π_v (ρ_v - ρ_m)
     if logit_map == "identity":
         return rho_y - pi_rho, u_norm, None
     a.square_()
-    a[rows, m] = -not_m_sq  # Q
-    work = pi_y * rho_y + s2_minus_pi_y * pi_rho - _rowdot(a, rho)  # Σ_v π_v² (ρ_v - ρ_m)
+    a[rows, m] = (-not_m_sq).to(a.dtype)  # Q
+    work = pi_y * rho_y + s2_minus_pi_y * pi_rho - _rowdot(a, rho).to(dtype)  # Σ_v π_v² (ρ_v - ρ_m)
     return work, u_norm, None
 
 

@@ -154,3 +154,16 @@ def test_cosine_with_a_nan_reward_gradient_falls_back_through_the_scheme():
     out = compute_credit(scheme, CreditBatch(**kw), params)
     assert bool(out.fallback[1]) and (out.weights[1] == 1).all()
     assert not out.fallback[0] and not out.fallback[2]
+
+
+def test_matmul_dtype_is_a_validated_credit_field(tmp_path):
+    from datc.config import ConfigError, validate
+    from tests.conftest import cfg_for
+
+    c = validate(cfg_for(tmp_path, tmp_path, "credit=datc", "credit.matmul_dtype=bfloat16"))
+    assert c.credit["matmul_dtype"] == "bfloat16"
+    assert validate(cfg_for(tmp_path, tmp_path, "credit=datc")).credit["matmul_dtype"] == "float32"  # the default
+    with pytest.raises(ConfigError, match=r"^credit: matmul_dtype must be one of \('float32', 'bfloat16', 'tf32'\)"):
+        validate(cfg_for(tmp_path, tmp_path, "credit=datc", "credit.matmul_dtype=float16"))
+    with pytest.raises(ConfigError, match="applies to the exact credit"):
+        validate(cfg_for(tmp_path, tmp_path, "credit=datc", "credit.matmul_dtype=tf32", "credit.top_k=64"))

@@ -363,3 +363,69 @@ def test_finite_logits_whose_sum_overflows_still_score():
     assert torch.isfinite(s).all()
     s_ref = datc_scores(g, E, logits, y, sign, chunk_size=4)
     torch.testing.assert_close(s[torch.arange(s.numel()) != 2], s_ref[torch.arange(s.numel()) != 2])
+
+
+# ---- matmul_dtype: the exact credit in bf16 / TF32 (results/bench/credit_precision.md) -----------------------------
+# Bounds from that measurement at the presets' shapes (weights' largest relative error against float64: bf16 1.9e-2 to
+# 2.7e-2, tf32 1.2e-3 to 2.4e-3, rounded up), checked here on a small shape of the same construction.
+BF16_WEIGHT_REL_BOUND = 3e-2
+TF32_WEIGHT_REL_BOUND = 3e-3
+
+
+def _precision_inputs(shifted: bool, V: int = 3000, d: int = 128, n: int = 256):
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(n, V, generator=g) * 4
+    E = torch.randn(V, d, generator=g) * 0.02
+    if shifted:
+        E += 0.02 * torch.randn(1, d, generator=g)
+    E = E.bfloat16().float()
+    grad = torch.randn(n, d, generator=g)
+    y = torch.multinomial(torch.softmax(logits, -1), 1, generator=g).squeeze(-1)
+    sign = torch.tensor([1.0, -1.0]).repeat_interleave(128)
+    return grad, E, logits, y, sign
+
+
+def _weights(s):
+    from datc.credit.weights import WeightParams, scores_to_weights
+
+    rows = s.float().view(-1, 128)
+    return scores_to_weights(rows, torch.ones_like(rows, dtype=torch.bool), WeightParams())[0].double()
+
+
+@pytest.mark.parametrize("shifted", [False, True])
+@pytest.mark.parametrize(("matmul_dtype", "bound"), [("bfloat16", BF16_WEIGHT_REL_BOUND), ("tf32", TF32_WEIGHT_REL_BOUND)])
+def test_low_precision_credit_is_within_its_measured_bound(shifted, matmul_dtype, bound):
+    grad, E, logits, y, sign = _precision_inputs(shifted)
+    kw = dict(logit_map="jacobian", alignment="projection", chunk_size=64)
+    ref = datc_scores(grad.double(), E.double(), logits.double(), y, sign, **kw)
+    low = datc_scores(grad, E, logits, y, sign, matmul_dtype=matmul_dtype, **kw)
+    assert low.dtype == torch.float32
+    w, w_ref = _weights(low), _weights(ref)
+    assert ((w - w_ref).abs() / w_ref).max() <= bound
+    f32 = datc_scores(grad, E, logits, y, sign, **kw)  # float32's own error is far below either
+    assert ((_weights(f32) - w_ref).abs() / w_ref).max() <= 1e-4
+
+
+def test_float32_is_unchanged_by_the_option():
+    grad, E, logits, y, sign = _precision_inputs(True)
+    for kw in (dict(logit_map="jacobian", alignment="projection"), dict(logit_map="identity", alignment="work"),
+               dict(logit_map="jacobian", alignment="cosine"), dict(logit_map="jacobian", alignment="projection", top_k=8)):
+        default = datc_scores(grad, E, logits, y, sign, chunk_size=64, **kw)
+        assert torch.equal(datc_scores(grad, E, logits, y, sign, chunk_size=64, matmul_dtype="float32", **kw), default)
+
+
+def test_matmul_dtype_is_checked():
+    grad, E, logits, y, sign = _precision_inputs(False, V=50, d=8, n=128)
+    with pytest.raises(ValueError, match="matmul_dtype must be one of"):
+        datc_scores(grad, E, logits, y, sign, matmul_dtype="float16")
+    with pytest.raises(ValueError, match="applies to the exact credit"):
+        datc_scores(grad, E, logits, y, sign, matmul_dtype="bfloat16", top_k=4)
+
+
+def test_tf32_rounding_keeps_ten_mantissa_bits():
+    from datc.credit.datc_math import round_to_tf32
+
+    x = torch.tensor([1.0, 1.0 + 2**-10, 1.0 + 2**-12, -3.0e-5, 1.0 + 2**-11 + 2**-20])
+    r = round_to_tf32(x)
+    assert r[0] == 1 and r[1] == 1.0 + 2**-10 and r[2] == 1.0 and r[4] == 1.0 + 2**-10
+    assert ((r[3] - x[3]).abs() / x[3].abs()) <= 2**-11

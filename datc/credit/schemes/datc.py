@@ -21,7 +21,7 @@ from torch import Tensor
 
 from datc.credit import register_credit
 from datc.credit.base import POLICY_LOGITS, RM_EMBEDDING, RM_GRAD, CreditBatch
-from datc.credit.datc_math import check_options, datc_scores
+from datc.credit.datc_math import check_matmul_dtype, check_options, datc_scores
 from datc.credit.weights import WeightParams
 
 DIRECTIONS = ("signed", "unsigned")
@@ -36,12 +36,14 @@ class DATCParams(WeightParams):
     alignment: str = "projection"  # projection | work | cosine: score of force vs displacement
     chunk_size: int | None = None  # tokens per chunk, extra memory O(chunk_size * V); None: sized by memory
     top_k: int | None = None  # keep the k most likely tokens of pi_t (renormalised); None: exact
+    matmul_dtype: str = "float32"  # float32 | bfloat16 | tf32: the exact credit's |V|-wide products (datc_math.datc_scores)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.direction not in DIRECTIONS:
             raise ValueError(f"direction must be one of {DIRECTIONS}, got {self.direction!r}")
         check_options(self.logit_map, self.alignment, self.chunk_size, self.top_k)
+        check_matmul_dtype(self.matmul_dtype, self.alignment, self.top_k)
 
 
 def flat_valid(batch: CreditBatch) -> tuple[Tensor, Tensor, Tensor]:
@@ -77,6 +79,7 @@ def datc_token_scores(batch: CreditBatch, params: DATCParams) -> Tensor:
         chunk_size=params.chunk_size,
         top_k=params.top_k,
         rows=rows,
+        matmul_dtype=params.matmul_dtype,
     )
     return scatter_valid(scores, rows, batch.response_mask)
 
