@@ -20,6 +20,8 @@ Cases, most important first (a global deadline skips what does not fit, and says
   measured in the same case), and the graph's replay against the eager step;
 - ``train/<family>/<credit>/<stage>``: a few training steps, ``credit`` in grpo, datc and
   ``deepspeed`` in none, zero2, zero3 (one process; DeepSpeed joins a one-rank process group);
+  ``train/<family>/<credit>/none/vllm``: the same with ``rollout=vllm``, where vLLM is installed
+  (``--engines``; the machine this project's checks run on has no vLLM, so it has no such case);
 - ``synced/<family>``: sampling with ``synced_gpus=True`` from a ZeRO-3 engine under bf16
   autocast (the trainer turns synced_gpus on only with several ranks); ``synced/<family>/gathered``
   the same with the parameters gathered once per call (``deepspeed.gather_for_generation``);
@@ -41,6 +43,7 @@ the report is written, whatever the cases' outcomes.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import multiprocessing as mp
@@ -201,12 +204,13 @@ def arch_overrides(scale: Scale) -> list[str]:
 
 def train_overrides(family: str, credit: str, stage: str, scale: Scale, fam_dir: Path, prompt_tokens: int,
                     run_dir: Path, work: Path, ds_optimizer: str, micro: int | str | None = None,
-                    mini: int | None = None) -> list[str]:
+                    mini: int | None = None, engine: str = "torch") -> list[str]:
     """The training case's overrides; ``micro``/``mini``: its micro- and mini-batch instead of the
-    scale's (the ``/auto`` case: ``micro_batch_size: auto`` over a mini-batch of the whole batch)."""
+    scale's (the ``/auto`` case: ``micro_batch_size: auto`` over a mini-batch of the whole batch);
+    ``engine``: the rollout engine (the ``/vllm`` cases: ``rollout=vllm``)."""
     batch = scale.prompts * 8
     return [
-        f"credit={credit}", f"deepspeed={stage}", "logger=none",
+        f"credit={credit}", f"deepspeed={stage}", "logger=none", f"rollout={engine}",
         f"policy.path={fam_dir / 'policy'}", f"reward.path={fam_dir / 'reward'}",
         f"data.path={fam_dir / 'data'}", "data.train_split=train", "data.eval_split=test",
         f"data.max_prompt_tokens={prompt_tokens}", *arch_overrides(scale),
@@ -410,6 +414,12 @@ def build_cases(a: argparse.Namespace, scale: Scale, work: Path) -> list[Case]:
             cases.append(Case(f"train/{fam}/datc/none/auto", "train",
                               {"family": fam, "credit": "datc", "stage": "none", "steps": scale.steps,
                                "threads": scale.threads, "micro": "auto", "mini": scale.prompts * 8}, scale.case_timeout_s))
+        for engine in (e for e in a.engines if e != "torch"):  # another rollout engine: the preset's step with it
+            if i == 0 and "none" in a.stages:
+                for credit in (c for c in CREDITS if c in a.credits):
+                    cases.append(Case(f"train/{fam}/{credit}/none/{engine}", "train",
+                                      {"family": fam, "credit": credit, "stage": "none", "steps": scale.steps,
+                                       "threads": scale.threads, "engine": engine}, scale.case_timeout_s))
         if i == 0 and "zero3" in a.stages:
             for gather in (False, True):  # ZeRO-3 sampling: per-module synced gathers, then gathered once
                 cases.append(Case(f"synced/{fam}" + ("/gathered" if gather else ""), "synced",
@@ -429,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default=None, help="models, prompts and runs (default: a folder under /tmp, removed at the end)")
     ap.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     ap.add_argument("--credits", nargs="+", default=list(CREDITS), choices=list(CREDITS))
+    ap.add_argument("--engines", nargs="+", default=["torch", *(["vllm"] if importlib.util.find_spec("vllm") else [])],
+                    choices=("torch", "vllm"), help="rollout engines (default: torch, and vllm where it is installed)")
     ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=list(STAGES))
     ap.add_argument("--steps", type=int, default=None, help="training steps per case (default 2)")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="response budget (default 128; --tiny 8)")
@@ -485,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = work / "runs" / case.name.replace("/", "_")
             ov = train_overrides(fam, case.spec.get("credit", "grpo"), stage, scale, work / fam,
                                  built[fam]["prompt_tokens"], run_dir, work, a.ds_optimizer,
-                                 case.spec.get("micro"), case.spec.get("mini"))
+                                 case.spec.get("micro"), case.spec.get("mini"), case.spec.get("engine", "torch"))
             case.spec.update(overrides=ov, run_dir=str(run_dir), params=built[fam]["params"])
         log(f"{case.name}: running (limit {case.timeout_s:.0f} s, {deadline - time.monotonic():.0f} s left)")
         case.result = runner.run(case, {"train": scale.min_start_s, "fused_adam": 60.0}.get(case.kind, 5.0))
