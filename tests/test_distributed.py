@@ -24,6 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "distributed" / "same_batch_worker.py"
 # Sums over ranks are reduced in another order than in one process: fp32 rounding only.
 LOSS_RTOL, PARAM_ATOL = 1e-4, 1e-5
+# Under bf16 autocast the two reduce bf16 products in another order: the largest parameter gap
+# measured after the 3 steps was 1.3e-5 (transformer.h.0.attn.c_attn.bias), where the steps move
+# parameters by up to 1.5e-3 (3 x lr 5e-4), so 4e-5 is under 3% of that movement.
+PARAM_ATOL_BF16 = 4e-5
 
 
 def _env(cache_dir) -> dict[str, str]:
@@ -81,7 +85,8 @@ def test_two_processes_match_one_on_the_same_global_batch(cache_dir, tmp_path, s
             assert b[k] == pytest.approx(a[k], rel=LOSS_RTOL, abs=1e-7), (k, a, b)
     assert one["params"].keys() == two["params"].keys()
     for name, p in one["params"].items():
-        torch.testing.assert_close(two["params"][name], p, atol=PARAM_ATOL, rtol=0, msg=name)
+        atol = PARAM_ATOL_BF16 if dtype == "bfloat16" else PARAM_ATOL
+        torch.testing.assert_close(two["params"][name], p, atol=atol, rtol=0, msg=name)
     assert any(s["loss/grad_norm"] > 0 for s in one["steps"])
 
 
