@@ -135,7 +135,7 @@ def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None 
                                 fused=True)  # one fused kernel (CPU and CUDA) instead of per-tensor loops
         optim = TorchOptimizer(m.policy, opt, make_scheduler(opt), t.max_grad_norm)
     ops = ops or StepOps()
-    rollout_engine = ENGINES.get(c.rollout.name).build(c, m, device, dist, sample=ops.sample)
+    rollout_engine = ENGINES.get(c.rollout.name).build(c, m, device, dist)
     if dist.is_main:
         log.info("rollout engine: %s", rollout_engine.describe())
     plan = session_plan(c, scheme, m, dist, rollout_engine)

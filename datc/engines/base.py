@@ -35,9 +35,11 @@ class RolloutEngine:
     own_weights = False
 
     def sample(self, policy, tok, examples: list[dict[str, Any]], args: SamplingArgs, *, keep_logits: bool = False,
-               encoder=None, seeds: list[int] | None = None) -> Rollout:
+               encoder=None, seeds: list[int] | None = None, ops=None) -> Rollout:
         """``args.num_generations`` responses to each of ``examples`` (groups contiguous).
-        ``seeds``: one per example, for an engine with its own random streams (:func:`prompt_seeds`)."""
+        ``seeds``: one per example, for an engine with its own random streams (:func:`prompt_seeds`);
+        ``ops``: the session's seams (:class:`datc.step.ops.StepOps`; the built-in engine samples
+        through ``ops.sample``)."""
         raise NotImplementedError
 
     def sync(self, policy) -> None:

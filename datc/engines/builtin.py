@@ -16,17 +16,17 @@ class TorchEngine(RolloutEngine):
     keeps_logits = True
     own_weights = False
 
-    def __init__(self, sample: Callable = sample_groups) -> None:
-        self._sample = sample  # the step's seam (datc.step.ops.StepOps.sample)
-
     @classmethod
-    def build(cls, c, m, device, dist, sample: Callable = sample_groups) -> TorchEngine:
-        return cls(sample)
+    def build(cls, c, m, device, dist) -> TorchEngine:
+        return cls()
 
     def sample(self, policy, tok, examples: list[dict[str, Any]], args: SamplingArgs, *, keep_logits: bool = False,
-               encoder=None, seeds: list[int] | None = None) -> Rollout:
-        # Its random numbers are torch's own stream (seeded by the run), not per-prompt seeds.
-        return self._sample(policy, tok, examples, args.num_generations, args.max_new_tokens, args.temperature,
+               encoder=None, seeds: list[int] | None = None, ops=None) -> Rollout:
+        # The sampling call is the step's seam (datc.step.ops.StepOps.sample, read at each call, so a
+        # tool that replaces the session's ops samples through its own); its random numbers are
+        # torch's own stream (seeded by the run), not per-prompt seeds.
+        fn: Callable = sample_groups if ops is None else ops.sample
+        return fn(policy, tok, examples, args.num_generations, args.max_new_tokens, args.temperature,
                             args.top_p, args.prompt_field, keep_logits=keep_logits, synced_gpus=args.synced_gpus,
                             encoder=encoder, share_prompts=args.share_prompts, decode=args.decode,
                             sync_every=args.sync_every)

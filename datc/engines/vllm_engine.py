@@ -85,7 +85,7 @@ class VLLMEngine(RolloutEngine):
         self.push_s = 0.0
 
     @classmethod
-    def build(cls, c, m, device, dist, sample=None) -> VLLMEngine:
+    def build(cls, c, m, device, dist) -> VLLMEngine:
         """The engine for run config ``c`` and placed models ``m``, weights pushed at once."""
         r = c.rollout
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
@@ -159,7 +159,7 @@ class VLLMEngine(RolloutEngine):
             self.asleep = True
 
     def sample(self, policy, tok, examples: list[dict[str, Any]], args: SamplingArgs, *, keep_logits: bool = False,
-               encoder=None, seeds: list[int] | None = None) -> Rollout:
+               encoder=None, seeds: list[int] | None = None, ops=None) -> Rollout:
         from vllm import SamplingParams
 
         if keep_logits:

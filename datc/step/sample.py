@@ -28,7 +28,7 @@ def rollout(s, examples: list[dict], plan: StepPlan | None = None, keep_logits: 
         s.engine.sync(m.policy)
     with s.optim.generation(plan.gather_generation):  # ZeRO-3: parameters gathered once, or per module
         ro = cat_rollouts([s.engine.sample(m.policy, m.tok, examples[i : i + per_call], args, keep_logits=keep,
-                                           encoder=m.encoder, seeds=seeds[i : i + per_call])
+                                           encoder=m.encoder, seeds=seeds[i : i + per_call], ops=s.ops)
                            for i in range(0, len(examples), per_call)], m.tok.pad_token_id)
     if plan.sync_engine:
         s.engine.sleep()  # GPUs: its weights and KV cache released while the update runs
