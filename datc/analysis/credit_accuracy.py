@@ -163,9 +163,9 @@ def main(argv: list[str] | None = None) -> None:
              "| scheme | credit accuracy | minus datc | mean w, agree | mean w, neutral | mean w, disagree |",
              "|---|---|---|---|---|---|"]
     if a.cf_rows is not None:  # say what the restriction left
-        lines[-3:-3] = [f"`--cf-rows {a.cf_rows}`: the counterfactual reference and "
+        lines[-2:-2] = [f"`--cf-rows {a.cf_rows}`: the counterfactual reference and "
                         + ", ".join(f"`{n}` ({result['schemes'][n]['responses']} responses)" for n in sorted(editing))
-                        + f" on the first {a.cf_rows} responses with A ≠ 0 of each batch only; every other scheme on "
+                        + f" on the first {a.cf_rows} response(s) with A ≠ 0 of each batch only; every other scheme on "
                         "all of them.", ""]
     for n, r in result["schemes"].items():
         w = r["mean_weight"]
