@@ -22,7 +22,9 @@ import time
 from pathlib import Path
 
 TESTBED = ["policy.arch.n_head=2", "rollout.enforce_eager=true"]  # 32-wide heads: vLLM's CPU attention
-REAL = ["experiment=real_smollm2", "trainer.steps=4", "trainer.eval_every=4", "trainer.checkpoint_every=4"]
+# The real preset, shortened to what fits a shared 2-core machine: 2 steps, 16 held-out prompts
+REAL = ["experiment=real_smollm2", "trainer.steps=2", "trainer.eval_every=2", "trainer.checkpoint_every=2",
+        "trainer.eval_size=16", "trainer.eval_batch_size=16"]
 PHASES = ("rollout_s", "reward_s", "credit_s", "update_s", "step_s")
 
 
@@ -30,8 +32,13 @@ def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def _train(run_dir: Path, cache: str, overrides: list[str]) -> dict:
-    """One datc-train run to completion; its metric rows, wall time and load averages."""
+def _train(run_dir: Path, cache: str, overrides: list[str], keep: bool = False) -> dict:
+    """One datc-train run to completion; its metric rows, wall time and load averages. ``keep``:
+    a finished run already in ``run_dir`` (its ``summary.json`` written) is read back, not re-run
+    (its wall time and load are then unknown: None)."""
+    if keep and (run_dir / "summary.json").exists():
+        rows = [json.loads(x) for x in open(run_dir / "metrics.jsonl")]
+        return {"overrides": overrides, "wall_s": None, "load_before": None, "load_after": None, "rows": rows}
     shutil.rmtree(run_dir, ignore_errors=True)  # a re-measurement replaces its own run directory
     cmd = [sys.executable, "-m", "datc.train", f"cache_dir={cache}", f"run_dir={run_dir}", *overrides]
     before, t0 = _load(), time.time()
@@ -51,7 +58,8 @@ def _gaps(run: dict) -> dict:
 
 
 def _phases(run: dict) -> dict:
-    steps = [r for r in run["rows"] if "loss/total" in r][1:]  # the first step holds compile and warm-up times
+    steps = [r for r in run["rows"] if "loss/total" in r]
+    steps = steps[1:] or steps  # the first step holds compile and warm-up times
     out = {p: sum(r[f"perf/{p}"] for r in steps) / len(steps) for p in PHASES}
     evals = [r for r in run["rows"] if "eval/gold" in r]
     out["eval_gold_first"], out["eval_gold_last"] = evals[0]["eval/gold"], evals[-1]["eval/gold"]
@@ -98,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=Path("results/engines"))
     ap.add_argument("--cache", default=os.environ.get("DATC_CACHE", ".cache/datc"))
     ap.add_argument("--only", default="sync,gaps,paired")
+    ap.add_argument("--keep-runs", action="store_true", help="read back finished runs instead of re-running them")
     # smollm2_bf16 (the real preset under bf16 autocast) is not in the default list: on the 2 shared
     # cores its step-0 evaluation had not ended after 8 minutes (load average about 6)
     ap.add_argument("--gaps", default="testbed_fp32,testbed_bf16",
@@ -123,14 +132,14 @@ def main(argv: list[str] | None = None) -> None:
                          ("smollm2_bf16", [*REAL, "rollout=vllm", "policy.dtype=bfloat16"])]:
             if name not in args.gaps.split(","):
                 continue
-            run = _train(runs / name, args.cache, ov)
+            run = _train(runs / name, args.cache, ov, args.keep_runs)
             gaps[name] = {"overrides": ov, "wall_s": run["wall_s"], "load": [run["load_before"], run["load_after"]],
                           **_gaps(run)}
         figures["gaps"] = gaps
     if "paired" in parts:
         paired = {}
         for engine in ("torch", "vllm"):
-            run = _train(runs / f"paired_{engine}", args.cache, [*REAL, f"rollout={engine}"])
+            run = _train(runs / f"paired_{engine}", args.cache, [*REAL, f"rollout={engine}"], args.keep_runs)
             paired[engine] = {"overrides": run["overrides"], "wall_s": run["wall_s"],
                               "load": [run["load_before"], run["load_after"]], **_phases(run)}
             if engine == "vllm":  # the real preset's fp32 gap is this run's
@@ -171,7 +180,7 @@ def tables(f: dict) -> str:
         for engine, p in f["paired"].items():
             lines.append(f"| {engine} | {p['rollout_s']:.2f} | {p['reward_s']:.2f} | {p['credit_s']:.2f} | {p['update_s']:.2f} "
                          f"| {p['step_s']:.2f} | {p['tokens_per_s']:.1f} | {p['eval_gold_first']:.3f} | {p['eval_gold_last']:.3f} "
-                         f"| {p['wall_s']:.0f} | {p['load']} |")
+                         f"| {p['wall_s']} | {p['load']} |")
         lines.append("")
     return "\n".join(lines)
 

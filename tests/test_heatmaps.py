@@ -179,6 +179,28 @@ def test_credit_accuracy_command_runs_on_the_shared_helpers(cache_dir, tmp_path)
     assert ref["vs_gold"]["credit_accuracy"] == pytest.approx(ref["schemes"]["oracle"]["credit_accuracy"], abs=1e-12)
 
 
+def test_cf_rows_restricts_the_counterfactuals_to_a_subset(cache_dir, tmp_path):
+    """--cf-rows N: the reference and rm_counterfactual on the first N responses with A != 0 of
+    each batch; the other schemes are judged against gold on every response, as without it."""
+    base = ["--batches", "1", "--schemes", "datc_identity,rm_counterfactual,oracle", "--cf-k", "2",
+            "debug=fast", f"cache_dir={cache_dir}"]
+    credit_accuracy.main([*base, "--out", str(tmp_path / "all")])
+    credit_accuracy.main([*base, "--out", str(tmp_path / "sub"), "--cf-rows", "3"])
+    full, sub = (json.loads((tmp_path / d / "keywords-tiny_gpt2.json").read_text()) for d in ("all", "sub"))
+    assert sub["cf_rows"] == 3 and full["cf_rows"] is None
+    assert full["schemes"]["rm_counterfactual"]["responses"] > 3
+    assert sub["schemes"]["rm_counterfactual"]["responses"] <= 3
+    assert sub["rm_counterfactual_reference"]["responses"] <= 3 < full["rm_counterfactual_reference"]["responses"]
+    for n in ("datc_identity", "rm_counterfactual", "oracle"):
+        assert sub["rm_counterfactual_reference"]["schemes"][n]["responses"] <= 3
+    for n in ("datc_identity", "oracle"):  # not editing: the same responses and numbers against gold
+        assert sub["schemes"][n] == full["schemes"][n]
+    md = (tmp_path / "sub" / "keywords-tiny_gpt2.md").read_text()
+    assert "`--cf-rows 3`: the counterfactual reference and `rm_counterfactual` (" in md
+    with pytest.raises(SystemExit):
+        credit_accuracy.main(["--cf-rows", "0"])
+
+
 def test_an_unknown_scheme_is_refused_with_the_choices(capsys):
     with pytest.raises(SystemExit) as e:
         credit_accuracy.main(["--schemes", "datc,nope"])

@@ -566,3 +566,44 @@ def test_plot_titles_fit_their_figures():
         fig.canvas.draw()
         box, frame = title.get_window_extent(), fig.bbox
         assert frame.x0 <= box.x0 and box.x1 <= frame.x1, (width, box, frame)
+
+
+def test_runs_of_a_runs_csv_pool_with_run_directories_over_asset_draws(tmp_path, capsys):
+    """--runs-csv reads the runs of a table whose directories are gone (they take the config
+    their setting's directories share); --pool prepare_seed pools the draws into one setting."""
+    import shutil
+
+    from datc.report import main
+
+    def draw(root: Path, p: int) -> None:  # seeds 3p..3p+2, as the pooled sweeps give them
+        for seed in range(3 * p, 3 * p + 3):
+            for credit in ("grpo", "datc"):
+                s = summary("keywords", "tiny_gpt2", credit, seed, 0.1 * p + 0.01 * seed + (credit == "datc") * 0.05)
+                path = _with_run_json(write_summary(root, s), 3, seed=seed, credit=credit)
+                run = json.loads(path.parent.joinpath("run.json").read_text())
+                run["identity"]["prepare_seed"] = p
+                path.parent.joinpath("run.json").write_text(json.dumps(run))
+
+    draw(tmp_path / "old", 0)
+    main([str(tmp_path / "old"), "--out", str(tmp_path / "old_table")])
+    shutil.rmtree(tmp_path / "old")  # only the table of draw 0 is left
+    for p in (1, 2):
+        draw(tmp_path / "new", p)
+    capsys.readouterr()
+    main([str(tmp_path / "new"), "--out", str(tmp_path / "split")])  # without --pool: one setting per draw
+    assert "are split into 2 settings: [prepare_seed=1] 6 run(s); [prepare_seed=2] 6 run(s)" in capsys.readouterr().err
+    out = tmp_path / "pooled"
+    main([str(tmp_path / "new"), "--runs-csv", str(tmp_path / "old_table" / "runs.csv"), "--pool", "prepare_seed",
+          "--out", str(out)])
+    err = capsys.readouterr().err
+    assert "6 run(s) read from a runs.csv were given the config of the run directories" in err
+    assert "split" not in err
+    report = json.loads((out / "report.json").read_text())
+    rows = {(r["setting"], r["scheme"]): r for r in report["rows"]}
+    assert rows[("keywords / tiny_gpt2", "datc")]["n_runs"] == 9
+    assert len((out / "runs.csv").read_text().splitlines()) == 1 + 18
+    # paired by seed over the 9 seeds: datc is grpo + 0.05 in every pair
+    assert "+0.050 ± 0.000" in table_row((out / "table.md").read_text(), "keywords / tiny_gpt2", "datc")[DGOLD_COL]
+    # a table alone (no directories): compared by data, policy and steps
+    main(["--runs-csv", str(tmp_path / "old_table" / "runs.csv"), "--out", str(tmp_path / "alone")])
+    assert "matched no single config" in capsys.readouterr().err

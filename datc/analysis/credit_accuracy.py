@@ -16,8 +16,16 @@ on the same responses (:func:`datc.credit.schemes.rm_counterfactual.counterfactu
 draws are independent of the reference's; ``--cf-k 0`` leaves it out), and the reference's own
 accuracy against gold (what the reward model knows about which tokens matter).
 
+Both counterfactuals cost K reward-model forwards per valid token (the reference ``--cf-k``, the
+``rm_counterfactual`` scheme its config's ``k``): on a real model that is more than a CPU can
+afford for every response. ``--cf-rows N`` restricts them to the first N responses with
+``A != 0`` of each batch: the reference and the schemes that edit responses (those needing
+``rm_edit_scores``) are computed, and judged, on those responses alone (NaN elsewhere, so their
+intervals and paired differences are over that subset; ``responses`` says how many); every other
+scheme is judged against gold on every response as before.
+
     datc-credit-accuracy [--batches 8] [--out runs/credit_accuracy] [--schemes a,b,...]
-                         [--cf-k 16] [hydra overrides ...]
+                         [--cf-k 16] [--cf-rows N] [hydra overrides ...]
 
 (or ``python -m datc.analysis.credit_accuracy``). The default schemes are every credit config
 and registered scheme but the uniform ones (``grpo``: no token ranked), found by
@@ -48,6 +56,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="comma-separated credit configs or registered schemes (default: all but the uniform ones)")
     ap.add_argument("--cf-k", type=int, default=16,
                     help="draws per token of the reward model's counterfactual reference (0: no such reference)")
+    ap.add_argument("--cf-rows", type=int, default=None,
+                    help="per batch, the counterfactual reference and the schemes that edit responses "
+                         "(rm_counterfactual) only on the first N responses with A != 0 (default: all)")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args(args)
     from datc.analysis.schemes import analysed_schemes
@@ -57,9 +68,14 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         ap.error(f"--schemes: {', '.join(unknown)} not a credit config or registered scheme; "
                  f"choose from {', '.join(analysed_schemes())}")
+    if a.cf_rows is not None and a.cf_rows < 1:
+        ap.error(f"--cf-rows must be >= 1, got {a.cf_rows}")
     torch.set_num_threads(1)
+    import dataclasses
+
     from datc.analysis.inputs import credit_inputs, session_for
-    from datc.analysis.schemes import scheme_outputs
+    from datc.analysis.schemes import scheme_of, scheme_outputs
+    from datc.credit.base import RM_EDIT_SCORES
     from datc.credit.diagnostics import credit_accuracy_rows
     from datc.credit.schemes.rm_counterfactual import counterfactual_contributions
     from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
@@ -74,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
     acc_cf: dict[str, list[torch.Tensor]] = {n: [] for n in [*schemes, "reference_vs_gold"]}  # against the RM's own c_t
     wsum = {n: {"agree": 0.0, "neutral": 0.0, "disagree": 0.0} for n in schemes}
     count = {"agree": 0, "neutral": 0, "disagree": 0}
+    wcount = {n: dict(count) for n in schemes}  # the tokens each scheme's mean weights are over
+    editing = {n for n in schemes if RM_EDIT_SCORES in scheme_of(n)[0].needs}  # restricted by --cf-rows
     for b in range(a.batches):
         examples = [s.assets.train[i] for i in s.sampler.indices(b)]
         inputs = credit_inputs(s, examples, generator_seed=b)
@@ -84,20 +102,30 @@ def main(argv: list[str] | None = None) -> None:
                   "disagree": mask & (aligned < 0)}
         for k, g in groups.items():
             count[k] += int(g.sum())
+        sub = adv != 0  # the responses the counterfactuals are computed on
+        if a.cf_rows is not None:
+            sub = sub & (sub.cumsum(0) <= a.cf_rows)
+        cf_mask = mask & sub[:, None]
         cf = None
         if a.cf_k > 0:  # the reward model's own counterfactual contributions, on the responses with A != 0
             ib = inputs.batch
-            cf = counterfactual_contributions(ib.rm_scores, ib.policy_logits, mask, ib.rm_edit_scores, a.cf_k,
+            cf = counterfactual_contributions(ib.rm_scores, ib.policy_logits, cf_mask, ib.rm_edit_scores, a.cf_k,
                                               torch.Generator().manual_seed(1_000_003 + b), rows_per_forward=512)
             # a contribution, like gold's (not a score to sign): Spearman between the two references
-            acc_cf["reference_vs_gold"].append(credit_accuracy_rows(cf, contrib, mask))
-        for name, out in scheme_outputs(inputs, schemes).items():
+            acc_cf["reference_vs_gold"].append(credit_accuracy_rows(cf, contrib, cf_mask))
+        outs = scheme_outputs(inputs, [n for n in schemes if n not in editing])
+        if editing:  # A set to 0 outside the subset: the editing schemes spend no forwards there
+            only = dataclasses.replace(inputs, batch=dataclasses.replace(inputs.batch, advantages=adv * sub))
+            outs.update(scheme_outputs(only, [n for n in schemes if n in editing]))
+        for name in schemes:
+            out, m = outs[name], (cf_mask if name in editing else mask)
             judged = out.scores if out.scores is not None else out.weights
-            acc[name].append(credit_accuracy_rows(judged * torch.sign(adv)[:, None], contrib, mask))
+            acc[name].append(credit_accuracy_rows(judged * torch.sign(adv)[:, None], contrib, m))
             if cf is not None:
-                acc_cf[name].append(credit_accuracy_rows(judged * torch.sign(adv)[:, None], cf, mask))
+                acc_cf[name].append(credit_accuracy_rows(judged * torch.sign(adv)[:, None], cf, cf_mask))
             for k, g in groups.items():
-                wsum[name][k] += float(out.weights[g].sum())
+                wsum[name][k] += float(out.weights[g & m].sum())
+                wcount[name][k] += int((g & m).sum())
     rows = {n: torch.cat(v) for n, v in acc.items()}
     rows_cf = {n: torch.cat(v) for n, v in acc_cf.items() if v}
     result = {
@@ -110,11 +138,13 @@ def main(argv: list[str] | None = None) -> None:
             n: {"credit_accuracy": _mean(rows[n]), "interval95": _interval(rows[n]),
                 "responses": int((~rows[n].isnan()).sum()),
                 "minus_datc": (_interval(rows[n] - rows["datc"], centre=True) if "datc" in rows and n != "datc" else None),
-                "mean_weight": {k: (wsum[n][k] / count[k] if count[k] else None) for k in count}}
+                "mean_weight": {k: (wsum[n][k] / wcount[n][k] if wcount[n][k] else None) for k in count}}
             for n in schemes
         },
+        "cf_rows": a.cf_rows,
         "rm_counterfactual_reference": None if not rows_cf else {
             "k": a.cf_k,
+            "responses": int((~rows_cf["reference_vs_gold"].isnan()).sum()),
             "vs_gold": {"credit_accuracy": _mean(rows_cf["reference_vs_gold"]),
                         "interval95": _interval(rows_cf["reference_vs_gold"])},
             "schemes": {n: {"credit_accuracy": _mean(rows_cf[n]), "interval95": _interval(rows_cf[n]),
@@ -132,6 +162,11 @@ def main(argv: list[str] | None = None) -> None:
              "minus datc: the paired difference on the responses where both are defined.", "",
              "| scheme | credit accuracy | minus datc | mean w, agree | mean w, neutral | mean w, disagree |",
              "|---|---|---|---|---|---|"]
+    if a.cf_rows is not None:  # say what the restriction left
+        lines[-2:-2] = [f"`--cf-rows {a.cf_rows}`: the counterfactual reference and "
+                        + ", ".join(f"`{n}` ({result['schemes'][n]['responses']} responses)" for n in sorted(editing))
+                        + f" on the first {a.cf_rows} response(s) with A ≠ 0 of each batch only; every other scheme on "
+                        "all of them.", ""]
     for n, r in result["schemes"].items():
         w = r["mean_weight"]
         lines.append(f"| {n} | {_pm(r['credit_accuracy'], r['interval95'])} | {_pm(*(r['minus_datc'] or (None, None)))} | "
@@ -142,7 +177,8 @@ def main(argv: list[str] | None = None) -> None:
         vg = ref["vs_gold"]
         lines += ["", f"## Against the reward model's counterfactual contributions (K = {ref['k']} draws per token)", "",
                   "`c_t = R(y) - E_v R(y with y_t := v)`, `v` drawn from the rollout policy; the reference itself "
-                  f"scores {_pm(vg['credit_accuracy'], vg['interval95'])} against gold.", "",
+                  f"scores {_pm(vg['credit_accuracy'], vg['interval95'])} against gold "
+                  f"({ref['responses']} responses).", "",
                   "| scheme | credit accuracy vs RM counterfactual | minus datc |", "|---|---|---|"]
         for n, r in ref["schemes"].items():
             lines.append(f"| {n} | {_pm(r['credit_accuracy'], r['interval95'])} | {_pm(*(r['minus_datc'] or (None, None)))} |")

@@ -15,8 +15,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from datc.atomic import atomic_write_bytes, follow_umask, umask
-from datc.report.grouping import grouped, split_by_config
-from datc.report.loading import deduplicate, load_run_dirs, load_wandb
+from datc.report.grouping import adopt_configs, grouped, split_by_config
+from datc.report.loading import deduplicate, load_run_dirs, load_runs_csv, load_wandb
 from datc.report.plots import plot_credit_accuracy, plot_gold_curves, plot_rm_vs_gold
 from datc.report.statistics import Report, build_report
 from datc.report.tables import latex_table, markdown_table, report_json, runs_csv, summary_markdown
@@ -132,6 +132,16 @@ def _parser() -> argparse.ArgumentParser:
         "--wandb-project", metavar="ENTITY/PROJECT", help="also read the runs of this W&B project"
     )
     p.add_argument(
+        "--runs-csv", action="append", default=[], metavar="CSV",
+        help="also read the runs of a runs.csv this tool wrote (runs whose directories are gone; "
+        "each takes the config its setting's run directories share); repeatable",
+    )
+    p.add_argument(
+        "--pool", action="append", default=[], metavar="KEY",
+        help="a config key whose values may differ within a setting (e.g. prepare_seed: pool the "
+        "asset draws; pair them apart by giving each draw its own seeds); repeatable",
+    )
+    p.add_argument(
         "--baseline",
         default="grpo",
         help="credit scheme the others are paired against (default: grpo)",
@@ -142,8 +152,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
-    if not args.roots and not args.wandb_project:
-        parser.error("give at least one ROOT or --wandb-project")
+    if not args.roots and not args.wandb_project and not args.runs_csv:
+        parser.error("give at least one ROOT, --runs-csv or --wandb-project")
     loaded = load_run_dirs(args.roots)
     runs, warns = list(loaded.runs), list(loaded.warnings)
     if args.wandb_project:
@@ -157,7 +167,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             ) from e
         runs += remote.runs
         warns += remote.warnings
-    split = split_by_config(runs)  # only configs that differ in the scheme and the seed share a setting
+    if args.runs_csv:
+        tabled = load_runs_csv(args.runs_csv)
+        adopted = adopt_configs(tabled.runs, runs, args.pool)
+        runs += adopted.runs
+        warns += tabled.warnings + adopted.warnings
+    split = split_by_config(runs, args.pool)  # only configs that differ in the scheme and the seed share a setting
     unique = deduplicate(split.runs)
     warns += split.warnings + unique.warnings
     if unique.runs and not any(r.credit == args.baseline for r in unique.runs):
@@ -165,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for w in warns:
         print(f"datc-compare: warning: {w}", file=sys.stderr)
     if not unique.runs:
-        sources = [*args.roots, *([args.wandb_project] if args.wandb_project else [])]
+        sources = [*args.roots, *args.runs_csv, *([args.wandb_project] if args.wandb_project else [])]
         raise SystemExit(f"datc-compare: no runs found in {', '.join(map(str, sources))}")
     print(f"datc-compare: {grouped(unique.runs)}", file=sys.stderr)
     try:

@@ -31,10 +31,54 @@ def _key(run: Run) -> str:
                       sort_keys=True, default=str)
 
 
-def split_by_config(runs: Iterable[Run]) -> LoadResult:
+def _without(config: dict[str, Any] | None, keys: Iterable[str]) -> dict[str, Any] | None:
+    """``config`` less the (dotted) ``keys``."""
+    if config is None:
+        return None
+    out = json.loads(json.dumps(config, default=str))
+    for key in keys:
+        *path, last = key.split(".")
+        d = out
+        for p in path:
+            d = d.get(p) if isinstance(d, dict) else None
+        if isinstance(d, dict):
+            d.pop(last, None)
+    return out
+
+
+def adopt_configs(tabled: Iterable[Run], runs: Iterable[Run], pool: Iterable[str] = ()) -> LoadResult:
+    """``tabled`` runs (read from a ``runs.csv``: no config recorded) each given the config that
+    the ``runs`` of its data, policy and step count share (less the ``pool`` keys), where they
+    share exactly one; the others keep none (and are split from runs of known configs). Said."""
+    pool = list(pool)
+    known: dict[tuple[str, str, int | None], set[str]] = {}
+    for r in runs:
+        if r.config is not None:
+            known.setdefault((r.data, r.policy, r.steps), set()).add(json.dumps(_without(r.config, pool),
+                                                                                sort_keys=True, default=str))
+    out, adopted, left = [], 0, []
+    for r in tabled:
+        configs = known.get((r.data, r.policy, r.steps), set())
+        if r.config is None and len(configs) == 1:
+            out.append(dataclasses.replace(r, config=json.loads(next(iter(configs)))))
+            adopted += 1
+        else:
+            out.append(r)
+            left.append(r.run_name)
+    warns = [f"{adopted} run(s) read from a runs.csv were given the config of the run directories of their "
+             "data, policy and steps (a table records none)"] if adopted else []
+    if left:
+        warns.append(f"{len(left)} run(s) read from a runs.csv matched no single config of the run directories "
+                     f"(e.g. {left[0]}): compared by data, policy and steps only")
+    return LoadResult(out, warns)
+
+
+def split_by_config(runs: Iterable[Run], pool: Iterable[str] = ()) -> LoadResult:
     """``runs`` with a ``variant`` set wherever one ``(data, policy)`` holds runs of different
-    configs, and one line per setting saying what was grouped (and per split, how)."""
-    runs = list(runs)
+    configs, and one line per setting saying what was grouped (and per split, how). ``pool``:
+    config keys (dotted, e.g. ``prepare_seed``) whose values may differ within a setting too."""
+    pool = list(pool)
+    runs = [dataclasses.replace(r, config=_without(r.config, pool)) if pool else r for r in runs]
     by_setting: dict[tuple[str, str], dict[str, list[Run]]] = {}
     for r in runs:
         by_setting.setdefault((r.data, r.policy), {}).setdefault(_key(r), []).append(r)

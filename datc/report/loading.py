@@ -3,6 +3,7 @@ projects, flattened to :class:`Run` records, and duplicates removed."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import math
@@ -199,6 +200,47 @@ def load_run_dirs(roots: Sequence[str | Path]) -> LoadResult:
                 continue
             run = run_from_summary(summary, _shown(path), mtime, path.parent.name)
             runs.append(dataclasses.replace(run, config=_run_config(path.parent / "run.json")))
+    return LoadResult(runs, warns)
+
+
+def load_runs_csv(paths: Sequence[str | Path]) -> LoadResult:
+    """The runs of ``runs.csv`` files as this tool writes them (:data:`CSV_FIELDS`): for runs
+    whose directories are gone. A row has no gold curve (the plots leave it out) and no config
+    (:func:`datc.report.grouping.adopt_configs` gives it one); its ``mtime`` is 0, so a run read
+    from a directory is kept over the same run read from a table."""
+    runs: list[Run] = []
+    warns: list[str] = []
+    for path in map(Path, paths):
+        try:
+            rows = list(csv.DictReader(path.read_text().splitlines()))
+        except (OSError, UnicodeDecodeError, csv.Error) as e:
+            warns.append(f"{path}: unreadable ({type(e).__name__}: {e}), skipped")
+            continue
+        missing = [k for k in ("data", "policy", "credit", "seed", "final_gold") if rows and k not in rows[0]]
+        if missing:
+            warns.append(f"{path}: not a runs.csv (no {', '.join(missing)} column), skipped")
+            continue
+
+        def num(row: dict[str, str], k: str) -> float | None:
+            try:
+                return _num(float(row.get(k) or "nan"))
+            except ValueError:
+                return None
+
+        for row in rows:
+            credit = row.get("credit") or UNKNOWN
+            seed, steps = num(row, "seed"), num(row, "steps")
+            runs.append(Run(
+                run_name=row.get("run_name") or f"{path}:{len(runs)}", run_id=row.get("run_id") or None,
+                data=row.get("data") or UNKNOWN, policy=row.get("policy") or UNKNOWN, credit=credit,
+                seed=None if seed is None else int(seed), steps=None if steps is None else int(steps),
+                final_gold=num(row, "final_gold"), gold_auc=num(row, "gold_auc"),
+                final_rm_score=num(row, "final_rm_score"), final_kl=num(row, "final_kl"),
+                credit_accuracy=None if credit in UNIFORM_CREDIT else num(row, "credit_accuracy"),
+                step_s=num(row, "step_s"), wall_time_s=num(row, "wall_time_s"),
+                git_commit=row.get("git_commit") or None, curve=(), source=row.get("source") or str(path),
+                mtime=0.0,
+            ))
     return LoadResult(runs, warns)
 
 
