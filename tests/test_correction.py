@@ -93,6 +93,7 @@ def test_the_loss_reweights_the_surrogate_and_not_the_kl():
     (["rollout=vllm", "rollout.sleep_mode=maybe"], "rollout.sleep_mode: 'maybe' is not valid; choose one of auto, on, off"),
     (["rollout=vllm", "rollout.correction=tis"], "rollout.correction: 'tis' is not valid"),
     (["rollout=vllm", "rollout.max_model_len=8"], "rollout.max_model_len: 8 is less than"),
+    (["rollout=vllm", "rollout.kv_cache_memory_bytes=0"], "rollout.kv_cache_memory_bytes: must be > 0 or null, got 0"),
     (["rollout=sglang"], None),
 ])
 def test_bad_rollout_configs_are_one_line(tmp_path, overrides, line):
