@@ -4,6 +4,13 @@ memory; a composed debug config (:func:`cfg_for`) and the session's prepare cach
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,6 +63,40 @@ def cfg_for(cache_dir, run_dir, *overrides):
     and the overrides (not yet validated)."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         return compose(config_name="train", overrides=["debug=fast", f"cache_dir={cache_dir}", f"run_dir={run_dir}", *overrides])
+
+
+def train_cmd(cache_dir, run_dir, *overrides) -> list[str]:
+    """The command line of :func:`cfg_for`'s run, for a run in its own process."""
+    return [sys.executable, "-m", "datc.train", "debug=fast", f"cache_dir={cache_dir}", f"run_dir={run_dir}", *overrides]
+
+
+def metric_rows(run_dir) -> list[dict]:
+    """The run's ``metrics.jsonl``, one dict per row."""
+    return [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def comparable(rows: list[dict]) -> list[dict]:
+    """Metric rows without wall-clock timings (``perf/*``): what two equal runs share exactly."""
+    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
+
+
+def kill_at_checkpoint(cmd: list[str], run_dir, step: int, timeout: float = 300) -> None:
+    """Start ``cmd`` (a training run writing to ``run_dir``), SIGKILL it as soon as its
+    checkpoint of ``step`` exists, and check that it had not finished: what a resume test
+    starts from. Fails if the run ends first or ``timeout`` seconds pass."""
+    ckpt = Path(run_dir) / "checkpoints" / f"step_{step:07d}"
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + timeout
+    try:
+        while not ckpt.exists():
+            assert proc.poll() is None and time.time() < deadline, f"run ended or timed out before {ckpt.name}"
+            time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    assert not (Path(run_dir) / "summary.json").exists(), "the run finished before it could be killed"
 
 
 @pytest.fixture(scope="session")

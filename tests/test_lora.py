@@ -9,13 +9,9 @@ trained policy's logits; the memory plan counts the adapters exactly."""
 from __future__ import annotations
 
 import copy
-import json
 import os
-import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -30,7 +26,7 @@ from datc.passes import rollout_policy_pass
 from datc.session import build_session
 from datc.step import train_step
 from datc.trainer import train
-from tests.conftest import cfg_for
+from tests.conftest import cfg_for, comparable, kill_at_checkpoint, metric_rows, train_cmd
 from tests.test_zero_advantage_skip import forced  # noqa: F401  the fixture: forced ties, NaNs, identical groups
 
 LORA = ["policy.lora.r=4"]
@@ -200,12 +196,6 @@ def test_the_zero_advantage_skip_is_exact_under_lora(cache, tmp_path, forced):  
 # ---- runs: checkpoints, resume, final/, export -----------------------------------------------------
 
 
-def _rows(run: Path) -> list[dict]:
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-def _comparable(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
 
 
 @pytest.mark.slow
@@ -217,17 +207,9 @@ def test_a_killed_lora_run_resumes_to_the_same_metrics(cache, tmp_path):
     assert len(state["optimizer"]["state"]) == len(state["policy"])  # AdamW moments for each adapter tensor only
 
     killed = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "datc.train", "debug=fast", f"cache_dir={cache}", f"run_dir={killed}", *overrides]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while not (killed / "checkpoints" / "step_0000002").exists():
-        assert proc.poll() is None and time.time() < deadline, "run ended before its first checkpoint"
-        time.sleep(0.005)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert not (killed / "summary.json").exists(), "the run finished before it could be killed"
+    kill_at_checkpoint(train_cmd(cache, killed, *overrides), killed, 2)
     train(cfg_for(cache, killed, *overrides))
-    assert _comparable(_rows(killed)) == _comparable(_rows(tmp_path / "full"))
+    assert comparable(metric_rows(killed)) == comparable(metric_rows(tmp_path / "full"))
 
 
 @pytest.mark.slow

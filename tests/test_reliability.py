@@ -28,8 +28,7 @@ from datc.checkpoint import (
 from datc.config import ConfigError
 from datc.rundir import RunDir
 from datc.signals import Interrupted
-from tests.conftest import cfg_for
-from tests.test_train_e2e import _comparable, _rows
+from tests.conftest import cfg_for, comparable, metric_rows
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,7 +38,7 @@ def _cli(cache, run_dir, *overrides):
 
 
 def _train_steps(run_dir):
-    return [r["step"] for r in _rows(run_dir) if "loss/total" in r]
+    return [r["step"] for r in metric_rows(run_dir) if "loss/total" in r]
 
 
 def _wait_for_step(run_dir, proc, step, timeout=300):
@@ -130,7 +129,7 @@ def test_sigterm_checkpoints_at_the_next_step_and_resumes_to_the_same_metrics(ca
     assert not (run / "summary.json").exists()
 
     train(cfg_for(cache_dir, run, *overrides))
-    assert _comparable(_rows(run)) == _comparable(_rows(tmp_path / "full"))
+    assert comparable(metric_rows(run)) == comparable(metric_rows(tmp_path / "full"))
     assert _train_steps(run) == list(range(1, 13))
 
 
@@ -185,7 +184,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(cache_dir, fin
     err = capfd.readouterr().err
     assert "checkpoint step_0000004 skipped: its state.pt does not load" in err, err
     assert (run / "checkpoints" / "step_0000004.damaged").is_dir()  # set aside, not deleted
-    assert _comparable(_rows(run)) == _comparable(_rows(finished[0]))  # steps 3-4 redone exactly
+    assert comparable(metric_rows(run)) == comparable(metric_rows(finished[0]))  # steps 3-4 redone exactly
     assert summary["eval"] == finished[2]["eval"]
     assert load_checkpoint(latest_checkpoint(run))["step"] == 4
 
@@ -198,12 +197,12 @@ def test_a_torn_last_metrics_line_is_dropped_and_said(cache_dir, finished, tmp_p
     run = _copy(finished, tmp_path)
     shutil.rmtree(run / "checkpoints" / "step_0000004")  # stopped after step 3's row, as by a full disk
     (run / "summary.json").unlink()
-    rows = [r for r in _rows(run) if r["step"] <= 3]
+    rows = [r for r in metric_rows(run) if r["step"] <= 3]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + tail)
     train(cfg_for(cache_dir, run, *finished[1]))
     err = capfd.readouterr().err
     assert "metrics.jsonl: dropped its torn last line" in err, err
-    assert _comparable(_rows(run)) == _comparable(_rows(finished[0]))
+    assert comparable(metric_rows(run)) == comparable(metric_rows(finished[0]))
 
 
 @pytest.mark.slow
@@ -278,7 +277,7 @@ def test_a_full_disk_during_a_run_is_one_line_and_the_run_resumes(cache_dir, fin
     from datc.trainer import train
 
     train(cfg_for(cache_dir, run, *overrides))  # space is back: resume from step 2
-    assert _comparable(_rows(run)) == _comparable(_rows(finished[0]))
+    assert comparable(metric_rows(run)) == comparable(metric_rows(finished[0]))
 
 
 def test_metrics_rows_are_never_torn_by_a_full_disk(tmp_path, monkeypatch):

@@ -126,7 +126,7 @@ def test_a_resume_refuses_when_the_reward_model_or_the_data_changed(own_cache, t
 @pytest.mark.slow
 def test_a_resume_with_unchanged_inputs_equals_an_uninterrupted_run(own_cache, tmp_path):
     from datc.trainer import train
-    from tests.test_train_e2e import _comparable, _rows
+    from tests.conftest import comparable, metric_rows
 
     cache = tmp_path / "cache"
     shutil.copytree(own_cache, cache)
@@ -136,7 +136,7 @@ def test_a_resume_with_unchanged_inputs_equals_an_uninterrupted_run(own_cache, t
         if p.is_file():
             os.utime(p)
     assert train(cfg_for(cache, run, *OVERRIDES))["eval"]["final"] == full["eval"]["final"]
-    assert _comparable(_rows(run)) == _comparable(_rows(tmp_path / "full"))
+    assert comparable(metric_rows(run)) == comparable(metric_rows(tmp_path / "full"))
 
 
 # ---- a finished run's files edited or deleted -----------------------------------------------------
@@ -227,10 +227,10 @@ def test_the_logged_learning_rate_is_the_one_the_step_used(own_cache, tmp_path, 
     # debug=fast: one optimizer update per step. constant_with_warmup over 4 updates: step 1 uses
     # lr * 0/4 = 0, step 2 lr * 1/4 (the log showed the next step's, which hid the zero).
     from datc.trainer import train
-    from tests.test_train_e2e import _rows
+    from tests.conftest import metric_rows
 
     train(cfg_for(own_cache, tmp_path / "r", "trainer.steps=2", "trainer.warmup_steps=4", "trainer.lr=0.01"))
-    lrs = [r["loss/lr"] for r in _rows(tmp_path / "r") if "loss/lr" in r]
+    lrs = [r["loss/lr"] for r in metric_rows(tmp_path / "r") if "loss/lr" in r]
     assert lrs == [0.0, pytest.approx(0.0025)]
     capfd.readouterr()
     train(cfg_for(own_cache, tmp_path / "one", "trainer.steps=1", "trainer.warmup_steps=4"))

@@ -3,14 +3,11 @@ resumes after a kill exactly, and refuses to overwrite another run."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -19,18 +16,11 @@ from datc.checkpoint import latest_checkpoint, load_checkpoint
 from datc.config import ConfigError
 from datc.models import load_pretrained
 from datc.trainer import train
-from tests.conftest import cfg_for
+from tests.conftest import cfg_for, comparable, kill_at_checkpoint, metric_rows, train_cmd
 
 pytestmark = pytest.mark.slow
 
 
-def _comparable(rows):
-    """Metric rows without wall-clock timings."""
-    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
-
-
-def _rows(run_dir):
-    return [json.loads(x) for x in open(os.path.join(run_dir, "metrics.jsonl"))]
 
 
 @pytest.mark.parametrize("policy", ["tiny_gpt2", "tiny_llama"])
@@ -44,7 +34,7 @@ def test_training_changes_every_parameter_and_writes_its_files(cache_dir, tmp_pa
     assert not unchanged, f"parameters that did not change: {unchanged}"
     for name in ("metrics.jsonl", "summary.json", "config.yaml", "run.json"):
         assert (run_dir / name).exists(), name
-    rows = _rows(run_dir)
+    rows = metric_rows(run_dir)
     assert [r["step"] for r in rows if "eval/gold" in r] == [0, 2, 3]
     assert all(math.isfinite(r["eval/gold"]) for r in rows if "eval/gold" in r)
     assert math.isfinite(summary["eval"]["final"]["eval/gold"])
@@ -62,7 +52,7 @@ def test_same_command_gives_same_metrics(tmp_path):
     # finds it full: the runs must still be identical.
     a = train(cfg_for(tmp_path / "cache", tmp_path / "a"))
     b = train(cfg_for(tmp_path / "cache", tmp_path / "b"))
-    assert _comparable(_rows(tmp_path / "a")) == _comparable(_rows(tmp_path / "b"))
+    assert comparable(metric_rows(tmp_path / "a")) == comparable(metric_rows(tmp_path / "b"))
     assert a["eval"]["final"] == b["eval"]["final"]
 
 
@@ -73,19 +63,11 @@ def test_killed_run_resumes_to_the_same_metrics(cache_dir, tmp_path):
     train(cfg_for(cache_dir, tmp_path / "full", *overrides))
 
     killed = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "datc.train", "debug=fast", f"cache_dir={cache_dir}", f"run_dir={killed}", *overrides]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while not (killed / "checkpoints" / "step_0000002").exists():
-        assert proc.poll() is None and time.time() < deadline, "run ended before its first checkpoint"
-        time.sleep(0.005)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert not (killed / "summary.json").exists(), "the run finished before it could be killed"
+    kill_at_checkpoint(train_cmd(cache_dir, killed, *overrides), killed, 2)
 
     train(cfg_for(cache_dir, killed, *overrides))  # trainer.resume=auto is the default
-    assert _comparable(_rows(killed)) == _comparable(_rows(tmp_path / "full"))
-    steps = [r["step"] for r in _rows(killed) if "loss/total" in r]
+    assert comparable(metric_rows(killed)) == comparable(metric_rows(tmp_path / "full"))
+    steps = [r["step"] for r in metric_rows(killed) if "loss/total" in r]
     assert steps == list(range(1, 13))  # no step redone or skipped
 
 
@@ -152,7 +134,7 @@ def test_an_interrupted_sweep_reruns_only_what_is_missing(cache_dir, tmp_path):
     assert subprocess.run(cmd, capture_output=True, timeout=900, env=env).returncode == 0
     assert (done / "metrics.jsonl").stat().st_mtime_ns == kept_mtime  # the finished job was not redone
     assert (lost / "summary.json").exists()
-    steps = [r["step"] for r in _rows(lost) if "loss/total" in r]
+    steps = [r["step"] for r in metric_rows(lost) if "loss/total" in r]
     assert steps == [1, 2, 3]
 
 

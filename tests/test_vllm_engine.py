@@ -8,29 +8,21 @@ from __future__ import annotations
 import copy
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
 from datc.config import ConfigError, validate
 from datc.rollout import response_mask_from_ids
-from tests.conftest import cfg_for
+from tests.conftest import cfg_for, comparable, kill_at_checkpoint, metric_rows, train_cmd
 
 pytestmark = pytest.mark.vllm
 
 VLLM = ["rollout=vllm", "policy.arch.n_head=2", "rollout.enforce_eager=true"]  # eager: a 3x faster engine start
 
 
-def _rows(run_dir):
-    return [json.loads(x) for x in open(os.path.join(run_dir, "metrics.jsonl"))]
-
-
-def _comparable(rows):
-    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
 
 
 @pytest.fixture(scope="module")
@@ -103,27 +95,20 @@ def test_a_run_logs_the_gap_and_a_killed_one_resumes_to_the_same_metrics(tmp_pat
     overrides = [*VLLM, "trainer.steps=6", "trainer.checkpoint_every=2", "trainer.eval_every=3"]
 
     def cmd(run):
-        return [sys.executable, "-m", "datc.train", "debug=fast", f"cache_dir={cache}", f"run_dir={run}", *overrides]
+        return train_cmd(cache, run, *overrides)
 
     subprocess.run(cmd(tmp_path / "full"), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for r in [r for r in _rows(tmp_path / "full") if "loss/total" in r]:  # the gap and the correction, every step
+    for r in [r for r in metric_rows(tmp_path / "full") if "loss/total" in r]:  # the gap and the correction, every step
         assert 0 <= r["rollout/sampler_logp_diff_mean"] <= r["rollout/sampler_logp_diff_max"] < 1e-4  # fp32: rounding
         assert abs(r["rollout/sampler_kl"]) < 1e-6
         assert r["rollout/is_ratio_min"] <= r["rollout/is_ratio_mean"] <= r["rollout/is_ratio_max"] <= 2.0
     config = (tmp_path / "full" / "config.yaml").read_text()
     assert "name: vllm" in config and "correction: token_truncate" in config
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(cmd(killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 600
-    while not (killed / "checkpoints" / "step_0000002").exists():
-        assert proc.poll() is None and time.time() < deadline, "run ended before its first checkpoint"
-        time.sleep(0.01)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert not (killed / "summary.json").exists(), "the run finished before it could be killed"
+    kill_at_checkpoint(cmd(killed), killed, 2, timeout=600)
     subprocess.run(cmd(killed), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    assert _comparable(_rows(killed)) == _comparable(_rows(tmp_path / "full"))
-    assert [r["step"] for r in _rows(killed) if "loss/total" in r] == list(range(1, 7))
+    assert comparable(metric_rows(killed)) == comparable(metric_rows(tmp_path / "full"))
+    assert [r["step"] for r in metric_rows(killed) if "loss/total" in r] == list(range(1, 7))
 
 
 def test_two_zero3_ranks_each_run_an_engine_kept_in_step_with_the_sharded_policy(tmp_path):
@@ -136,7 +121,7 @@ def test_two_zero3_ranks_each_run_an_engine_kept_in_step_with_the_sharded_policy
            "trainer.batch_size=16", "trainer.mini_batch_size=16", "trainer.micro_batch_size=4"]
     proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = [r for r in _rows(run) if "loss/total" in r]
+    rows = [r for r in metric_rows(run) if "loss/total" in r]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["rollout/sampler_logp_diff_max"] < 1e-4 for r in rows), [r["rollout/sampler_logp_diff_max"] for r in rows]
     assert "external_launcher" in proc.stdout + proc.stderr
