@@ -77,3 +77,24 @@ def forward_after_prompts(model, prompt_mask: Tensor, cont_mask: Tensor, groups:
         return pre, cont_forward(cache, **src, attention_mask=full, position_ids=pos, **cont_kwargs)
     out = model(**src, attention_mask=full.long(), position_ids=pos, use_cache=True, **{kw: cache}, **cont_kwargs)
     return pre, out
+
+
+def forward_after_prefix_cache(model, keys_values: list[tuple[Tensor, Tensor]], rows: Tensor, cut: int,
+                               mask: Tensor, cont_embeds: Tensor, cont_forward=None) -> Any:
+    """Forward the continuations ``cont_embeds`` (b, L - cut, d) of rows ``rows`` (b,) long after
+    the first ``cut`` columns of their rows, whose keys and values are already computed:
+    ``keys_values`` one (keys, values) pair per layer, each (n, heads, L, head_dim), from one
+    cached forward of the n rows (``rows`` index them). ``mask`` (b, L) bool: the rows' whole
+    attention mask (the positions and the causal masks are the full forward's). The keys and
+    values of a causal model's first ``cut`` columns do not depend on what follows, so the result
+    is the full forward's at the continuation's positions, up to float rounding. Returns the
+    model's output (``cont_forward(cache, **inputs)``'s, if given, as in
+    :func:`forward_after_prompts`)."""
+    cache = DynamicCache()
+    for layer, (k, v) in enumerate(keys_values):
+        cache.update(k[rows, :, :cut], v[rows, :, :cut], layer)
+    pos = position_ids(mask)[:, cut:]
+    if cont_forward is not None:
+        return cont_forward(cache, inputs_embeds=cont_embeds, attention_mask=mask, position_ids=pos)
+    return model(inputs_embeds=cont_embeds, attention_mask=mask.long(), position_ids=pos, use_cache=True,
+                 **{cache_kwarg(model): cache})

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         if a.cf_k > 0:  # the reward model's own counterfactual contributions, on the responses with A != 0
             ib = inputs.batch
             cf = counterfactual_contributions(ib.rm_scores, ib.policy_logits, cf_mask, ib.rm_edit_scores, a.cf_k,
-                                              torch.Generator().manual_seed(1_000_003 + b), rows_per_forward=512)
+                                              torch.Generator().manual_seed(1_000_003 + b), rows_per_forward=64)
             # a contribution, like gold's (not a score to sign): Spearman between the two references
             acc_cf["reference_vs_gold"].append(credit_accuracy_rows(cf, contrib, cf_mask))
         outs = scheme_outputs(inputs, [n for n in schemes if n not in editing])

@@ -127,3 +127,31 @@ def test_edit_scorer_scores_the_edited_response_as_a_fresh_input(tok, reward_mod
         want = score(reward_model, fresh, rmask, share=False).scores[rows[n]]
         torch.testing.assert_close(got[n], want, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(got[:1], score(reward_model, inputs, rmask).scores[:1])  # the edit changed the score
+
+
+def test_prefix_cached_edits_equal_whole_rows_and_a_replaced_scorer_is_still_called(tok, reward_model):
+    # Both families (GPT-2 through its lean read-out, Llama through its own forward): edits at
+    # every response position of left-padded prompts and continuations of unequal lengths, in
+    # forwards of 3 edits, equal the edited rows scored whole.
+    gen = torch.Generator().manual_seed(1)
+    prefix = torch.randint(5, 40, (3, 4), generator=gen)
+    pmask = torch.tensor([[False, False, True, True], [True, True, True, True], [False, True, True, True]])
+    resp = torch.randint(5, 40, (3, 6), generator=gen)
+    rmask = torch.arange(6) < torch.tensor([6, 2, 4])[:, None]
+    inputs = build_rm_inputs(prefix, pmask, resp, rmask, tok.pad_token_id)
+    where = rmask.nonzero()
+    rows, pos = where[:, 0].repeat_interleave(2), where[:, 1].repeat_interleave(2)
+    new = torch.randint(5, 40, rows.shape, generator=gen)
+    cached = rm_edit_scorer(score, reward_model, inputs, rmask, batch_size=3)(rows, pos, new)
+    whole = rm_edit_scorer(score, reward_model, inputs, rmask, batch_size=3, share=False)(rows, pos, new)
+    torch.testing.assert_close(cached, whole, atol=1e-5, rtol=1e-5)
+    assert cached.std() > 1e-3  # the edits move the score: the comparison is not of constants
+    seen = []
+
+    def seam(rm, edited, mask, **kw):
+        seen.append(edited.input_ids.shape[0])
+        return score(rm, edited, mask, **kw)
+
+    torch.testing.assert_close(rm_edit_scorer(seam, reward_model, inputs, rmask, batch_size=3)(rows, pos, new), whole,
+                               atol=1e-5, rtol=1e-5)
+    assert seen == [len(rows)]  # a session's own scorer gets every edited row
