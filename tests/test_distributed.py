@@ -293,3 +293,20 @@ def test_an_engine_checkpoint_from_another_setup_is_refused_before_loading(tmp_p
     torch.save({"step": 2, "elapsed": 1.0, "deepspeed": True, "world_size": 2}, ckpt / "state.pt")
     with pytest.raises(ConfigError, match="^deepspeed: .* 2 processes, this run has 1"):
         load_engine_checkpoint(ckpt, engine=None, rank=0, world_size=1)  # the engine is never touched
+
+
+def test_the_collectives_over_two_gloo_ranks(tmp_path):
+    # Dist's reductions without DeepSpeed: sum, max (the vLLM gap's largest over ranks; a
+    # maximum of negatives is the least negative, not 0), tensors, gathers of unequal sizes.
+    from datc.distributed import _free_port
+
+    port = str(_free_port())
+    worker = str(ROOT / "tests" / "distributed" / "collectives_worker.py")
+    procs = [subprocess.Popen([sys.executable, worker, str(r), port, str(tmp_path)], env=_env(tmp_path)) for r in (0, 1)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    for r in (r0, r1):
+        assert r["sum"] == 4.0 and r["max"] == 0.25 and r["max_negative"] == -2.0
+        assert r["tensor_sum"] == [3.0, 6.0] and r["cat"] == [0.0, 10.0, 11.0]
+        assert r["gather"] == [{"rank": 0}, {"rank": 1}] and r["broadcast"] == "from 0"
+    assert (r0["shard"], r1["shard"]) == ([0, 4], [4, 8])
