@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,6 +98,24 @@ def kill_at_checkpoint(cmd: list[str], run_dir, step: int, timeout: float = 300)
             proc.kill()
         proc.wait()
     assert not (Path(run_dir) / "summary.json").exists(), "the run finished before it could be killed"
+
+
+def copy_as_killed(run_dir, dst, last_checkpoint: int, rows_through: int) -> None:
+    """``run_dir`` copied to ``dst`` as a kill after checkpoint ``last_checkpoint`` would have
+    left it: no later checkpoint (those are ``2 * last_checkpoint`` here), no summary.json, the
+    metrics rows through step ``rows_through`` only (those written after the checkpoint included)."""
+    shutil.copytree(run_dir, dst, ignore=shutil.ignore_patterns(f"step_{2 * last_checkpoint:07d}", "summary.json"))
+    rows = [r for r in metric_rows(dst) if r["step"] <= rows_through]
+    (Path(dst) / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def assert_same_metrics(a, b, rel: float = 1e-6, abs: float = 1e-9) -> None:
+    """The two runs' metric rows, timings aside, step for step within ``rel``/``abs`` (several
+    processes reduce in an order that may differ from run to run)."""
+    ra, rb = comparable(metric_rows(a)), comparable(metric_rows(b))
+    assert [r["step"] for r in ra] == [r["step"] for r in rb]
+    for x, y in zip(ra, rb, strict=True):
+        assert y == pytest.approx(x, rel=rel, abs=abs)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from argparse import Namespace
@@ -17,6 +16,7 @@ import pytest
 import torch
 
 from datc.launch import build
+from tests.conftest import assert_same_metrics, copy_as_killed
 
 pytestmark = pytest.mark.slow
 
@@ -142,22 +142,12 @@ def test_zero3_save_and_resume_equals_an_uninterrupted_run(cache_dir, tmp_path):
     assert {p.name for p in (full / "checkpoints" / "step_0000002").glob("rank_*.pt")} == {"rank_00000.pt", "rank_00001.pt"}
 
     # The same run, "killed" after its step-2 checkpoint: what it had written then, and no more.
-    resumed = tmp_path / "resumed"
-    shutil.copytree(full, resumed, ignore=shutil.ignore_patterns("step_0000004", "summary.json"))
-    rows = [json.loads(x) for x in (resumed / "metrics.jsonl").read_text().splitlines()]
-    (resumed / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= 3))
+    resumed = tmp_path / "resumed"  # "killed" after its step-2 checkpoint
+    copy_as_killed(full, resumed, 2, 3)
     launch = _launch_cmd(*overrides, f"run_dir={resumed}")
     proc = subprocess.run(launch.argv, env={**_env(cache_dir), **launch.env}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-
-    def comparable(path):
-        return [{k: v for k, v in json.loads(x).items() if not k.startswith("perf/")}
-                for x in (path / "metrics.jsonl").read_text().splitlines()]
-
-    a, b = comparable(full), comparable(resumed)
-    assert [r["step"] for r in a] == [r["step"] for r in b]
-    for ra, rb in zip(a, b, strict=True):
-        assert rb == pytest.approx(ra, rel=1e-6, abs=1e-9)
+    assert_same_metrics(full, resumed)
 
 
 def _warm_policy(cache_dir) -> str:

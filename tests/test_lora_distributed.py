@@ -6,13 +6,12 @@ adapter exported from DeepSpeed's shards is the one ``final/`` holds."""
 
 from __future__ import annotations
 
-import json
-import shutil
 import subprocess
 
 import pytest
 import torch
 
+from tests.conftest import assert_same_metrics, copy_as_killed
 from tests.test_distributed import (
     COMMON,
     LOSS_RTOL,
@@ -82,18 +81,8 @@ def test_a_lora_run_under_deepspeed_saves_adapters_and_resumes_as_uninterrupted(
         assert not torch.equal(AutoModelForCausalLM.from_pretrained(base).eval()(input_ids=ids).logits, final)
 
     resumed = tmp_path / "resumed"  # "killed" after its step-2 checkpoint
-    shutil.copytree(full, resumed, ignore=shutil.ignore_patterns("step_0000004", "summary.json"))
-    rows = [json.loads(x) for x in (resumed / "metrics.jsonl").read_text().splitlines()]
-    (resumed / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= 3))
+    copy_as_killed(full, resumed, 2, 3)
     launch = _launch_cmd(*overrides, f"run_dir={resumed}")
     proc = subprocess.run(launch.argv, env={**_env(cache_dir), **launch.env}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-
-    def comparable(path):
-        return [{k: v for k, v in json.loads(x).items() if not k.startswith("perf/")}
-                for x in (path / "metrics.jsonl").read_text().splitlines()]
-
-    a, b = comparable(full), comparable(resumed)
-    assert [r["step"] for r in a] == [r["step"] for r in b]
-    for ra, rb in zip(a, b, strict=True):
-        assert rb == pytest.approx(ra, rel=1e-6, abs=1e-9)
+    assert_same_metrics(full, resumed)
