@@ -21,6 +21,7 @@ import glob
 import os
 import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -80,7 +81,7 @@ def main() -> None:
         c["speedup_vs_whole"] = round(base / c["seconds"], 2)
         c["max_abs_score_diff_vs_whole"] = float((out[name] - out["whole_rows_512"]).abs().max())
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    result = {"command": "python scripts/bench_edit_scores.py", "model": Path(model).name, "rows": B, "prompt": P,
+    result = {"command": " ".join(["python scripts/bench_edit_scores.py", *sys.argv[1:]]), "model": Path(model).name, "rows": B, "prompt": P,
               "response": T, "k": K, "edits": len(rows), "threads": 1, "machine": platform.processor() or platform.machine(),
               "cpus": os.cpu_count(), "torch": torch.__version__, "commit": commit,
               "load_average_before_after": [round(load0[0], 2), round(os.getloadavg()[0], 2)], "cases": cases}

@@ -20,9 +20,11 @@ forwards only the columns from its edited token to the read-out, ``rows_per_forw
 per forward sorted by column, so an edit at position t of a T-token response costs about
 ``T - t`` token forwards, and the K·T edits of a response about ``K · T / 2`` whole-response
 forwards. Measured on SmolLM2-135M (one CPU thread, 1,240 edits of 10 responses of 40 + 31
-tokens, K = 4): 70 s at 64 edits per forward against 139 s for the edited rows scored whole
-(512 per forward, each prompt once); 64 per forward beat 512 (118 s), whose forwards span more
-columns. Responses with ``A = 0`` are skipped, their weights are moot.
+tokens, K = 4; results/bench/edit_scores.md): 74 s at 64 edits per forward against 156 s for the
+edited rows scored whole (512 per forward, each prompt once), 2.1x. 512 edits per forward
+(``python scripts/bench_edit_scores.py --chunks 64 512``) was slower than 64 in a run beside
+another job (118 s against 70 s): its forwards span more columns. Responses with ``A = 0`` are
+skipped, their weights are moot.
 
 Not row-local: the draws come from one generator for the rows in turn, so the step computes the
 scheme over the whole batch (the rows with ``A = 0`` are skipped here, not by the step).
