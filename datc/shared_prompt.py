@@ -72,11 +72,18 @@ def forward_after_prompts(model, prompt_mask: Tensor, cont_mask: Tensor, groups:
     cache.batch_select_indices(inverse)  # every row's copy of its prompt's keys and values
     full = torch.cat([prompt_mask, cont_mask], 1)
     src = {"input_ids": cont_ids} if cont_ids is not None else {"inputs_embeds": cont_embeds}
-    pos = position_ids(full)[:, prompt_mask.shape[1]:]
+    return pre, _continue(model, cache, full, prompt_mask.shape[1], src, cont_forward, **cont_kwargs)
+
+
+def _continue(model, cache, mask: Tensor, cut: int, src: dict[str, Tensor], cont_forward=None, **kwargs: Any) -> Any:
+    """Forward the continuation ``src`` (its ids or embeddings: columns ``cut ..`` of rows whose
+    whole attention mask is ``mask``) against ``cache`` (their first ``cut`` columns), with the
+    full forward's positions; through ``cont_forward(cache, **inputs)`` if given."""
+    pos = position_ids(mask)[:, cut:]
     if cont_forward is not None:
-        return pre, cont_forward(cache, **src, attention_mask=full, position_ids=pos, **cont_kwargs)
-    out = model(**src, attention_mask=full.long(), position_ids=pos, use_cache=True, **{kw: cache}, **cont_kwargs)
-    return pre, out
+        return cont_forward(cache, **src, attention_mask=mask, position_ids=pos, **kwargs)
+    return model(**src, attention_mask=mask.long(), position_ids=pos, use_cache=True, **{cache_kwarg(model): cache},
+                 **kwargs)
 
 
 def forward_after_prefix_cache(model, keys_values: list[tuple[Tensor, Tensor]], rows: Tensor, cut: int,
@@ -93,8 +100,4 @@ def forward_after_prefix_cache(model, keys_values: list[tuple[Tensor, Tensor]], 
     cache = DynamicCache()
     for layer, (k, v) in enumerate(keys_values):
         cache.update(k[rows, :, :cut], v[rows, :, :cut], layer)
-    pos = position_ids(mask)[:, cut:]
-    if cont_forward is not None:
-        return cont_forward(cache, inputs_embeds=cont_embeds, attention_mask=mask, position_ids=pos)
-    return model(inputs_embeds=cont_embeds, attention_mask=mask.long(), position_ids=pos, use_cache=True,
-                 **{cache_kwarg(model): cache})
+    return _continue(model, cache, mask, cut, {"inputs_embeds": cont_embeds}, cont_forward)

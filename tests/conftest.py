@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -102,9 +103,13 @@ def kill_at_checkpoint(cmd: list[str], run_dir, step: int, timeout: float = 300)
 
 def copy_as_killed(run_dir, dst, last_checkpoint: int, rows_through: int) -> None:
     """``run_dir`` copied to ``dst`` as a kill after checkpoint ``last_checkpoint`` would have
-    left it: no later checkpoint (those are ``2 * last_checkpoint`` here), no summary.json, the
-    metrics rows through step ``rows_through`` only (those written after the checkpoint included)."""
-    shutil.copytree(run_dir, dst, ignore=shutil.ignore_patterns(f"step_{2 * last_checkpoint:07d}", "summary.json"))
+    left it: no later checkpoint, no summary.json, the metrics rows through step
+    ``rows_through`` only (those written after the checkpoint included)."""
+    def later(_dir, names):
+        return [n for n in names if n == "summary.json"
+                or (re.fullmatch(r"step_\d+", n) is not None and int(n[5:]) > last_checkpoint)]
+
+    shutil.copytree(run_dir, dst, ignore=later)
     rows = [r for r in metric_rows(dst) if r["step"] <= rows_through]
     (Path(dst) / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
