@@ -1,5 +1,5 @@
 """Config-driven RL for language models with token-level credit assignment."""
 
-from datc.naming import register_resolvers
+from datc.run.naming import register_resolvers
 
 register_resolvers()  # ${datc.config_id:} in run names, before any config is composed

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,12 +28,12 @@ class WarmStartConfig:
 
 @dataclass
 class LoraConfig:
-    """``policy.lora``: LoRA adapters instead of the whole policy (:mod:`datc.lora`); ``r: 0`` is off."""
+    """``policy.lora``: LoRA adapters instead of the whole policy (:mod:`datc.models.lora`); ``r: 0`` is off."""
 
     r: int = 0  # adapter rank; 0: every parameter of the policy trains
     alpha: float | None = None  # the adapters' update is (alpha / r) B A x; null: alpha = 2 r
     dropout: float = 0.0  # dropout on the adapters' input in forwards that build a graph (the update's)
-    target_modules: list[str] | None = None  # module names to adapt; null: the family's (datc.lora.DEFAULT_TARGETS)
+    target_modules: list[str] | None = None  # module names to adapt; null: the family's (datc.models.lora.DEFAULT_TARGETS)
 
 
 @dataclass
@@ -106,7 +105,7 @@ class TrainerConfig:
     batch_size: int = 64
     num_generations: int = 8
     mini_batch_size: int = 64
-    micro_batch_size: int | str = 64  # a positive int, or "auto" (sized by memory when the session is built: datc.micro_batch)
+    micro_batch_size: int | str = 64  # a positive int, or "auto" (sized by memory when the session is built: datc.backends.micro_batch)
     generation_batch_size: int | None = None
     epochs: int = 1
     max_new_tokens: int = 16
@@ -175,7 +174,7 @@ class RolloutConfig:
     """``rollout``: the engine that samples the step's responses (:mod:`datc.engines`)."""
 
     name: str = "torch"  # torch (the built-in sampler) or vllm
-    correction: str = "none"  # importance-sampling correction of the sampler/trainer mismatch (datc.correction)
+    correction: str = "none"  # importance-sampling correction of the sampler/trainer mismatch (datc.math.correction)
     correction_cap: float = 2.0  # C: ratios truncated at (or masked above) C
     dtype: str = "auto"  # vllm: the engine's compute dtype; auto = the policy's
     max_model_len: int | None = None  # vllm: prompt + response tokens; null = data.max_prompt_tokens + trainer.max_new_tokens
@@ -284,12 +283,12 @@ def to_schema(cfg: DictConfig | dict) -> TrainConfig:
         msg = str(e).splitlines()[0]
         if "not in" in msg or "Key '" in msg:
             parent = key.rsplit(".", 1)[0] if "." in key else ""
-            valid = _valid_keys(parent)
+            valid = valid_keys(parent)
             msg += f"; valid keys{' of ' + parent if parent else ''}: {', '.join(valid)}"
         raise ConfigError(f"{key}: {msg}") from None
 
 
-def _valid_keys(parent: str) -> list[str]:
+def valid_keys(parent: str) -> list[str]:
     node: Any = OmegaConf.structured(TrainConfig)
     for part in [p for p in parent.split(".") if p]:
         node = node.get(part) if isinstance(node, DictConfig) else None
@@ -333,7 +332,7 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
         mb = t.micro_batch_size = int(mb)
     if mb != "auto" and (isinstance(mb, bool) or not isinstance(mb, int) or mb <= 0):
         raise ConfigError(f"trainer.micro_batch_size: must be a positive number of responses or auto, got {mb!r} "
-                          "(a divisor of trainer.mini_batch_size; auto: sized by memory when the run starts, datc.micro_batch)")
+                          "(a divisor of trainer.mini_batch_size; auto: sized by memory when the run starts, datc.backends.micro_batch)")
     if mb != "auto" and t.mini_batch_size % t.micro_batch_size:
         raise ConfigError(
             f"trainer.micro_batch_size: {t.micro_batch_size} must divide trainer.mini_batch_size={t.mini_batch_size}"
@@ -349,7 +348,7 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
         raise ConfigError(f"trainer.top_p: must be in (0, 1], got {t.top_p}")
     if len(t.adam_betas) != 2 or not all(0 <= b < 1 for b in t.adam_betas):
         raise ConfigError(f"trainer.adam_betas: must be two values in [0, 1), got {t.adam_betas}")
-    from datc.lora import check_lora
+    from datc.models.lora import check_lora
 
     check_lora(c)
     from datc.engines.checks import check_engine
@@ -402,27 +401,3 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
 def _looks_local(path: str) -> bool:
     """Whether ``data.path`` names a local file or directory rather than a hub dataset."""
     return path.startswith(("/", "./", "../", "~")) or path.endswith((".json", ".jsonl", ".csv", ".parquet", ".txt"))
-
-
-def hydra_error_line(e: Exception) -> str:
-    """One line for Hydra's own composition errors (an unknown option of a config group, an
-    unknown key, a malformed override), naming the group or key and the valid choices."""
-    options = getattr(e, "options", None)
-    missing = getattr(e, "missing_cfg_file", None)
-    if options is not None and missing:
-        group, _, choice = str(missing).rpartition("/")
-        return f"{group}={choice}: no such option in {group}/; choose one of {', '.join(options)}"
-    key = getattr(e.__cause__, "full_key", None)
-    if key:
-        parent = key.rsplit(".", 1)[0] if "." in key else ""
-        valid = _valid_keys(parent)
-        hint = f"; valid keys{' of ' + parent if parent else ''}: {', '.join(valid)}" if valid else ""
-        return f"{key}: not a config key{hint} (add one with +{key}=...)"
-    lines = [ln.strip() for ln in str(e).split("Config search path")[0].splitlines() if ln.strip()]
-    line = " ".join(lines) or type(e).__name__
-    if "LexerNoViableAltException" in line or "mismatched input" in line or "extraneous input" in line:
-        found = re.search(r"([\w.+~]+)=", line)
-        key = found.group(1) if found else "key"
-        line += (f"; a value with spaces, quotes or non-ASCII characters must be quoted for Hydra, inside the shell's "
-                 f"quotes: '{key}=\"...\"' (with an apostrophe in the value: \"{key}=\\\"...\\\"\")")
-    return line

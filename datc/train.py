@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sys
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from datc.config import ConfigError, hydra_error_line, validate
+from datc.config import ConfigError, valid_keys, validate
 from datc.paths import CONFIG_DIR
-from datc.runlock import remove_new_dirs
+from datc.run.runlock import remove_new_dirs
 
 __all__ = ["CONFIG_DIR", "main"]
 
@@ -29,10 +30,10 @@ def _run(cfg: DictConfig) -> float | None:
         remove_new_dirs(run_dir)
         print(f"datc-train: {e}", file=sys.stderr)
         sys.exit(2)
-    from datc.models import ModelLoadError
-    from datc.numerics import NonFiniteError
-    from datc.signals import Interrupted
-    from datc.trainer import train
+    from datc.math.numerics import NonFiniteError
+    from datc.models.build import ModelLoadError
+    from datc.run.signals import Interrupted
+    from datc.training.trainer import train
 
     try:
         summary = train(cfg, run_dir=run_dir)
@@ -48,7 +49,7 @@ def _run(cfg: DictConfig) -> float | None:
         if e.errno not in (errno.ENOSPC, errno.EDQUOT):
             remove_new_dirs(run_dir)
             raise
-        from datc.checkpoint import latest_checkpoint
+        from datc.run.checkpoint import latest_checkpoint
 
         last = latest_checkpoint(run_dir)
         print(f"datc-train: no space left on device writing {e.filename or run_dir} ({e.strerror}); "
@@ -86,6 +87,30 @@ def main() -> None:
     except KeyboardInterrupt:
         print("datc-train: interrupted (SIGINT) before training started; nothing to save", file=sys.stderr)
         sys.exit(130)
+
+
+def hydra_error_line(e: Exception) -> str:
+    """One line for Hydra's own composition errors (an unknown option of a config group, an
+    unknown key, a malformed override), naming the group or key and the valid choices."""
+    options = getattr(e, "options", None)
+    missing = getattr(e, "missing_cfg_file", None)
+    if options is not None and missing:
+        group, _, choice = str(missing).rpartition("/")
+        return f"{group}={choice}: no such option in {group}/; choose one of {', '.join(options)}"
+    key = getattr(e.__cause__, "full_key", None)
+    if key:
+        parent = key.rsplit(".", 1)[0] if "." in key else ""
+        valid = valid_keys(parent)
+        hint = f"; valid keys{' of ' + parent if parent else ''}: {', '.join(valid)}" if valid else ""
+        return f"{key}: not a config key{hint} (add one with +{key}=...)"
+    lines = [ln.strip() for ln in str(e).split("Config search path")[0].splitlines() if ln.strip()]
+    line = " ".join(lines) or type(e).__name__
+    if "LexerNoViableAltException" in line or "mismatched input" in line or "extraneous input" in line:
+        found = re.search(r"([\w.+~]+)=", line)
+        key = found.group(1) if found else "key"
+        line += (f"; a value with spaces, quotes or non-ASCII characters must be quoted for Hydra, inside the shell's "
+                 f"quotes: '{key}=\"...\"' (with an apostrophe in the value: \"{key}=\\\"...\\\"\")")
+    return line
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from datc.atomic import atomic_dir, atomic_write_bytes, atomic_write_json, atomic_write_text  # noqa: F401
-from datc.hashing import config_hash  # noqa: F401  (light: the run name's resolver needs it without torch)
+from datc.run.atomic import atomic_dir, atomic_write_bytes, atomic_write_json, atomic_write_text  # noqa: F401
+from datc.run.hashing import config_hash  # noqa: F401  (light: the run name's resolver needs it without torch)
 
 
 def seed_everything(seed: int) -> None:

@@ -3,7 +3,7 @@
 (configs/policy/tiny_gpt2.yaml and tiny_llama.yaml, random weights, forced to the full length),
 written to results/bench/decode_cpu.{json,md}. Chooses what ``trainer.decode=auto`` takes on CPU.
 
-    python scripts/bench_decode.py [--repeats 30] [--threads 1]
+    python -m scripts.bench_decode [--repeats 30] [--threads 1]
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ def main() -> None:
     ap.add_argument("--generations", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=16)
     a = ap.parse_args()
-    from datc.decode_bench import time_modes
-    from datc.models import build_causal_lm
+    from datc.data.tokenizer import build_testbed_tokenizer, load_tokenizer
+    from datc.engines.rollout import encode_prompts
+    from datc.models.build import build_causal_lm
     from datc.paths import CONFIG_DIR
-    from datc.rollout import encode_prompts
     from datc.tasks import TASKS
-    from datc.tokenizer import build_testbed_tokenizer, load_tokenizer
     from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
+    from scripts.gpu.decode_bench import time_modes
 
     quiet_libraries()
     torch.set_num_threads(a.threads)
@@ -54,7 +54,7 @@ def main() -> None:
         with torch.no_grad():
             results[name] = time_modes(policy, ids, mask, a.max_new_tokens, tok.eos_token_id, tok.pad_token_id,
                                        ["dynamic", "static"], a.repeats, prompt_repeats=a.generations)
-    cmd = "python scripts/bench_decode.py " + " ".join(sys.argv[1:])
+    cmd = "python -m scripts.bench_decode " + " ".join(sys.argv[1:])
     shape = {"rows": ids.shape[0], "prompt_width": ids.shape[1], "max_new_tokens": a.max_new_tokens,
              "threads": a.threads, "repeats": a.repeats}
     atomic_write_json(ROOT / "results/bench/decode_cpu.json", {"command": cmd, "shape": shape, "results": results})

@@ -6,7 +6,7 @@ A sequence-classification reward model built from a local causal LM (default: th
 SmolLM2-135M of ``experiment=real_smollm2``, ``datc-prepare`` makes it; its score head is
 freshly initialized, which does not change the cost), one torch thread, ``--rows`` responses of
 ``--prompt`` + ``--response`` random tokens, ``--k`` edits at every response position (as
-``rm_counterfactual`` with K draws makes them). Timed: :func:`datc.attribution.rm_edit_scorer`
+``rm_counterfactual`` with K draws makes them). Timed: :func:`datc.forward.attribution.rm_edit_scorer`
 prefix-cached at each ``--chunks`` edits per forward, and the edited rows scored whole
 (``datc.rewards.model.score``, each prompt once per forward) at 512 per forward, the path before
 the prefix cache. The largest score difference between the two paths is reported too.
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from datc.attribution import rm_edit_scorer
+from datc.forward.attribution import rm_edit_scorer
 from datc.rewards.model import build_rm_inputs, score
 from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
 

@@ -77,9 +77,9 @@ def sync_check(out: Path, cache: str) -> dict:
 
     from datc.config import validate
     from datc.paths import CONFIG_DIR
-    from datc.session import build_session
     from datc.step import train_step
     from datc.step.sample import rollout
+    from datc.training.session import build_session
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="train", overrides=["debug=fast", "rollout=vllm", *TESTBED, "credit=datc",

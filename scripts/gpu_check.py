@@ -15,7 +15,7 @@ Cases, most important first (a global deadline skips what does not fit, and says
   call scripts/bench_credit.py times on CPU) against one LM-head matmul of the same shape, and the
   exact credit with ``credit.matmul_dtype`` bfloat16 and tf32;
 - ``decode/<family>``: the rollout's decode loops at a generation batch of 128 rows
-  (``datc.decode_bench``): the dynamic-cache loop, the static-cache step eager and as a replayed
+  (``scripts.gpu.decode_bench``): the dynamic-cache loop, the static-cache step eager and as a replayed
   CUDA graph, tokens/s and the fraction of the HBM bound (bandwidth of a device-to-device copy
   measured in the same case), and the graph's replay against the eager step;
 - ``train/<family>/<credit>/<stage>``: a few training steps, ``credit`` in grpo, datc and
@@ -28,7 +28,7 @@ Cases, most important first (a global deadline skips what does not fit, and says
 - ``fused_adam``: whether DeepSpeed's FusedAdam (the optimizer ``deepspeed.optimizer_impl=auto``
   picks on GPUs) JIT-compiles; the training cases use torch's AdamW so that no case waits on it.
 
-Every case (its code: datc/gpu_cases.py) runs in its own process, forked from a server that
+Every case (its code: scripts/gpu/cases.py) runs in its own process, forked from a server that
 imported the libraries once, with its own time limit, so a hang or a crash costs that case only; errors are reported with one line
 and the traceback's tail. A training case ends as soon as its last step is in metrics.jsonl: the
 run's closing evaluation and checkpoint (several GB of optimizer state) are not part of the
@@ -36,8 +36,8 @@ check and are cut. Results go to ``<out>/gpu_check.json`` and ``<out>/gpu_check.
 after every case, and the progress lines to ``<out>/gpu_check.log``; the exit status is 0 once
 the report is written, whatever the cases' outcomes.
 
-    python scripts/gpu_check.py --out DIR            # real shapes (a GPU; about 8 minutes)
-    python scripts/gpu_check.py --tiny --out DIR     # the same cases at tiny shapes (CPU rehearsal)
+    python -m scripts.gpu_check --out DIR            # real shapes (a GPU; about 8 minutes)
+    python -m scripts.gpu_check --tiny --out DIR     # the same cases at tiny shapes (CPU rehearsal)
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from datc.gpu_cases import FAMILIES, _child, set_environment
+from scripts.gpu.cases import FAMILIES, _child, set_environment
 
 set_environment()  # before torch is imported (here, in the fork server and in the cases)
 
@@ -331,13 +331,13 @@ def render(report: dict[str, Any]) -> str:
 def render_projection(report: dict[str, Any]) -> list[str]:
     """The headline: one paper-preset run (500 steps of 64 prompts x 8 responses of up to 512
     tokens, 4 updates per batch) on this GPU, projected from the measured rates
-    (:func:`datc.projection.project`), per family, with its arithmetic."""
-    from datc.projection import PRESET, project
+    (:func:`scripts.gpu.projection.project`), per family, with its arithmetic."""
+    from scripts.gpu.projection import PRESET, project
 
     lines = ["", "## Projected paper-preset run", "",
              f"{PRESET['steps']} steps of {PRESET['responses']} responses of {PRESET['max_new_tokens']} tokens, sampled in calls of "
              f"{PRESET['rows_per_call']}, from the decode case's fastest loop and the `train/<family>/datc/none` case's "
-             "phases scaled by tokens (datc.projection: both terms underestimate the attention's growth at long responses).", ""]
+             "phases scaled by tokens (scripts.gpu.projection: both terms underestimate the attention's growth at long responses).", ""]
     sc = report["scale"]
     for fam, ptok in report.get("prompt_tokens", {}).items():
         dec, tr = report["cases"].get(f"decode/{fam}", {}), report["cases"].get(f"train/{fam}/datc/none", {})
@@ -356,7 +356,7 @@ def render_decode(report: dict[str, Any]) -> list[str]:
     """The decode cases' table: each loop's throughput and fraction of the HBM bound, and the
     graph's replay against the eager step."""
     lines = ["", "## Decode", "",
-             "datc.decode_bench through the rollout's sampler, forced to the full budget, under the trainer's autocast. "
+             "scripts.gpu.decode_bench through the rollout's sampler, forced to the full budget, under the trainer's autocast. "
              "Step: (call - prefill) / (T - 1). HBM bound: (weights + KV cache at its mean live length P + T/2) / "
              "the bandwidth of a device-to-device copy in the same case; fraction = bound / step. Graph: the static "
              "step replayed as a CUDA graph (off CUDA it runs eagerly), checking for finished rows every "
@@ -410,7 +410,7 @@ def build_cases(a: argparse.Namespace, scale: Scale, work: Path) -> list[Case]:
                                   {"family": fam, "credit": credit, "stage": stage, "steps": scale.steps,
                                    "threads": scale.threads}, scale.case_timeout_s))
         if i == 0 and "none" in a.stages and "datc" in a.credits:
-            # trainer.micro_batch_size: auto over one mini-batch of the whole batch (datc.micro_batch)
+            # trainer.micro_batch_size: auto over one mini-batch of the whole batch (datc.backends.micro_batch)
             cases.append(Case(f"train/{fam}/datc/none/auto", "train",
                               {"family": fam, "credit": "datc", "stage": "none", "steps": scale.steps,
                                "threads": scale.threads, "micro": "auto", "mini": scale.prompts * 8}, scale.case_timeout_s))
@@ -478,12 +478,12 @@ def main(argv: list[str] | None = None) -> int:
     on_gpu = env["cuda_devices"] > 0
     # The fork server imports the heavy libraries once; DeepSpeed only without a GPU (its import
     # queries the accelerator, which the server must not initialise).
-    preload = ["torch", "transformers", "datasets", "hydra", "omegaconf", "datc.trainer", "datc.prepare",
-               "datc.credit.datc_math", "datc.memory_plan", "datc.gpu_cases", *([] if on_gpu else ["deepspeed"])]
+    preload = ["torch", "transformers", "datasets", "hydra", "omegaconf", "datc.training.trainer", "datc.data.prepare",
+               "datc.credit.datc_math", "datc.backends.memory_plan", "scripts.gpu.cases", *([] if on_gpu else ["deepspeed"])]
     runner = Runner(work, deadline, a.start_method, preload)
     cases = build_cases(a, scale, work)
     report: dict[str, Any] = {
-        "command": "python scripts/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m scripts.gpu_check " + " ".join(argv if argv is not None else sys.argv[1:]),
         "tiny": a.tiny, "budget_s": budget, "wall_s": 0.0, "env": env, "scale": asdict(scale),
         "peak_flops_bf16": PEAK_BF16, "start_method": a.start_method, "ds_optimizer": a.ds_optimizer,
         "prompt_tokens": {}, "cases": {c.name: {"status": "pending"} for c in cases},

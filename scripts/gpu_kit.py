@@ -39,7 +39,7 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x8
 PURE = {
     "hydra-core": "configs (datc.train composes with Hydra)",
     "omegaconf": "Hydra's config objects",
-    "datasets": "prompt data (datc.data)",
+    "datasets": "prompt data (datc.data.prompts)",
     "dill": "datasets",
     "multiprocess": "datasets",
     "fsspec": "datasets (pins fsspec <= the version it was released with)",

@@ -33,14 +33,14 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(args)
     from hydra import compose, initialize_config_dir
 
-    from datc.chat import prompt_encoder
     from datc.config import validate
-    from datc.data import load_prompts
-    from datc.models import load_pretrained
+    from datc.data.prepare import ensure_assets, materialize_gguf
+    from datc.data.prompts import load_prompts
+    from datc.data.tokenizer import load_tokenizer
+    from datc.engines.rollout import sample_groups
+    from datc.models.build import load_pretrained
+    from datc.models.chat import prompt_encoder
     from datc.paths import CONFIG_DIR
-    from datc.prepare import ensure_assets, materialize_gguf
-    from datc.rollout import sample_groups
-    from datc.tokenizer import load_tokenizer
     from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
 
     quiet_libraries()

@@ -18,9 +18,9 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from datc.models import build_causal_lm, build_reward_model
+from datc.data.tokenizer import build_testbed_tokenizer, load_tokenizer
+from datc.models.build import build_causal_lm, build_reward_model
 from datc.paths import CONFIG_DIR
-from datc.tokenizer import build_testbed_tokenizer, load_tokenizer
 from datc.utils import quiet_libraries
 
 quiet_libraries()

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from datc.advantages import SCALE_EPS, group_advantages
+from datc.math.advantages import SCALE_EPS, group_advantages
 
 
 def test_group_scaling_hand_values():

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from datc.chat import PromptEncoder, RewardInputs
+from datc.engines.rollout import encode_prompts, sample_groups
+from datc.models.chat import PromptEncoder, RewardInputs
 from datc.rewards.model import build_rm_inputs, score
-from datc.rollout import encode_prompts, sample_groups
 from scripts.bench.render import load_results, render, side_by_side, write_markdown
 from scripts.bench.same_loss import perturb_
 from scripts.bench.scales import OUT, PHASES, SCALES, read_notes
@@ -95,7 +95,7 @@ def test_trl_reward_function_scores_what_the_trainer_scores(tok, policy, reward_
 def test_trl_reward_function_scores_chat_prompts_as_the_trainer_does(tmp_path):
     """With a chat template TRL hands the reward function each prompt as its messages; the
     wrapper renders them as the rollout did and splices the sampled ids after them."""
-    from datc.models import build_causal_lm, build_reward_model
+    from datc.models.build import build_causal_lm, build_reward_model
     from tests.conftest import ARCHS
 
     tok = chat_tokenizer(tmp_path, "chatml")
@@ -224,9 +224,9 @@ def test_datc_side_steps_are_the_trainers_own(tmp_path):
     import functools
 
     from datc.config import validate
-    from datc.session import build_session
     from datc.step import train_step
     from datc.step.ops import StepOps
+    from datc.training.session import build_session
     from scripts.bench.datc_side import learn, step
     from tests.conftest import cfg_for
 

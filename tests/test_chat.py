@@ -16,7 +16,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from datc.chat import (
+from datc.config import ConfigError, validate
+from datc.data.tokenizer import build_testbed_tokenizer, load_tokenizer
+from datc.models.build import build_causal_lm, build_reward_model
+from datc.models.chat import (
     PromptEncoder,
     RewardInputs,
     hh_messages,
@@ -24,11 +27,8 @@ from datc.chat import (
     splice_rm_inputs,
     template_parts,
 )
-from datc.chat_formats import FORMATS
-from datc.config import ConfigError, validate
-from datc.models import build_causal_lm, build_reward_model
 from datc.paths import CONFIG_DIR
-from datc.tokenizer import build_testbed_tokenizer, load_tokenizer
+from scripts.gpu.chat_formats import FORMATS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -217,7 +217,7 @@ def test_preset_offline_fails_fast_naming_the_checkpoint(tmp_path, family):
 
 
 def test_long_prompts_are_dropped_or_refused(tmp_path):
-    from datc.prepare import check_lengths
+    from datc.data.prepare import check_lengths
 
     tok = chat_tokenizer(tmp_path, "chatml")
     import datasets

@@ -1,4 +1,4 @@
-"""The sampler/trainer importance-sampling correction (datc.correction), by hand, and its place
+"""The sampler/trainer importance-sampling correction (datc.math.correction), by hand, and its place
 in the loss (TRL's order: the surrogate re-weighted, then the KL term added)."""
 
 import math
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from datc.config import ConfigError, validate
-from datc.correction import is_weights, mismatch_sums, weight_stats
-from datc.losses import clipped_policy_loss
+from datc.math.correction import is_weights, mismatch_sums, weight_stats
+from datc.math.losses import clipped_policy_loss
 from tests.conftest import cfg_for
 
 # two responses of three positions; the second has two valid tokens

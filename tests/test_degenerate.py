@@ -9,15 +9,15 @@ import math
 import pytest
 import torch
 
-from datc.checkpoint import latest_checkpoint, load_checkpoint
 from datc.config import validate
-from datc.losses import AggNorm, aggregate
+from datc.engines.rollout import sample_groups
+from datc.math.losses import AggNorm, aggregate
 from datc.rewards.model import score
-from datc.rollout import sample_groups
-from datc.session import build_session
+from datc.run.checkpoint import latest_checkpoint, load_checkpoint
 from datc.step import train_step
 from datc.step.ops import StepOps
-from datc.trainer import train
+from datc.training.session import build_session
+from datc.training.trainer import train
 from tests.conftest import cfg_for
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from datc.launch import build
+from datc.backends.launch import build
 from tests.conftest import assert_same_metrics, copy_as_killed
 
 pytestmark = pytest.mark.slow
@@ -41,8 +41,8 @@ def cache_dir(tmp_path_factory):
     from hydra import compose, initialize_config_dir
 
     from datc.config import validate
+    from datc.data.prepare import ensure_assets
     from datc.paths import CONFIG_DIR
-    from datc.prepare import ensure_assets
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         for credit in ("grpo", "datc"):
@@ -129,7 +129,7 @@ def test_zero3_save_and_resume_equals_an_uninterrupted_run(cache_dir, tmp_path):
     # of the run (final/), and consolidated from the last checkpoint's shards by datc-export.
     from transformers import AutoModelForCausalLM
 
-    from datc.export import export_checkpoint
+    from datc.run.export import export_checkpoint
 
     exported = AutoModelForCausalLM.from_pretrained(export_checkpoint(full, 4, tmp_path / "exported")).eval()
     final = AutoModelForCausalLM.from_pretrained(full / "final").eval()
@@ -219,7 +219,7 @@ def _cfg(*overrides):
 
 
 def test_deepspeed_config_is_derived_from_the_trainer():
-    from datc.distributed import deepspeed_config, inference_config
+    from datc.backends.distributed import deepspeed_config, inference_config
 
     c = _cfg("deepspeed=zero3", "trainer.batch_size=64", "trainer.mini_batch_size=32", "trainer.micro_batch_size=8",
              "trainer.max_grad_norm=0.5", "trainer.lr=1e-5")
@@ -251,8 +251,8 @@ def test_deepspeed_config_is_derived_from_the_trainer():
      "trainer.micro_batch_size"),
 ])
 def test_world_size_checks_name_the_field(world, overrides, field):
+    from datc.backends.distributed import check_world
     from datc.config import ConfigError
-    from datc.distributed import check_world
 
     c = _cfg(*overrides)
     if field is None:
@@ -272,8 +272,8 @@ def test_offload_needs_the_right_stage():
 
 
 def test_an_engine_checkpoint_from_another_setup_is_refused_before_loading(tmp_path):
-    from datc.checkpoint import load_engine_checkpoint
     from datc.config import ConfigError
+    from datc.run.checkpoint import load_engine_checkpoint
 
     ckpt = tmp_path / "step_0000002"
     ckpt.mkdir()
@@ -288,7 +288,7 @@ def test_an_engine_checkpoint_from_another_setup_is_refused_before_loading(tmp_p
 def test_the_collectives_over_two_gloo_ranks(tmp_path):
     # Dist's reductions without DeepSpeed: sum, max (the vLLM gap's largest over ranks; a
     # maximum of negatives is the least negative, not 0), tensors, gathers of unequal sizes.
-    from datc.distributed import _free_port
+    from datc.backends.distributed import _free_port
 
     port = str(_free_port())
     worker = str(ROOT / "tests" / "distributed" / "collectives_worker.py")

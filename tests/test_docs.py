@@ -110,7 +110,7 @@ def test_the_metric_pattern_matcher():
 def step_and_eval_keys(tmp_path_factory):
     """The keys one real training step and one evaluation log (credit=datc, a reward rule, on the
     testbed with debug=fast): what a run actually writes, f-string keys included."""
-    from datc.trainer import train
+    from datc.training.trainer import train
     from tests.conftest import cfg_for
 
     d = tmp_path_factory.mktemp("metrics_run")

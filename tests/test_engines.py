@@ -13,8 +13,8 @@ import torch
 from datc.config import ConfigError, validate
 from datc.engines import ENGINES, prompt_seeds
 from datc.engines.vllm_engine import hf_weights, kv_bytes_per_token
-from datc.lora import add_adapters
-from datc.models import build_causal_lm
+from datc.models.build import build_causal_lm
+from datc.models.lora import add_adapters
 from tests.conftest import cfg_for
 
 GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 32, "n_positions": 32}

@@ -11,10 +11,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from datc.checkpoint import checkpoint_dirs, load_checkpoint
-from datc.export import export_checkpoint
-from datc.models import load_pretrained
-from datc.trainer import train
+from datc.models.build import load_pretrained
+from datc.run.checkpoint import checkpoint_dirs, load_checkpoint
+from datc.run.export import export_checkpoint
+from datc.training.trainer import train
 from tests.conftest import cfg_for
 
 pytestmark = pytest.mark.slow
@@ -36,7 +36,7 @@ def _policy_path(run: Path) -> str:
     from omegaconf import OmegaConf
 
     from datc.config import validate
-    from datc.prepare import ensure_assets
+    from datc.data.prepare import ensure_assets
 
     return ensure_assets(validate(OmegaConf.load(run / "config.yaml"))).policy_path
 
@@ -54,7 +54,7 @@ def test_a_run_leaves_a_hugging_face_checkpoint_and_any_checkpoint_exports(cache
 
     # An earlier checkpoint, through the command line.
     out = tmp_path / "exported"
-    proc = subprocess.run([sys.executable, "-m", "datc.export", str(run), "--checkpoint", first.name.split("_")[1].lstrip("0"),
+    proc = subprocess.run([sys.executable, "-m", "datc.run.export", str(run), "--checkpoint", first.name.split("_")[1].lstrip("0"),
                            "--out", str(out)], capture_output=True, text=True, timeout=300, env=os.environ)
     assert proc.returncode == 0, proc.stderr[-2000:]
     exported = AutoModelForCausalLM.from_pretrained(out)
@@ -68,6 +68,6 @@ def test_a_run_leaves_a_hugging_face_checkpoint_and_any_checkpoint_exports(cache
 
 
 def test_export_errors_are_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "datc.export", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "datc.run.export", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f"datc-export: {tmp_path}: not a datc run directory (no config.yaml)"]

@@ -1,4 +1,4 @@
-"""The lean GPT-2 decode step (datc.fast_decode) against the model's own forward, and where it declines."""
+"""The lean GPT-2 decode step (datc.engines.fast_decode) against the model's own forward, and where it declines."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from datc.fast_decode import lean_decoder
-from datc.models import build_causal_lm
-from datc.rollout import encode_prompts, position_ids
+from datc.engines.fast_decode import lean_decoder
+from datc.engines.rollout import encode_prompts, position_ids
+from datc.models.build import build_causal_lm
 from tests.conftest import ARCHS
 
 PROMPTS = {

@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from datc.distributed import sanitized_arch_list, use_torch_adam
+from datc.backends.distributed import sanitized_arch_list, use_torch_adam
 
 
 @pytest.mark.parametrize(("given", "clean"), [
@@ -42,7 +42,7 @@ def test_auto_falls_back_to_torch_adamw_with_one_line_when_the_build_fails(monke
     def fails():
         raise RuntimeError("ninja: build stopped: subcommand failed.\nmore")
 
-    with caplog.at_level(logging.WARNING, logger="datc.distributed"):
+    with caplog.at_level(logging.WARNING, logger="datc.backends.distributed"):
         assert use_torch_adam("auto", torch.device("cuda"), fails) is True
     (rec,) = caplog.records
     assert "FusedAdam did not build (RuntimeError: ninja: build stopped" in rec.getMessage() and "more" not in rec.getMessage()

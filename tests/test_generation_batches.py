@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from datc.config import ConfigError, validate
-from datc.passes import rollout_policy_pass
-from datc.rollout import cat_rollouts, sample_groups
-from datc.session import build_session
+from datc.engines.rollout import cat_rollouts, sample_groups
+from datc.forward.passes import rollout_policy_pass
 from datc.step import train_step
 from datc.step.ops import StepOps
+from datc.training.session import build_session
 from tests.conftest import cfg_for
 
 

@@ -23,7 +23,7 @@ EXPECTED = {"build/qwen3", "build/llama32", "credit/qwen3", "credit/llama32", "d
 def test_gpu_check_rehearsal_runs_every_case_and_reports_failures(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "scripts/gpu_check.py", "--tiny", "--inject-failures", "--out", str(out),
+    proc = subprocess.run([sys.executable, "-m", "scripts.gpu_check", "--tiny", "--inject-failures", "--out", str(out),
                            "--work", str(tmp_path / "work")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "gpu_check.json").read_text())
@@ -77,7 +77,7 @@ def test_gpu_check_rehearsal_runs_every_case_and_reports_failures(tmp_path):
 def test_gpu_check_reports_what_the_deadline_skipped(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "scripts/gpu_check.py", "--tiny", "--budget-s", "1", "--families", "qwen3",
+    proc = subprocess.run([sys.executable, "-m", "scripts.gpu_check", "--tiny", "--budget-s", "1", "--families", "qwen3",
                            "--out", str(out), "--work", str(tmp_path / "work")], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

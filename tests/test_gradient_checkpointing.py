@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from datc.passes import Passes, checkpointed_layers, decoder_layers
-from datc.rollout import sample_groups
+from datc.engines.rollout import sample_groups
+from datc.forward.passes import Passes, checkpointed_layers, decoder_layers
 
 
 def _saved_bytes_and_grads(policy, ro, p, checkpoint):
@@ -55,8 +55,8 @@ def test_the_blocks_are_restored_and_a_cached_block_is_not_checkpointed(policy, 
 @pytest.mark.slow
 def test_a_training_step_with_checkpointing_equals_the_plain_one(tmp_path):
     from datc.config import validate
-    from datc.session import build_session
     from datc.step import train_step
+    from datc.training.session import build_session
     from tests.conftest import cfg_for
 
     out = {}

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from datc.logprobs import chunked_head_logps, entropy_from_logits, selective_log_softmax
-from datc.passes import Passes
-from datc.rollout import sample_groups
+from datc.engines.rollout import sample_groups
+from datc.forward.passes import Passes
+from datc.math.logprobs import chunked_head_logps, entropy_from_logits, selective_log_softmax
 from datc.step.plan import head_chunk_for
 
 F64 = torch.float64
@@ -71,8 +71,8 @@ def test_the_plan_turns_the_chunk_off_where_the_update_cannot_apply_the_head(pol
 @pytest.mark.slow
 def test_a_training_step_with_the_chunked_head_equals_the_whole_one(tmp_path):
     from datc.config import validate
-    from datc.session import build_session
     from datc.step import train_step
+    from datc.training.session import build_session
     from tests.conftest import cfg_for
 
     out = {}

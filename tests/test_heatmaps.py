@@ -16,14 +16,14 @@ import torch
 from datc.analysis import credit_accuracy, heatmaps
 from datc.analysis.inputs import credit_inputs, run_session
 from datc.analysis.schemes import analysed_schemes, scheme_outputs
-from datc.checkpoint import save_checkpoint
 from datc.config import validate
 from datc.credit import CREDIT_SCHEMES
 from datc.credit.base import NEEDS
 from datc.credit.configs import credit_config_names
-from datc.lifecycle import resolved_config as _resolved
-from datc.rundir import RunDir
-from datc.session import build_session
+from datc.run.checkpoint import save_checkpoint
+from datc.run.rundir import RunDir
+from datc.training.lifecycle import resolved_config as _resolved
+from datc.training.session import build_session
 from tests.conftest import cfg_for
 
 WHITE = "#ffffff"

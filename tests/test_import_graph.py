@@ -73,7 +73,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_the_graph_sees_deferred_and_package_imports():
     graph = import_graph()
-    assert "datc.trainer" in graph["datc.train"]  # imported inside a function
+    assert "datc.training.trainer" in graph["datc.train"]  # imported inside a function
     assert "datc.credit.base" in graph["datc.analysis.inputs"]
 
 
@@ -92,7 +92,7 @@ def test_the_analysis_sits_above_the_trainer():
     users = sorted(n for n, deps in below.items() if any(d == "datc.analysis" or d.startswith("datc.analysis.") for d in deps))
     assert not users, f"{users} import datc.analysis, which is above them"
     # the calls into the trainer and the session are all in one module
-    callers = sorted(n for n, deps in graph.items() if n.startswith("datc.analysis.") and deps & {"datc.trainer", "datc.session"})
+    callers = sorted(n for n, deps in graph.items() if n.startswith("datc.analysis.") and deps & {"datc.training.trainer", "datc.training.session"})
     assert callers == ["datc.analysis.inputs"], callers
 
 
@@ -118,10 +118,44 @@ def test_every_module_imports_alone_in_a_fresh_interpreter():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=PKG.parent, timeout=600)
 
 
-# The pure tensor math beside the credit package: no model, session, step or trainer code.
-PURE_MATH = ("datc.logprobs", "datc.losses", "datc.advantages", "datc.metrics")
+# The package's rooms (docs/architecture.md), bottom to top. The math at the bottom imports no other
+# ``datc`` module; the rooms in the middle (models, forwards, engines, data, rewards, tasks, the
+# run's files, backends) never reach up into the step, the session and loop, or the tools above
+# them; the step never reaches into the session and loop.
+def _room(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+PURE_MATH = tuple(n for n in MODULES if _room(n) == "math")
+ABOVE_THE_MIDDLE = {"step", "training", "train", "analysis", "report", "__main__"}
 # Entry points: the commands' own modules (``python -m datc`` runs the first). Nothing else imports them.
 ENTRY_POINTS = {"datc.train"}
+
+
+def test_the_rooms_exist_and_the_top_level_holds_only_the_shared_leaves():
+    rooms = {_room(n) for n in MODULES}
+    assert {"math", "run", "models", "forward", "engines", "data", "backends", "training", "step", "credit"} <= rooms
+    top = sorted(n for n in MODULES if n.count(".") == 1 and not (PKG / _room(n)).is_dir())
+    assert top == ["datc.__main__", "datc.config", "datc.errors", "datc.paths", "datc.registry", "datc.train",
+                   "datc.utils"], top
+
+
+def test_the_middle_rooms_never_reach_up_into_the_step_the_loop_or_the_tools():
+    bad = sorted(f"{m} -> {d}" for m, deps in import_graph().items() if _room(m) not in ABOVE_THE_MIDDLE
+                 for d in deps if _room(d) in ABOVE_THE_MIDDLE)
+    assert not bad, bad
+
+
+def test_the_step_never_reaches_into_the_session_and_loop():
+    bad = sorted(f"{m} -> {d}" for m, deps in import_graph().items() if _room(m) == "step"
+                 for d in deps if _room(d) in {"training", "train", "analysis", "report"})
+    assert not bad, bad
+
+
+def test_no_module_is_over_about_400_lines():
+    long = {n: len(p.read_text().splitlines()) for n, p in MODULES.items()}
+    assert not {n: k for n, k in long.items() if k > 410}, {n: k for n, k in long.items() if k > 410}
 
 
 def test_the_pure_math_imports_no_other_datc_module_but_the_pure_ones():

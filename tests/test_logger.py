@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from datc.logger import completions_of, completions_table, job_type, run_tags
+from datc.run.logger import completions_of, completions_table, job_type, run_tags
 
 
 def test_completions_table_colours_each_token_by_its_weight(tok):
@@ -40,7 +40,7 @@ def test_wandb_job_type_and_tags_slice_a_sweep():
 
 @pytest.mark.slow
 def test_an_offline_run_logs_the_completions_table_at_each_eval(cache_dir, tmp_path, monkeypatch):  # noqa: F811
-    from datc.trainer import train
+    from datc.training.trainer import train
     from tests.conftest import cfg_for
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)

@@ -1,4 +1,4 @@
-"""LoRA policies (``policy.lora``, :mod:`datc.lora`): validated before training; the reference is
+"""LoRA policies (``policy.lora``, :mod:`datc.models.lora`): validated before training; the reference is
 the policy with its adapters disabled, equal to a separately loaded base model, and no second
 model is loaded; only the adapters train (every one of them) and the checkpoints hold them and
 their optimizer state alone; every credit scheme, the shared trunk and the zero-advantage skip
@@ -17,15 +17,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from datc.checkpoint import checkpoint_dirs, load_checkpoint
 from datc.config import ConfigError, LoraConfig, validate
 from datc.credit import CREDIT_SCHEMES
-from datc.lora import AdaptersOff, GradOnlyDropout, add_adapters, alpha_of, trunk_tensors
-from datc.models import load_pretrained
-from datc.passes import rollout_policy_pass
-from datc.session import build_session
+from datc.forward.passes import rollout_policy_pass
+from datc.models.build import load_pretrained
+from datc.models.lora import AdaptersOff, GradOnlyDropout, add_adapters, alpha_of, trunk_tensors
+from datc.run.checkpoint import checkpoint_dirs, load_checkpoint
 from datc.step import train_step
-from datc.trainer import train
+from datc.training.session import build_session
+from datc.training.trainer import train
 from tests.conftest import cfg_for, comparable, kill_at_checkpoint, metric_rows, train_cmd
 from tests.test_zero_advantage_skip import forced  # noqa: F401  the fixture: forced ties, NaNs, identical groups
 
@@ -77,7 +77,7 @@ def test_bad_lora_values_are_one_line_naming_the_field(tmp_path, overrides, mess
 
 
 def test_lora_is_off_by_default_and_leaves_full_policy_run_names_alone(tmp_path):
-    from datc.naming import config_id
+    from datc.run.naming import config_id
 
     c = validate(cfg_for(tmp_path, tmp_path / "run"))
     assert c.policy.lora.r == 0
@@ -115,7 +115,7 @@ def test_the_reference_is_the_policy_with_adapters_off_equal_to_the_base_model(c
     assert all(torch.equal(p, base_before[n]) for n, p in _frozen(m.policy).items())  # the base is frozen
 
     torch.manual_seed(1)
-    from datc.rollout import sample_groups
+    from datc.engines.rollout import sample_groups
 
     t = s.c.trainer
     ro = sample_groups(m.policy, m.tok, [s.assets.train[i] for i in range(4)], 4, t.max_new_tokens, t.temperature,
@@ -133,7 +133,7 @@ def test_the_shared_trunk_still_applies_with_the_reference_from_adapters_off(tok
     """The trunk compares the reference's blocks with the reward model's: with LoRA the reference
     is the base (adapters off), so a reward model made from the policy shares its lower blocks,
     and one pass gives what the unadapted base's trunk gives."""
-    from datc.trunk import reference_and_score, shared_trunk_depth
+    from datc.forward.trunk import reference_and_score, shared_trunk_depth
     from tests.test_shared_prompt import _batch
     from tests.test_trunk import LAYERS, _pair
 
@@ -217,7 +217,7 @@ def test_a_killed_lora_run_resumes_to_the_same_metrics(cache, tmp_path):
 def test_final_holds_the_adapter_and_the_merged_export_loads_with_plain_transformers(cache, tmp_path, policy):
     from peft import PeftModel
 
-    from datc.prepare import ensure_assets
+    from datc.data.prepare import ensure_assets
 
     run = tmp_path / "run"
     cfg = cfg_for(cache, run, f"policy={policy}", *LORA, "credit=datc")
@@ -240,7 +240,7 @@ def test_final_holds_the_adapter_and_the_merged_export_loads_with_plain_transfor
     torch.testing.assert_close(logits_of(adapted, ids), want, rtol=0, atol=0)
 
     out = tmp_path / "merged"
-    proc = subprocess.run([sys.executable, "-m", "datc.export", str(run), "--merge", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "datc.run.export", str(run), "--merge", "--out", str(out)],
                           capture_output=True, text=True, timeout=300, env=os.environ)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not (out / "adapter_config.json").exists()
@@ -248,7 +248,7 @@ def test_final_holds_the_adapter_and_the_merged_export_loads_with_plain_transfor
     assert not any("lora" in n for n, _ in merged.named_parameters())
     torch.testing.assert_close(logits_of(merged, ids), want, rtol=1e-5, atol=1e-5)  # W + (alpha/r) BA: rounding
 
-    proc = subprocess.run([sys.executable, "-m", "datc.export", str(run), "--out", str(tmp_path / "adapter")],
+    proc = subprocess.run([sys.executable, "-m", "datc.run.export", str(run), "--out", str(tmp_path / "adapter")],
                           capture_output=True, text=True, timeout=300, env=os.environ)
     assert proc.returncode == 0, proc.stderr[-2000:]
     again = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path), tmp_path / "adapter")
@@ -259,8 +259,13 @@ def test_final_holds_the_adapter_and_the_merged_export_loads_with_plain_transfor
 
 
 def test_the_memory_plan_counts_the_adapters_and_drops_the_reference():
-    from datc.memory_formulas import GIB, arch_of, lora_param_count, lora_param_count_formula
-    from datc.memory_plan import compose, plan_preset
+    from datc.backends.memory_formulas import (
+        GIB,
+        arch_of,
+        lora_param_count,
+        lora_param_count_formula,
+    )
+    from datc.backends.memory_plan import compose, plan_preset
 
     for preset in ("qwen3_ultrafeedback_lora", "llama32_ultrafeedback_lora"):
         c = compose(preset)

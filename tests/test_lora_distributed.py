@@ -50,7 +50,7 @@ def test_a_lora_run_under_deepspeed_saves_adapters_and_resumes_as_uninterrupted(
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from datc.export import export_checkpoint
+    from datc.run.export import export_checkpoint
     from tests.test_distributed import _warm_policy
 
     overrides = ["debug=fast", f"deepspeed={stage}", "credit=datc", "trainer.steps=4", "trainer.checkpoint_every=2",

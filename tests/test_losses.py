@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from datc.losses import AggNorm, aggregate, clipped_policy_loss, kl_k3
+from datc.math.losses import AggNorm, aggregate, clipped_policy_loss, kl_k3
 
 
 def test_kl_k3_hand_values():

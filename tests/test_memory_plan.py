@@ -1,4 +1,4 @@
-"""The memory plan (datc.memory_formulas, datc.memory_plan: ``datc-memory-plan``): its arithmetic
+"""The memory plan (datc.backends.memory_formulas, datc.backends.memory_plan: ``datc-memory-plan``): its arithmetic
 against hand numbers, its activation formulas against the tensors torch saves for tiny models,
 and the plan of every paper preset."""
 
@@ -10,10 +10,11 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from datc import memory_formulas as mf
-from datc import memory_plan as mp
+from datc.backends import memory_formulas as mf
+from datc.backends import (
+    memory_plan as mp,  # A tiny Llama: V=100, h=16, I=32, L=2, 4 query heads and 2 KV heads of width 4 (q=16, kv=8).
+)
 
-# A tiny Llama: V=100, h=16, I=32, L=2, 4 query heads and 2 KV heads of width 4 (q=16, kv=8).
 TINY = dict(model_type="llama", num_hidden_layers=2, hidden_size=16, intermediate_size=32, num_attention_heads=4,
             num_key_value_heads=2, head_dim=4, vocab_size=100, tie_word_embeddings=True)
 
@@ -71,7 +72,7 @@ def test_plan_replays_every_measured_gpu_peak_within_15_percent(run, name, case)
     LM head whole (that run predates trainer.lm_head_chunk), and a bf16 policy (its loader kept the
     random checkpoint's bf16: transformers >= 5 loads the stored dtype when none is given). The
     plan is within 15% of torch.cuda.max_memory_allocated in every case."""
-    from datc.gpu_cases import plan_memory
+    from scripts.gpu.cases import plan_memory
 
     _, family, credit, stage = name.split("/")
     sc, batch = run["scale"], run["scale"]["prompts"] * 8

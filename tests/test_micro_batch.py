@@ -1,4 +1,4 @@
-"""``trainer.micro_batch_size: auto`` (datc.micro_batch): the rule as a pure function of the
+"""``trainer.micro_batch_size: auto`` (datc.backends.micro_batch): the rule as a pure function of the
 planned peak and the budget, the config's validation, and a debug run that resolves, records and
 trains with it."""
 
@@ -9,9 +9,9 @@ import json
 import pytest
 import torch
 
+from datc.backends.memory_formulas import GIB
+from datc.backends.micro_batch import MARGIN, RECORD_FILE, choose_micro_batch, resolve_micro_batch
 from datc.config import ConfigError, validate
-from datc.memory_formulas import GIB
-from datc.micro_batch import MARGIN, RECORD_FILE, choose_micro_batch, resolve_micro_batch
 from tests.conftest import cfg_for
 
 
@@ -62,9 +62,9 @@ def test_resolution_is_recorded_and_read_back(tmp_path):
 def test_a_debug_run_with_auto_trains(tmp_path, cache_dir, caplog):
     import logging
 
-    from datc.trainer import train
+    from datc.training.trainer import train
 
-    with caplog.at_level(logging.INFO, logger="datc.session"):
+    with caplog.at_level(logging.INFO, logger="datc.training.session"):
         summary = train(cfg_for(cache_dir, tmp_path / "run", "trainer.micro_batch_size=auto", "trainer.steps=2",
                                 "trainer.checkpoint_every=2", "trainer.eval_every=2"))
     assert summary["eval"]["final"]["eval/rm_score"] is not None

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from datc.models import ModelLoadError, build_causal_lm, build_reward_model, load_pretrained
-from datc.trainer import train
+from datc.models.build import ModelLoadError, build_causal_lm, build_reward_model, load_pretrained
+from datc.training.trainer import train
 from tests.conftest import ARCHS, cfg_for
 
 
@@ -29,7 +29,7 @@ def test_hub_id_offline_fails_fast_and_says_how_to_fix(monkeypatch):
 def test_reward_model_with_two_outputs_is_refused(tmp_path, tok):
     from transformers import AutoModelForSequenceClassification
 
-    from datc.models import _model_config
+    from datc.models.build import _model_config
 
     rm = AutoModelForSequenceClassification.from_config(_model_config(ARCHS["gpt2"], tok, num_labels=2))
     rm.save_pretrained(tmp_path / "rm2")
@@ -52,7 +52,7 @@ def test_pretrained_paths_train_through_the_same_code(tmp_path, tok):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from datc.export import export_checkpoint
+    from datc.run.export import export_checkpoint
 
     exported = AutoModelForCausalLM.from_pretrained(export_checkpoint(tmp_path / "run")).eval()
     final = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final").eval()
@@ -123,7 +123,7 @@ def test_multirun_sweep_writes_one_directory_per_job(tmp_path):
                         f"hydra.sweep.dir={tmp_path}/sweep"], capture_output=True, text=True, timeout=900, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     done = sorted(p.parent.name for p in (tmp_path / "sweep").glob("*/summary.json"))
-    # readable parts, then the config hash (datc.naming): one per job, as the jobs' configs differ
+    # readable parts, then the config hash (datc.run.naming): one per job, as the jobs' configs differ
     assert [n.rsplit("-", 1)[0] for n in done] == ["keywords-tiny_gpt2-datc-s0", "keywords-tiny_gpt2-datc-s1",
                                                    "keywords-tiny_gpt2-grpo-s0", "keywords-tiny_gpt2-grpo-s1"]
     assert len({n.rsplit("-", 1)[1] for n in done}) == 4
@@ -152,7 +152,7 @@ def test_datc_prepare_fills_the_cache_without_training(tmp_path):
                                            ('{"text": "write about food :"}\n', "data.prompt_field")])
 def test_empty_or_malformed_data_files_are_clear_config_errors(tmp_path, content, field):
     from datc.config import ConfigError, DataConfig
-    from datc.data import load_prompts
+    from datc.data.prompts import load_prompts
 
     f = tmp_path / "prompts.jsonl"
     f.write_text(content)
@@ -182,8 +182,8 @@ def test_the_trained_policy_is_float32_from_a_bf16_checkpoint(tmp_path, tok):
     import torch
 
     from datc.config import validate
-    from datc.model_set import load_models
-    from datc.prepare import ensure_assets
+    from datc.data.prepare import ensure_assets
+    from datc.models.model_set import load_models
 
     for model, name in ((build_causal_lm(ARCHS["llama"], tok, 0), "policy"), (build_reward_model(ARCHS["llama"], tok, 1), "reward")):
         model.to(torch.bfloat16).save_pretrained(tmp_path / name)

@@ -8,9 +8,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from datc.config import validate
-from datc.lifecycle import resolved_config as _resolved
 from datc.paths import CONFIG_DIR
-from datc.rundir import RunDir, release_run_locks
+from datc.run.rundir import RunDir, release_run_locks
+from datc.training.lifecycle import resolved_config as _resolved
 
 
 def _name(*overrides: str) -> str:

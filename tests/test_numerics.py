@@ -1,5 +1,5 @@
 """Non-finite numbers (NaN, ±inf) are caught where they arise and the run stays safe: the
-helpers of :mod:`datc.numerics` on hand-made tensors, then faults injected into a tiny run."""
+helpers of :mod:`datc.math.numerics` on hand-made tensors, then faults injected into a tiny run."""
 
 from __future__ import annotations
 
@@ -10,14 +10,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-import datc.evaluation as evaluation_mod
-from datc.advantages import group_advantages
-from datc.checkpoint import latest_checkpoint, load_checkpoint
+import datc.training.evaluation as evaluation_mod
 from datc.config import ConfigError, validate
 from datc.credit import compute_credit
-from datc.evaluation import evaluate
-from datc.losses import clipped_policy_loss
-from datc.numerics import (
+from datc.math.advantages import group_advantages
+from datc.math.losses import clipped_policy_loss
+from datc.math.numerics import (
     SOURCES,
     NonFiniteError,
     NonFiniteReport,
@@ -29,9 +27,11 @@ from datc.numerics import (
     zero_nonfinite_rm_grad,
 )
 from datc.rewards.model import RMScore, score
-from datc.session import build_session
+from datc.run.checkpoint import latest_checkpoint, load_checkpoint
 from datc.step.ops import StepOps
-from datc.trainer import train
+from datc.training.evaluation import evaluate
+from datc.training.session import build_session
+from datc.training.trainer import train
 from tests.conftest import cfg_for
 
 NAN, INF = math.nan, math.inf

@@ -1,4 +1,4 @@
-"""The optimizer-step interface (:mod:`datc.optim`): the plain PyTorch implementation's step,
+"""The optimizer-step interface (:mod:`datc.backends.optim`): the plain PyTorch implementation's step,
 skips and the autocast cache it must not leave stale."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import torch
 from transformers import get_scheduler
 
-from datc.optim import TorchOptimizer
+from datc.backends.optim import TorchOptimizer
 
 
 def _opt(model, lr=0.1):
@@ -62,7 +62,7 @@ def test_no_deepspeed_accelerator_warning_on_a_machine_without_cuda():
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
-    proc = subprocess.run([sys.executable, "-c", "import datc.models, deepspeed, os; print(os.environ.get('DS_ACCELERATOR'))"],
+    proc = subprocess.run([sys.executable, "-c", "import datc.models.build, deepspeed, os; print(os.environ.get('DS_ACCELERATOR'))"],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     said = proc.stdout.strip().splitlines()[-1]

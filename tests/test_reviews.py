@@ -11,6 +11,7 @@ import torch
 from afinn import Afinn
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from datc.data.testbed import _FrozenBottom, _rm_batch_scores, top_layers_view
 from datc.tasks import TASKS, gold_contributions
 from datc.tasks.reviews import (
     EVAL_SUBJECTS,
@@ -21,7 +22,6 @@ from datc.tasks.reviews import (
     text_and_owners,
     valence_contributions,
 )
-from datc.testbed import _FrozenBottom, _rm_batch_scores, top_layers_view
 
 _B2U = bytes_to_unicode()
 
@@ -124,7 +124,7 @@ def test_edits_swap_whole_words_and_keep_the_end_token():
 
 
 def test_top_layers_view_computes_the_whole_models_score(tok):
-    from datc.models import build_reward_model
+    from datc.models.build import build_reward_model
 
     arch = dict(model_type="llama", num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
                 hidden_size=32, intermediate_size=64, max_position_embeddings=64)

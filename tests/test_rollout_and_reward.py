@@ -1,7 +1,7 @@
 import torch
 
+from datc.engines.rollout import response_mask_from_ids, sample_groups
 from datc.rewards.model import build_rm_inputs, score
-from datc.rollout import response_mask_from_ids, sample_groups
 
 
 def test_response_mask_includes_first_eos_only():
@@ -88,7 +88,7 @@ def test_kept_generate_logits_equal_a_forward_pass(policy, tok):
     # Credit schemes may read the rollout distribution from generate's logits instead of a
     # second forward pass: both must be the same distribution at every valid position
     # (KV-cached vs full attention differ only by float32 rounding; tolerance 1e-4).
-    from datc.passes import rollout_policy_pass
+    from datc.forward.passes import rollout_policy_pass
 
     rows = [{"prompt": "write about food :"}, {"prompt": "compute 1 plus 12 ="}]
     torch.manual_seed(0)

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from datc.config import validate
-from datc.logprobs import entropy_from_logits
-from datc.session import build_session
+from datc.math.logprobs import entropy_from_logits
 from datc.step import train_step
 from datc.step.ops import StepOps
+from datc.training.session import build_session
 from tests.conftest import cfg_for
 
 

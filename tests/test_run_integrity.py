@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from datc.config import ConfigError
-from datc.fingerprint import changes, fingerprints
+from datc.run.fingerprint import changes, fingerprints
 from tests.conftest import cfg_for
 
 OVERRIDES = ("trainer.steps=4", "trainer.checkpoint_every=2", "trainer.eval_every=2")
@@ -43,7 +43,7 @@ def test_fingerprints_see_content_not_times_for_small_files(tmp_path):
 
 
 def test_a_large_file_is_hashed_at_its_edges_and_its_time_counts(tmp_path, monkeypatch):
-    import datc.fingerprint as fp
+    import datc.run.fingerprint as fp
 
     monkeypatch.setattr(fp, "WHOLE_HASH_BYTES", 64)
     monkeypatch.setattr(fp, "EDGE_BYTES", 16)
@@ -64,7 +64,7 @@ def test_a_large_file_is_hashed_at_its_edges_and_its_time_counts(tmp_path, monke
 @pytest.fixture(scope="module")
 def own_cache(cache_dir, tmp_path_factory):
     """A copy of the session's cache, so its files can be changed."""
-    from datc.trainer import train
+    from datc.training.trainer import train
 
     train(cfg_for(cache_dir, tmp_path_factory.mktemp("warm") / "r", "trainer.steps=1"))  # fills cache_dir
     out = tmp_path_factory.mktemp("own") / "cache"
@@ -74,7 +74,7 @@ def own_cache(cache_dir, tmp_path_factory):
 
 def _killed_after_step_2(cache, tmp_path):
     """A 4-step run as a kill after its step-2 checkpoint leaves it."""
-    from datc.trainer import train
+    from datc.training.trainer import train
 
     run = tmp_path / "run"
     train(cfg_for(cache, run, *OVERRIDES))
@@ -87,7 +87,7 @@ def _killed_after_step_2(cache, tmp_path):
 def test_a_resume_refuses_when_the_reward_model_or_the_data_changed(own_cache, tmp_path, capfd):
     from safetensors.torch import load_file, save_file
 
-    from datc.trainer import train
+    from datc.training.trainer import train
 
     cache = tmp_path / "cache"
     shutil.copytree(own_cache, cache)
@@ -125,7 +125,7 @@ def test_a_resume_refuses_when_the_reward_model_or_the_data_changed(own_cache, t
 
 @pytest.mark.slow
 def test_a_resume_with_unchanged_inputs_equals_an_uninterrupted_run(own_cache, tmp_path):
-    from datc.trainer import train
+    from datc.training.trainer import train
     from tests.conftest import comparable, metric_rows
 
     cache = tmp_path / "cache"
@@ -144,7 +144,7 @@ def test_a_resume_with_unchanged_inputs_equals_an_uninterrupted_run(own_cache, t
 
 @pytest.fixture(scope="module")
 def finished(own_cache, tmp_path_factory):
-    from datc.trainer import train
+    from datc.training.trainer import train
 
     run = tmp_path_factory.mktemp("finished") / "run"
     return run, train(cfg_for(own_cache, run, *OVERRIDES))
@@ -158,8 +158,8 @@ def _copy(finished, tmp_path):
 
 @pytest.mark.slow
 def test_an_edited_config_yaml_is_said_and_restored_and_export_refuses_it(own_cache, finished, tmp_path, capfd):
-    from datc.export import main as export_main
-    from datc.trainer import train
+    from datc.run.export import main as export_main
+    from datc.training.trainer import train
 
     run = _copy(finished, tmp_path)
     original = (run / "config.yaml").read_text()
@@ -180,7 +180,7 @@ def test_an_edited_config_yaml_is_said_and_restored_and_export_refuses_it(own_ca
 
 @pytest.mark.slow
 def test_a_deleted_run_json_is_rebuilt_from_this_runs_config_yaml(own_cache, finished, tmp_path, capfd):
-    from datc.trainer import train
+    from datc.training.trainer import train
 
     run = _copy(finished, tmp_path)
     identity = json.loads((run / "run.json").read_text())["identity"]
@@ -196,7 +196,7 @@ def test_a_deleted_run_json_is_rebuilt_from_this_runs_config_yaml(own_cache, fin
 
 @pytest.mark.slow
 def test_garbage_in_a_finished_runs_metrics_is_said(own_cache, finished, tmp_path, capfd):
-    from datc.trainer import train
+    from datc.training.trainer import train
 
     run = _copy(finished, tmp_path)
     with open(run / "metrics.jsonl", "a") as f:
@@ -211,11 +211,11 @@ def test_garbage_in_a_finished_runs_metrics_is_said(own_cache, finished, tmp_pat
 def test_a_resumed_run_says_from_which_step_and_logs_each_step_without_a_bar(own_cache, tmp_path, capfd, caplog):
     import logging
 
-    from datc.trainer import train
+    from datc.training.trainer import train
 
     run = _killed_after_step_2(own_cache, tmp_path)
     capfd.readouterr()
-    with caplog.at_level(logging.INFO, logger="datc.trainer"):
+    with caplog.at_level(logging.INFO, logger="datc.training.trainer"):
         train(cfg_for(own_cache, run, *OVERRIDES))  # debug=fast: trainer.progress=false
     assert f"datc: resumed {run} from its checkpoint of step 2 of 4" in capfd.readouterr().err
     steps = [r.getMessage().split(":")[0] for r in caplog.records if r.getMessage().startswith("step ") and "/" in r.getMessage()]
@@ -226,7 +226,7 @@ def test_a_resumed_run_says_from_which_step_and_logs_each_step_without_a_bar(own
 def test_the_logged_learning_rate_is_the_one_the_step_used(own_cache, tmp_path, capfd):
     # debug=fast: one optimizer update per step. constant_with_warmup over 4 updates: step 1 uses
     # lr * 0/4 = 0, step 2 lr * 1/4 (the log showed the next step's, which hid the zero).
-    from datc.trainer import train
+    from datc.training.trainer import train
     from tests.conftest import metric_rows
 
     train(cfg_for(own_cache, tmp_path / "r", "trainer.steps=2", "trainer.warmup_steps=4", "trainer.lr=0.01"))

@@ -1,4 +1,4 @@
-"""Shared prompt forwards (``trainer.share_prompts``, :mod:`datc.shared_prompt`): each distinct
+"""Shared prompt forwards (``trainer.share_prompts``, :mod:`datc.forward.shared_prompt`): each distinct
 prompt goes through the model once and its KV cache serves its group's responses. The results
 are the plain forward's, position for position, with and without gradients, for the policy's
 log-probs, its hidden states, the reward model's scores and input gradients, and the rollout's
@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from datc.passes import policy_forward, rollout_policy_pass
+from datc.engines.rollout import Rollout, sample_tokens
+from datc.forward.passes import policy_forward, rollout_policy_pass
+from datc.forward.shared_prompt import prompt_groups
 from datc.rewards.model import build_rm_inputs, score
-from datc.rollout import Rollout, sample_tokens
-from datc.shared_prompt import prompt_groups
 
 G, N, P, T = 3, 4, 6, 5  # 4 prompts x 3 responses
 
@@ -129,8 +129,8 @@ def test_the_prefill_is_shared_and_gives_the_same_logits(policy, tok):
 def test_the_gpt2_reward_models_lean_read_out_gives_the_same_scores_and_gradients(tok, monkeypatch):
     # the testbed's reward model (GPT-2, eval, SDPA): its last block runs at the read-out position only
     import datc.rewards.model as rm_mod
-    from datc.fast_decode import lean_rm_continuation
-    from datc.models import build_reward_model
+    from datc.engines.fast_decode import lean_rm_continuation
+    from datc.models.build import build_reward_model
     from tests.conftest import ARCHS
 
     rm = build_reward_model({**ARCHS["gpt2"], "n_layer": 3}, tok, 0).eval()

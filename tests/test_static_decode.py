@@ -1,5 +1,5 @@
-"""The static-cache decode step (datc.static_decode) against the dynamic-cache loop of
-datc.rollout.sample_tokens, on both testbed families: the same sampled ids for the same random
+"""The static-cache decode step (datc.engines.static_decode) against the dynamic-cache loop of
+datc.engines.rollout.sample_tokens, on both testbed families: the same sampled ids for the same random
 stream and the same logits to float rounding, with kept logits, min_new_tokens, top-p,
 temperature, shared prompts and EOS early stop; the run loop's bookkeeping when the step is
 replayed (a CPU stand-in for the CUDA graph: the same Python step, called again); and where it
@@ -12,10 +12,10 @@ import logging
 import pytest
 import torch
 
-from datc import static_decode
-from datc.rollout import encode_prompts, prefill, sample_groups, sample_tokens
-from datc.sampling import sample_categorical
-from datc.static_decode import WARMUP_STEPS, decode_mode, static_decoder, static_reason
+from datc.engines import static_decode
+from datc.engines.rollout import encode_prompts, prefill, sample_groups, sample_tokens
+from datc.engines.sampling import sample_categorical
+from datc.engines.static_decode import WARMUP_STEPS, decode_mode, static_decoder, static_reason
 
 ROWS = [{"prompt": "write about music :"}, {"prompt": "write about the ocean and the city :"}, {"prompt": "hi"}]
 G = 4  # responses per prompt
@@ -198,13 +198,13 @@ def test_models_it_cannot_take_decode_dynamically_after_one_log_line(policy, tok
     assert "synced_gpus" in static_reason(policy, synced_gpus=True)
     policy._can_compile_fullgraph = False  # a model class without static-cache support
     assert "declares no static-cache support" in static_reason(policy)
-    with caplog.at_level(logging.INFO, logger="datc.static_decode"):
+    with caplog.at_level(logging.INFO, logger="datc.engines.static_decode"):
         for _ in range(2):
             torch.manual_seed(0)
             got = sample_tokens(policy, ids, mask, 6, 1.0, 1.0, tok.eos_token_id, tok.pad_token_id, keep_logits=True,
                                 decode="static")
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])  # the dynamic loop, bit for bit
-    lines = [r.getMessage() for r in caplog.records if r.name == "datc.static_decode"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "datc.engines.static_decode"]
     assert len(lines) == 1 and "declares no static-cache support" in lines[0]
     del policy._can_compile_fullgraph
     next(policy.parameters()).ds_id = 0  # a ZeRO-3 partitioned parameter
@@ -219,8 +219,8 @@ def test_a_training_step_decoding_statically_gives_the_dynamic_steps_metrics(cac
     step samples the same responses. GRPO reads nothing else of the sampler: the same metrics
     bit for bit; DATC's credit reads the sampler's kept logits: to float rounding."""
     from datc.config import validate
-    from datc.session import build_session
     from datc.step import train_step
+    from datc.training.session import build_session
     from tests.conftest import cfg_for
 
     metrics, plans = {}, {}
@@ -244,7 +244,7 @@ def test_a_training_step_decoding_statically_gives_the_dynamic_steps_metrics(cac
 
 
 def test_a_sliding_window_model_decodes_dynamically_after_one_log_line(tok, caplog, monkeypatch):
-    from datc.models import build_causal_lm
+    from datc.models.build import build_causal_lm
 
     monkeypatch.setattr(static_decode, "_said", set())
     arch = dict(model_type="qwen3", num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, hidden_size=32,
@@ -254,11 +254,11 @@ def test_a_sliding_window_model_decodes_dynamically_after_one_log_line(tok, capl
     assert policy.config.layer_types == ["full_attention", "sliding_attention"] and static_reason(policy) is None
     ids, mask = _prompts(tok)
     out = []
-    with caplog.at_level(logging.INFO, logger="datc.static_decode"):
+    with caplog.at_level(logging.INFO, logger="datc.engines.static_decode"):
         for decode in ("dynamic", "static"):
             torch.manual_seed(0)
             out.append(sample_tokens(policy, ids, mask, 6, 1.0, 1.0, tok.eos_token_id, tok.pad_token_id, keep_logits=True,
                                      decode=decode))
     assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
-    lines = [r.getMessage() for r in caplog.records if r.name == "datc.static_decode"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "datc.engines.static_decode"]
     assert len(lines) == 1 and "sliding window" in lines[0]

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from datc.credit import CREDIT_SCHEMES
-from datc.passes import REUSE_LOGITS_MAX_ELEMENTS
+from datc.forward.passes import REUSE_LOGITS_MAX_ELEMENTS
 from datc.step.plan import build_plan
 
 

@@ -12,10 +12,10 @@ import sys
 import pytest
 import torch
 
-from datc.checkpoint import latest_checkpoint, load_checkpoint
 from datc.config import ConfigError
-from datc.models import load_pretrained
-from datc.trainer import train
+from datc.models.build import load_pretrained
+from datc.run.checkpoint import latest_checkpoint, load_checkpoint
+from datc.training.trainer import train
 from tests.conftest import cfg_for, comparable, kill_at_checkpoint, metric_rows, train_cmd
 
 pytestmark = pytest.mark.slow
@@ -97,7 +97,7 @@ def test_length_errors_come_before_any_training_and_free_the_run_name(cache_dir,
 
 def test_cache_is_hit_through_another_spelling_of_its_path(tmp_path, monkeypatch):
     from datc.config import validate
-    from datc.prepare import ensure_assets
+    from datc.data.prepare import ensure_assets
 
     a = ensure_assets(validate(cfg_for(str(tmp_path / "cache"), tmp_path / "r")))
     monkeypatch.chdir(tmp_path)
@@ -106,7 +106,7 @@ def test_cache_is_hit_through_another_spelling_of_its_path(tmp_path, monkeypatch
 
 
 def test_a_half_written_checkpoint_is_never_loaded(tmp_path):
-    from datc.checkpoint import save_checkpoint
+    from datc.run.checkpoint import save_checkpoint
 
     save_checkpoint(tmp_path, 2, {"x": torch.ones(1)}, keep=3)
     # What a kill during the next write can leave: the temporary directory, or (never renamed
@@ -148,7 +148,7 @@ def test_a_directory_with_foreign_files_is_refused_and_left_alone(cache_dir, tmp
 
 def test_prepare_seed_draws_another_warm_start_and_reward_model(cache_dir):
     from datc.config import validate
-    from datc.prepare import ensure_assets
+    from datc.data.prepare import ensure_assets
 
     a = ensure_assets(validate(cfg_for(cache_dir, "unused")))
     b = ensure_assets(validate(cfg_for(cache_dir, "unused", "prepare_seed=1")))

@@ -1,4 +1,4 @@
-"""The reference and the reward model's shared trunk (:mod:`datc.trunk`): found only where the
+"""The reference and the reward model's shared trunk (:mod:`datc.forward.trunk`): found only where the
 two models are equal block for block; one reference pass gives the reference's log-probs and,
 through the reward model's own top blocks, its scores and input gradients, equal to the plain
 passes' to rounding, without running the reward model's lower blocks; and a training step with
@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from datc.models import build_causal_lm, build_reward_model, freeze
-from datc.passes import rollout_policy_pass
+from datc.forward.passes import rollout_policy_pass
+from datc.forward.trunk import _top_blocks, reference_and_score, shared_trunk_depth
+from datc.models.build import build_causal_lm, build_reward_model, freeze
 from datc.rewards.model import build_rm_inputs, score
-from datc.trunk import _top_blocks, reference_and_score, shared_trunk_depth
 from tests.conftest import ARCHS
 from tests.test_shared_prompt import G, N, _batch, _prompt_rows
 
@@ -81,7 +81,7 @@ def test_the_trunk_is_off_without_shared_prompts_or_a_reference(tmp_path):
     """The trunk runs in the reference's shared-prompt layout and needs the reference's pass:
     plain prompt forwards (``trainer.share_prompts: false``) or no KL term turn it off."""
     from datc.config import validate
-    from datc.session import build_session
+    from datc.training.session import build_session
     from tests.conftest import cfg_for
 
     base = ["policy=tiny_llama", "+reward.init=policy", "+reward.train.trainable_layers=1", "trainer.beta=0.04"]
@@ -132,8 +132,8 @@ def test_one_reference_pass_gives_the_plain_log_probs_scores_and_gradients(tok, 
 
 def test_a_training_step_with_the_shared_trunk_matches_one_without(tmp_path):
     from datc.config import validate
-    from datc.session import build_session
     from datc.step import train_step
+    from datc.training.session import build_session
     from tests.conftest import cfg_for
 
     overrides = ["policy=tiny_llama", "+reward.init=policy", "+reward.train.trainable_layers=1", "trainer.beta=0.04",

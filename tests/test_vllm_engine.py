@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from datc.config import ConfigError, validate
-from datc.rollout import response_mask_from_ids
+from datc.engines.rollout import response_mask_from_ids
 from tests.conftest import cfg_for, comparable, kill_at_checkpoint, metric_rows, train_cmd
 
 pytestmark = pytest.mark.vllm
@@ -27,7 +27,7 @@ VLLM = ["rollout=vllm", "policy.arch.n_head=2", "rollout.enforce_eager=true"]  #
 
 @pytest.fixture(scope="module")
 def session(tmp_path_factory):
-    from datc.session import build_session
+    from datc.training.session import build_session
 
     root = tmp_path_factory.mktemp("vllm")
     c = validate(cfg_for(root / "cache", root / "run", *VLLM, "credit=datc", "trainer.temperature=0.8"))

@@ -17,11 +17,11 @@ from datc.config import ConfigError, validate
 from datc.credit import CREDIT_SCHEMES, compute_credit, credit_scheme
 from datc.credit.base import CreditOutput
 from datc.credit.diagnostics import credit_metrics
+from datc.engines.rollout import sample_groups
 from datc.rewards.model import build_rm_inputs, score
-from datc.rollout import sample_groups
-from datc.session import build_session
 from datc.step import train_step
 from datc.step.ops import StepOps
+from datc.training.session import build_session
 from tests.conftest import cfg_for
 
 B, G = 16, 4  # four groups: tied by value, one non-finite reward, identical responses, ordinary

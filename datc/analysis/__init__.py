@@ -9,6 +9,6 @@ responses, and the two commands built on them.
 - :mod:`datc.analysis.credit_accuracy` (``datc-credit-accuracy``): credit accuracy against a
   testbed task's gold contributions.
 
-This package sits above :mod:`datc.trainer`; nothing in the trainer, the session or the pure
+This package sits above :mod:`datc.training.trainer`; nothing in the trainer, the session or the pure
 :mod:`datc.credit` package imports it.
 """

@@ -21,15 +21,15 @@ from torch import Tensor
 
 from datc.credit import CreditBatch
 from datc.credit.base import NEEDS
+from datc.engines.rollout import Rollout
 from datc.paths import CONFIG_DIR
-from datc.rollout import Rollout
-from datc.session import Session, build_session, rm_embedding_of
 
 # ---- the analysis calls the step's phases here, nowhere else --------------------------------
 from datc.step.credit import credit_inputs as step_credit_inputs
 from datc.step.frozen import frozen_passes
 from datc.step.reward import reward
 from datc.step.sample import rollout
+from datc.training.session import Session, build_session, rm_embedding_of
 
 
 @dataclass
@@ -103,9 +103,9 @@ def run_session(run_dir: Path, overrides: list[str]) -> tuple[Session, Path]:
     weights from its latest checkpoint. Returns (session, checkpoint directory)."""
     from omegaconf import OmegaConf
 
-    from datc.checkpoint import latest_checkpoint
     from datc.config import validate
-    from datc.export import checkpoint_state_dict, load_policy_weights
+    from datc.run.checkpoint import latest_checkpoint
+    from datc.run.export import checkpoint_state_dict, load_policy_weights
 
     if not (run_dir / "config.yaml").exists():
         raise SystemExit(f"--run {run_dir}: not a datc run directory (no config.yaml)")
@@ -117,7 +117,7 @@ def run_session(run_dir: Path, overrides: list[str]) -> tuple[Session, Path]:
         raise SystemExit(f"--run: {' '.join(groups)}: the run's own config ({run_dir / 'config.yaml'}) sets its groups; "
                          "only plain fields can be overridden (e.g. cache_dir=...)")
     from datc.config import ConfigError
-    from datc.rundir import read_run_config
+    from datc.run.rundir import read_run_config
 
     try:
         own = read_run_config(run_dir)  # checked against run.json

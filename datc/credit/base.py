@@ -38,7 +38,7 @@ GOLD_CONTRIB = "gold_contrib"
 RM_SCORES = "rm_scores"  # (B,) the reward model's score R(x, y) of each response, as sampled
 # callable: (rows (N,) long, positions (N,) long, ids (N,) long) -> (N,) float32, the reward
 # model's scores of N edited responses, edit n being response rows[n] with its token at response
-# position positions[n] replaced by ids[n] (no-grad forwards, batched; see datc.attribution)
+# position positions[n] replaced by ids[n] (no-grad forwards, batched; see datc.forward.attribution)
 RM_EDIT_SCORES = "rm_edit_scores"
 # (B, T, d_policy) grad x input of the rollout policy: e ⊙ ∂(-Σ_t log π(y_t))/∂e, at the input
 # embedding e of the position that predicts y_t (the prompt's last token for t = 0, else y_{t-1})

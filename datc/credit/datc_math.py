@@ -44,9 +44,15 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from datc.credit.low_precision import (  # noqa: F401  (check_matmul_dtype: importable from here as before)
+    MATMUL_DTYPES,
+    check_matmul_dtype,
+    low_precision_embedding,
+    low_product,
+)
+
 LOGIT_MAPS = ("jacobian", "identity")
 ALIGNMENTS = ("projection", "work", "cosine")
-MATMUL_DTYPES = ("float32", "bfloat16", "tf32")  # datc_scores' matmul_dtype (results/bench/credit_precision.md)
 CHUNK_BYTES = 64 * 2**20  # chunk_size None: rows per chunk so that one (chunk, V) temporary fits in this
 
 
@@ -105,7 +111,7 @@ def datc_scores(
     need_rho = alignment == "cosine"
     out = []
     with _no_autocast(g):
-        E_low = _low_precision_embedding(E, matmul_dtype)  # once per call, not per chunk
+        E_low = low_precision_embedding(E, matmul_dtype)  # once per call, not per chunk
         for sel in _chunks(g.shape[0], rows, chunk_rows(chunk_size, E.shape[0], dtype)):
             z = logits[sel]  # gathered once: for the terms and the non-finite check
             work, u_norm, f_norm = _chunk_terms(g[sel].to(dtype), E, z, y[sel], logit_map, top_k, need_rho,
@@ -168,47 +174,6 @@ def chunk_rows(chunk_size: int | None, vocab: int, dtype: torch.dtype = torch.fl
     return max(1, CHUNK_BYTES // (vocab * dtype.itemsize))
 
 
-def check_matmul_dtype(matmul_dtype: str, alignment: str, top_k: int | None) -> None:
-    """Raise ValueError naming ``matmul_dtype`` and its valid values, or where it does not apply."""
-    if matmul_dtype not in MATMUL_DTYPES:
-        raise ValueError(f"matmul_dtype must be one of {MATMUL_DTYPES}, got {matmul_dtype!r}")
-    if matmul_dtype != "float32" and (top_k is not None or alignment == "cosine"):
-        raise ValueError(f"matmul_dtype={matmul_dtype!r} applies to the exact credit (top_k null, alignment projection "
-                         f"or work), got top_k={top_k!r}, alignment={alignment!r}; use matmul_dtype float32 there")
-
-
-def round_to_tf32(x: Tensor) -> Tensor:
-    """float32 ``x`` rounded to TF32 (10 mantissa bits, round half up on the bit pattern; the
-    exponent unchanged): what a TF32 tensor core reads of a float32 operand."""
-    bits = x.float().contiguous().view(torch.int32)
-    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
-
-
-def _low_precision_embedding(E: Tensor, matmul_dtype: str) -> Tensor | None:
-    """``E`` centred and in the product's precision (None for float32)."""
-    if matmul_dtype == "float32":
-        return None
-    centred = E - E.mean(0, keepdim=True)
-    if matmul_dtype == "bfloat16":
-        return centred.to(torch.bfloat16)
-    return centred.float() if E.device.type == "cuda" else round_to_tf32(centred)
-
-
-def _low_product(g: Tensor, E_low: Tensor, matmul_dtype: str) -> Tensor:
-    """(c, V) ``ρ = E g`` (centred) in the low precision: bf16 out of a bf16 GEMM, or float32 out
-    of a TF32 one."""
-    if matmul_dtype == "bfloat16":
-        return g.to(torch.bfloat16) @ E_low.T
-    if g.device.type != "cuda":
-        return round_to_tf32(g) @ E_low.T
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        return g.float() @ E_low.T
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
-
-
 def check_options(logit_map: str, alignment: str, chunk_size: int | None, top_k: int | None) -> None:
     """Raise ValueError naming the option and its valid values if one is out of range."""
     if logit_map not in LOGIT_MAPS:
@@ -219,56 +184,6 @@ def check_options(logit_map: str, alignment: str, chunk_size: int | None, top_k:
         raise ValueError(f"chunk_size must be None (sized by memory) or an integer >= 1, got {chunk_size!r}")
     if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
-
-
-# ---- slow reference (tests only) ---------------------------------------------------------------
-def reference_force(
-    g: Tensor, E: Tensor, logits: Tensor, logit_map: str, top_k: int | None = None
-) -> Tensor:
-    """(N, V) explicit ``f_t = J_t ρ_t`` or ``ρ_t - mean ρ_t``, one token at a time."""
-    pi = reference_pi(logits, top_k)
-    out = []
-    for t in range(g.shape[0]):
-        rho = E @ g[t]  # (V,)
-        if logit_map == "jacobian":
-            jac = torch.diag(pi[t]) - torch.outer(pi[t], pi[t])  # (V, V)
-            out.append(jac @ rho)
-        else:
-            out.append(rho - rho.mean())
-    return torch.stack(out)
-
-
-def reference_scores(
-    g: Tensor,
-    E: Tensor,
-    logits: Tensor,
-    y: Tensor,
-    sign: Tensor,
-    *,
-    logit_map: str,
-    alignment: str,
-    top_k: int | None = None,
-) -> Tensor:
-    """(N,) METHOD §2 steps 2-4 with explicit ``ρ_t, J_t, f_t, u_t`` vectors (tests only)."""
-    pi = reference_pi(logits, top_k)
-    f = reference_force(g, E, logits, logit_map, top_k)
-    out = []
-    for t in range(g.shape[0]):
-        u = sign[t] * (torch.nn.functional.one_hot(y[t], pi.shape[-1]).to(pi) - pi[t])
-        work = f[t] @ u
-        den = {"work": 1.0, "projection": u.norm(), "cosine": f[t].norm() * u.norm()}[alignment]
-        out.append(work / den if den > 0 else torch.zeros_like(work))
-    return torch.stack(out)
-
-
-def reference_pi(logits: Tensor, top_k: int | None = None) -> Tensor:
-    """(N, V) ``softmax(logits)``, restricted to its ``top_k`` largest entries and renormalised."""
-    pi = torch.softmax(logits, dim=-1)
-    if top_k is None or top_k >= pi.shape[-1]:
-        return pi
-    keep = torch.zeros_like(pi).scatter(-1, pi.topk(top_k, dim=-1).indices, 1.0)
-    pi = pi * keep
-    return pi / pi.sum(-1, keepdim=True)
 
 
 # ---- internals -------------------------------------------------------------------------------
@@ -379,7 +294,7 @@ def _full_vocab_terms(g: Tensor, E: Tensor, pi: Tensor, y: Tensor, logit_map: st
     s2_minus_pi_y = not_m_sq - pi_m * not_m_sum + (pi_m - pi_y)  # Σπ² - π_y
     E_m = E[m]  # (c, d)
     rho_y = (g * (E[y] - E_m)).sum(-1)  # ρ'_y, exactly 0 when y = m
-    rho = g @ E.T if E_low is None else _low_product(g, E_low, matmul_dtype)  # (c, V) ρ = E g, one product
+    rho = g @ E.T if E_low is None else low_product(g, E_low, matmul_dtype)  # (c, V) ρ = E g, one product
     a[rows, m] = (-not_m_sum).to(a.dtype)  # D
     pi_rho = _rowdot(a, rho).to(dtype)  # π·ρ' = Σ_v π_v (ρ_v - ρ_m)
     if logit_map == "identity":

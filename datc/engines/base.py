@@ -6,7 +6,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from datc.rollout import Rollout
+from datc.engines.rollout import Rollout
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class SamplingArgs:
     prompt_field: str = "prompt"
     synced_gpus: bool = False  # ZeRO-3 across ranks: every rank forwards until all are done (torch engine)
     share_prompts: bool = True  # each prompt's prefill once for its group (torch engine)
-    decode: str = "dynamic"  # the torch engine's decode loop (datc.static_decode)
+    decode: str = "dynamic"  # the torch engine's decode loop (datc.engines.static_decode)
     sync_every: int = 8  # ... and how often it checks for finished rows
 
 

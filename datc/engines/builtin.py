@@ -1,5 +1,5 @@
 """The built-in engine: the trainer's policy samples with the project's own KV-cache loop
-(:func:`datc.rollout.sample_groups`, the static-cache decode on CUDA). Its logits are the
+(:func:`datc.engines.rollout.sample_groups`, the static-cache decode on CUDA). Its logits are the
 trainer's, so the credit can reuse them and no correction applies."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from datc.engines.base import RolloutEngine, SamplingArgs
-from datc.rollout import Rollout, sample_groups
+from datc.engines.rollout import Rollout, sample_groups
 
 
 class TorchEngine(RolloutEngine):

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from datc.engines.base import RolloutEngine, SamplingArgs
-from datc.rollout import Rollout, encode_prompts, response_mask_from_ids
+from datc.engines.rollout import Rollout, encode_prompts, response_mask_from_ids
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class VLLMEngine(RolloutEngine):
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # leave the trainer's threads alone
         from vllm import LLM
 
-        from datc.models import resolve_dtype
+        from datc.models.build import resolve_dtype
 
         dtype = resolve_dtype(c.policy.dtype if r.dtype == "auto" else r.dtype, device)
         config = m.policy.config

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from datc.fast_decode import lean_rm_continuation
-from datc.rollout import position_ids
-from datc.shared_prompt import forward_after_prompts, prompt_groups
+from datc.engines.fast_decode import lean_rm_continuation
+from datc.engines.rollout import position_ids
+from datc.forward.shared_prompt import forward_after_prompts, prompt_groups
 
 
 @dataclass
@@ -20,7 +20,7 @@ class RMInputs:
     and the template's suffix if any; left-padded too, so the last column is every row's last
     token and the score is read there). The padding between the blocks is masked and skipped by
     the positions, so the model sees each row as ``prefix + continuation``; the split lets each
-    distinct prefix be forwarded once (:mod:`datc.shared_prompt`). L = prefix_len + the
+    distinct prefix be forwarded once (:mod:`datc.forward.shared_prompt`). L = prefix_len + the
     continuation's width."""
 
     input_ids: Tensor  # (B, L) long
@@ -95,7 +95,7 @@ def score(rm, inputs: RMInputs, response_mask: Tensor, with_grad: bool = False, 
     others are scored by a no-grad forward and get a zero gradient (None: every response).
     ``share``: each distinct prefix of a chunk is forwarded once, without a graph (the gradient
     is wanted at the response tokens only, which the prefix does not depend on), and the
-    continuations after it (:mod:`datc.shared_prompt`)."""
+    continuations after it (:mod:`datc.forward.shared_prompt`)."""
     if not with_grad or grad_rows is None or bool(grad_rows.all()):
         return _score(rm, inputs, response_mask, with_grad, batch_size, share)
     scores = torch.empty(response_mask.shape[0], dtype=torch.float32, device=response_mask.device)
@@ -117,7 +117,7 @@ def rows_by_gradient(n: int, with_grad: bool, grad_rows: Tensor | None,
     """The ``n`` responses split into those scored with an input gradient and those without, as
     ``(with_gradient, rows)`` pairs, ``rows`` (k,) long on ``device``, the gradient ones first and
     empty groups left out: with ``with_grad`` the rows ``grad_rows`` (n,) bool get one (None:
-    all), without it none does. Shared by :func:`score` and :func:`datc.trunk.reference_and_score`."""
+    all), without it none does. Shared by :func:`score` and :func:`datc.forward.trunk.reference_and_score`."""
     if with_grad and grad_rows is not None:
         want = grad_rows.to(device=device, dtype=torch.bool)
     else:

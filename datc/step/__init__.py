@@ -8,7 +8,7 @@ Shapes: B responses on this rank (whole groups of G, contiguous), T response pos
 
 | phase | module | result |
 |---|---|---|
-| rollout | :mod:`datc.step.sample` | :class:`datc.rollout.Rollout` |
+| rollout | :mod:`datc.step.sample` | :class:`datc.engines.rollout.Rollout` |
 | frozen passes | :mod:`datc.step.frozen` | :class:`datc.step.frozen.Frozen` (reference log-probs, RM scores and gradient) |
 | reward | :mod:`datc.step.reward` | :class:`datc.step.reward.Rewarded` (rewards, advantages, loss mask) |
 | credit | :mod:`datc.step.credit` | :class:`datc.step.credit.Credited` (weights, ``Â = A · w``) |
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from datc.engines import prompt_seeds
-from datc.logger import completions_of
-from datc.numerics import NonFiniteReport
-from datc.rollout import Rollout
+from datc.engines.rollout import Rollout
+from datc.math.numerics import NonFiniteReport
+from datc.run.logger import completions_of
 from datc.step.credit import assign_credit
 from datc.step.frozen import frozen_passes
 from datc.step.metrics import step_metrics
@@ -40,7 +40,7 @@ class StepResult:
 
     metrics: dict[str, float]  # reward/, rollout/, credit/, loss/, nonfinite/ and perf/ figures (over ranks)
     nonfinite: NonFiniteReport  # this rank's non-finite hits (the loop merges them over ranks)
-    completions: Any = None  # datc.logger.Completions for the eval's W&B table, on the step before an eval
+    completions: Any = None  # datc.run.logger.Completions for the eval's W&B table, on the step before an eval
 
 
 def train_step(s, it: int) -> StepResult:

@@ -2,7 +2,7 @@
 ``Â = A · w`` (METHOD §1), with the inputs the scheme declares and nothing else.
 
 The rollout policy's distribution comes from the sampler's kept logits when the plan reuses
-them, else from one no-grad pass of the policy (:class:`datc.passes.Passes`), which also gives
+them, else from one no-grad pass of the policy (:class:`datc.forward.passes.Passes`), which also gives
 the loss its old log-probs off-policy. A row-local scheme recomputing the logits works one
 micro-batch of rows at a time (``plan.chunk_rows``), so the (B, T, V) logits are never all held.
 With the zero-advantage skip only the responses with ``A != 0`` are computed
@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from datc.attribution import policy_grad_x_input, rm_edit_scorer
 from datc.credit import CreditOutput
 from datc.credit.base import (
     GOLD_CONTRIB,
@@ -30,10 +29,11 @@ from datc.credit.base import (
     RM_SCORES,
     CreditBatch,
 )
-from datc.logprobs import entropy_from_logits, selective_log_softmax
-from datc.numerics import uniform_nonfinite_weights
-from datc.passes import scaled
-from datc.rollout import Rollout
+from datc.engines.rollout import Rollout
+from datc.forward.attribution import policy_grad_x_input, rm_edit_scorer
+from datc.forward.passes import scaled
+from datc.math.logprobs import entropy_from_logits, selective_log_softmax
+from datc.math.numerics import uniform_nonfinite_weights
 from datc.step.plan import StepPlan
 from datc.step.reward import Rewarded
 from datc.step.rows import on_rows

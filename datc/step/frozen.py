@@ -2,7 +2,7 @@
 input-embedding gradient) for one rollout batch, behind one call with one named result.
 
 When the reward model shares its lower blocks with the reference (``plan.trunk``,
-:mod:`datc.trunk`), one reference pass gives both; otherwise the reward model scores the
+:mod:`datc.forward.trunk`), one reference pass gives both; otherwise the reward model scores the
 responses (:func:`datc.rewards.model.score`, through the session's ``ops.score``) and the
 reference makes its own no-grad pass. With the zero-advantage skip (``plan.skip_zero``), the
 groups whose responses are all the same token ids (identical inputs: equal rewards, ``A = 0``)
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from datc.rollout import Rollout
+from datc.engines.rollout import Rollout
+from datc.forward.trunk import reference_and_score
 from datc.step.plan import StepPlan
-from datc.trunk import reference_and_score
 
 
 @dataclass

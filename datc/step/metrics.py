@@ -8,10 +8,10 @@ import math
 
 import torch
 
+from datc.backends.distributed import Dist
 from datc.credit.diagnostics import credit_metrics
-from datc.distributed import Dist
-from datc.metrics import finite_mean, finite_std, within_group_corr
-from datc.rollout import Rollout
+from datc.engines.rollout import Rollout
+from datc.math.metrics import finite_mean, finite_std, within_group_corr
 from datc.step.credit import Credited
 from datc.step.reward import Rewarded
 from datc.utils import peak_rss_mb

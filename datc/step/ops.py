@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from datc.advantages import group_advantages
 from datc.credit import compute_credit
-from datc.losses import clipped_policy_loss
+from datc.engines.rollout import sample_groups
+from datc.math.advantages import group_advantages
+from datc.math.losses import clipped_policy_loss
 from datc.rewards.model import score
-from datc.rollout import sample_groups
 
 
 def _ignore(phase: str, result: Any) -> None:
@@ -26,9 +26,9 @@ def _ignore(phase: str, result: Any) -> None:
 
 @dataclass(frozen=True)
 class StepOps:
-    sample: Callable = sample_groups  # datc.rollout.sample_groups: one sampling call -> Rollout
+    sample: Callable = sample_groups  # datc.engines.rollout.sample_groups: one sampling call -> Rollout
     score: Callable = score  # datc.rewards.model.score: the reward model's scores (and input gradient)
-    advantages: Callable = group_advantages  # datc.advantages.group_advantages: rewards -> A
+    advantages: Callable = group_advantages  # datc.math.advantages.group_advantages: rewards -> A
     credit: Callable = compute_credit  # datc.credit.compute_credit: (scheme, CreditBatch, params) -> CreditOutput
-    loss: Callable = clipped_policy_loss  # datc.losses.clipped_policy_loss: per-token clipped loss and KL
+    loss: Callable = clipped_policy_loss  # datc.math.losses.clipped_policy_loss: per-token clipped loss and KL
     observe: Callable[[str, Any], None] = _ignore  # sees each phase's result (see the module docstring)

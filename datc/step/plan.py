@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from datc.credit.base import ENTROPY, POLICY_LOGITS, RM_GRAD
-from datc.passes import Passes, pass_plan
-from datc.static_decode import decode_mode
+from datc.engines.static_decode import decode_mode
+from datc.forward.passes import Passes, pass_plan
 
 
 @dataclass(frozen=True)
@@ -31,19 +31,19 @@ class StepPlan:
     rm_grad: bool  # the reward model's input-embedding gradient is made (the scheme declares it)
     credit_entropy: bool  # the credit pass makes entropies (read by the scheme, or rollout/entropy off-policy)
     with_ref: bool  # a frozen reference (KL term, beta > 0)
-    ref_is_policy: bool  # ... which is the policy with its LoRA adapters disabled, no second model (datc.lora)
-    trunk: int  # blocks the reward model shares with the reference: one pass gives both (datc.trunk); 0 off
-    share_prompts: bool  # forwards compute each distinct prompt once (datc.shared_prompt)
+    ref_is_policy: bool  # ... which is the policy with its LoRA adapters disabled, no second model (datc.models.lora)
+    trunk: int  # blocks the reward model shares with the reference: one pass gives both (datc.forward.trunk); 0 off
+    share_prompts: bool  # forwards compute each distinct prompt once (datc.forward.shared_prompt)
     synced_gpus: bool  # ZeRO-3 with several ranks: every rank makes as many forwards as the others
     gather_generation: bool  # sampling with the policy's parameters gathered once per call (ZeRO-3)
     sample_synced: bool  # sampling keeps every rank forwarding until all are done (synced, not gathered)
-    decode: str  # the sampler's decode loop: static (cache and graph, datc.static_decode) or dynamic
+    decode: str  # the sampler's decode loop: static (cache and graph, datc.engines.static_decode) or dynamic
     keep_completions: bool  # the step before an eval keeps its completions (for the W&B table)
     head_chunk: int | None  # the update's LM head this many positions at a time (no (rows, T, V) logits); None: whole
     grad_checkpoint: bool  # the update recomputes the decoder blocks' activations in the backward
     engine: str  # the rollout engine (datc.engines): torch samples with the policy, vllm with its own copy
     sync_engine: bool  # the policy's weights are pushed to the engine before each rollout (an engine with its own)
-    correction: str  # importance-sampling correction of the sampler/trainer mismatch (datc.correction), or none
+    correction: str  # importance-sampling correction of the sampler/trainer mismatch (datc.math.correction), or none
     correction_cap: float  # its C
     passes: Passes  # the policy-side passes with (temperature, micro-batch, shared prompts) bound
 
@@ -89,7 +89,7 @@ def build_plan(t, scheme, vocab_size: int, *, with_ref: bool, trunk: int, ref_is
     (``head_chunk``: ``trainer.lm_head_chunk`` where the policy allows it, :func:`head_chunk_for`).
     ``engine``: the session's rollout engine (:mod:`datc.engines`; None: the built-in one): one
     that keeps no logits has the credit recompute them, one with its own weights is synced and
-    may be corrected for (``correction``, :mod:`datc.correction`)."""
+    may be corrected for (``correction``, :mod:`datc.math.correction`)."""
     needs = scheme.needs
     pp = pass_plan(t, needs, vocab_size)
     chunked = scheme.row_local and POLICY_LOGITS in needs

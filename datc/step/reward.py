@@ -1,5 +1,5 @@
 """The reward phase: the frozen models' scores plus the rules, turned into group advantages,
-with the non-finite guards of :mod:`datc.numerics` (reward, advantage and rm_grad stages)."""
+with the non-finite guards of :mod:`datc.math.numerics` (reward, advantage and rm_grad stages)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from datc.numerics import (
+from datc.engines.rollout import Rollout
+from datc.math.numerics import (
     NonFiniteReport,
     drop_nonfinite_rewards,
     zero_nonfinite_advantages,
     zero_nonfinite_rm_grad,
 )
 from datc.rewards.rules import RULES, RuleContext
-from datc.rollout import Rollout
 from datc.step.frozen import Frozen, rm_grad_rows
 from datc.step.plan import StepPlan
 from datc.tasks import gold_of
@@ -76,7 +76,7 @@ def reward(s, ro: Rollout, fz: Frozen, plan: StepPlan, mask: Tensor | None = Non
             r = RULES.get(rule.name)(ctx).to(rewards)
             rewards = rewards + rule.weight * r
             rule_metrics[f"reward/rule_{rule.name}"] = float(r.mean())
-    nf = NonFiniteReport(len(rewards))  # NaN/inf caught per stage (datc.numerics)
+    nf = NonFiniteReport(len(rewards))  # NaN/inf caught per stage (datc.math.numerics)
     finite_rewards, mask, bad_reward = drop_nonfinite_rewards(rewards, mask, t.num_generations)
     nf.add("reward", bad_reward)
     advantages = s.ops.advantages(finite_rewards, t.num_generations, t.scale_rewards)

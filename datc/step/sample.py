@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from datc.engines import SamplingArgs
-from datc.rollout import Rollout, cat_rollouts
+from datc.engines.rollout import Rollout, cat_rollouts
 from datc.step.plan import StepPlan
 
 

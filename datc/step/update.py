@@ -1,5 +1,5 @@
 """The loss and update phase: ``epochs`` passes over the rollout batch in mini-batches, one
-optimizer step each, through the session's :class:`datc.optim.PolicyOptimizer`."""
+optimizer step each, through the session's :class:`datc.backends.optim.PolicyOptimizer`."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import contextlib
 import torch
 from torch import Tensor
 
-from datc.correction import is_weights, mismatch_sums, weight_stats
-from datc.losses import AggNorm, aggregate
-from datc.numerics import NonFiniteReport, loss_is_finite
-from datc.passes import checkpointed_layers
-from datc.rollout import Rollout
+from datc.engines.rollout import Rollout
+from datc.forward.passes import checkpointed_layers
+from datc.math.correction import is_weights, mismatch_sums, weight_stats
+from datc.math.losses import AggNorm, aggregate
+from datc.math.numerics import NonFiniteReport, loss_is_finite
 from datc.step.plan import StepPlan
 
 _SUMMED = ("total", "kl", "clip_frac", "ratio", "entropy")  # summed over ranks: each rank's share of the mini-batch
@@ -108,7 +108,7 @@ def update(s, ro: Rollout, mask: Tensor, token_adv: Tensor, old_logps: Tensor | 
 
 
 class Mismatch:
-    """The sampler-vs-trainer gap over one step's tokens (:mod:`datc.correction`), summed over
+    """The sampler-vs-trainer gap over one step's tokens (:mod:`datc.math.correction`), summed over
     micro-batches and ranks: ``rollout/sampler_logp_diff_mean`` and ``_max`` (|log π_train −
     log π_sampler|, TRL's ``sampling/sampling_logp_difference``), ``rollout/sampler_kl`` (k3
     estimate of KL(π_sampler ‖ π_train)) and, with a correction, ``rollout/is_ratio_min``,

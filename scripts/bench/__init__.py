@@ -45,6 +45,6 @@ Scales:
 
 Run from the repository root. Modules: ``scales`` (scales, targets, the notes of notes.md),
 ``stats`` (pure figures), ``datc_side`` (this project's session and step: the only module that
-calls ``datc.trainer``), ``trl_side`` (TRL's trainer and reward callable), ``same_loss`` (1),
+calls ``datc.training.trainer``), ``trl_side`` (TRL's trainer and reward callable), ``same_loss`` (1),
 ``measure`` (2 to 5), ``render`` (the markdown), ``cli`` (the command).
 """

@@ -35,9 +35,9 @@ def unpadded(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
 class RMReward:
     """TRL reward function around the frozen reward model. It scores the sampled token ids as
     they are: the prompt rendered as this project renders it (``encoder``, a
-    :class:`datc.chat.PromptEncoder`: the text with BOS on the testbed, the chat template on a
+    :class:`datc.models.chat.PromptEncoder`: the text with BOS on the testbed, the chat template on a
     real model; default: the text as it is) followed by the completion ids up to and including
-    EOS, through this project's reward-model inputs (``datc.chat.RewardInputs``) and ``score``,
+    EOS, through this project's reward-model inputs (``datc.models.chat.RewardInputs``) and ``score``,
     so both trainers get the same rewards.
 
     TRL's built-in path for a model object would decode the completions, concatenate prompt and
@@ -50,7 +50,7 @@ class RMReward:
     __name__ = "rm_score"
 
     def __init__(self, rm, tok, micro_batch_size: int, encoder=None, rm_tok=None, rm_chat_template: bool = False) -> None:
-        from datc.chat import PromptEncoder, RewardInputs
+        from datc.models.chat import PromptEncoder, RewardInputs
 
         # TRL hands over the prompt column as it is: a text, or (conversational) a list of messages
         enc = PromptEncoder(tok) if encoder is None else dataclasses.replace(encoder, field="prompt", prompt_format="text")
@@ -69,7 +69,7 @@ class RMReward:
 
 def trl_prompt(encoder, example: dict[str, Any]) -> str | list[dict[str, str]]:
     """A prompt row as TRL takes it: with a chat template, the conversation (TRL renders it with
-    the tokenizer's template, generation prompt added, as :class:`datc.chat.PromptEncoder`
+    the tokenizer's template, generation prompt added, as :class:`datc.models.chat.PromptEncoder`
     does); otherwise the prompt text (TRL tokenizes it with the tokenizer's special tokens, as
     this project does)."""
     return encoder.messages(example) if encoder.chat_template else encoder.text(example)
@@ -151,9 +151,9 @@ def build_trl(session, steps: int, seed: int, max_new_tokens: int | None = None,
     and one optimizer step per rollout, as here)."""
     from trl import GRPOConfig
 
-    from datc.chat import prompt_encoder
-    from datc.models import freeze, load_pretrained
-    from datc.tokenizer import load_tokenizer
+    from datc.data.tokenizer import load_tokenizer
+    from datc.models.build import freeze, load_pretrained
+    from datc.models.chat import prompt_encoder
 
     c, t, a = session.c, session.c.trainer, session.assets
     if t.loss_agg != "token-mean" or t.epochs != 1 or t.mini_batch_size != t.batch_size:

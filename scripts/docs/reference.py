@@ -35,10 +35,10 @@ RESULTS = ROOT / "results"
 # I/O inside, as tests/test_import_graph.py keeps them) and the credit interface a scheme author
 # writes against.
 API_MODULES = [
-    "datc.advantages",
-    "datc.losses",
-    "datc.logprobs",
-    "datc.metrics",
+    "datc.math.advantages",
+    "datc.math.losses",
+    "datc.math.logprobs",
+    "datc.math.metrics",
     "datc.credit",
     "datc.credit.base",
     "datc.credit.weights",

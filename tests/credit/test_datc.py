@@ -8,9 +8,9 @@ import torch
 
 from datc.credit import CREDIT_SCHEMES, compute_credit
 from datc.credit.base import CreditBatch
-from datc.credit.datc_math import reference_scores
 from datc.credit.schemes.datc import DATCParams
 from tests.credit.conftest import make_batch as _make_batch
+from tests.credit.datc_reference import reference_scores
 
 F64 = torch.float64
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from datc.credit import CREDIT_SCHEMES
-from datc.credit.datc_math import reference_force
 from datc.credit.schemes.datc_magnitude import MagnitudeParams
 from tests.credit.conftest import make_batch
+from tests.credit.datc_reference import reference_force
 
 F64 = torch.float64
 

@@ -15,11 +15,9 @@ from datc.credit.datc_math import (
     LOGIT_MAPS,
     datc_scores,
     force_norm,
-    reference_force,
-    reference_pi,
-    reference_scores,
     rm_saliency,
 )
+from tests.credit.datc_reference import reference_force, reference_pi, reference_scores
 
 F64 = torch.float64
 COMBOS = list(itertools.product(LOGIT_MAPS, ALIGNMENTS))
@@ -423,7 +421,7 @@ def test_matmul_dtype_is_checked():
 
 
 def test_tf32_rounding_keeps_ten_mantissa_bits():
-    from datc.credit.datc_math import round_to_tf32
+    from datc.credit.low_precision import round_to_tf32
 
     x = torch.tensor([1.0, 1.0 + 2**-10, 1.0 + 2**-12, -3.0e-5, 1.0 + 2**-11 + 2**-20])
     r = round_to_tf32(x)

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from datc.credit import CreditBatch, compute_credit, resolve_scheme
-from datc.passes import rollout_policy_pass
-from datc.rollout import sample_groups
+from datc.engines.rollout import sample_groups
+from datc.forward.passes import rollout_policy_pass
 
 SIG2 = 1 / (1 + math.exp(-2))  # sigmoid(2) = 0.8808
 

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from datc.credit.configs import credit_config_names
-from datc.trainer import train
+from datc.training.trainer import train
 from tests.conftest import cfg_for
 
 pytestmark = pytest.mark.slow

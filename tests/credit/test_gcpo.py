@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from datc.credit import CreditBatch, compute_credit, resolve_scheme
-from datc.passes import logps_under_prompts, rollout_policy_pass
-from datc.rollout import sample_groups, with_prompts
+from datc.engines.rollout import sample_groups, with_prompts
+from datc.forward.passes import logps_under_prompts, rollout_policy_pass
 
 
 def _batch(old, neg, mask, adv, prompts=None):

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from datc.attribution import policy_grad_x_input
 from datc.credit import CreditBatch, compute_credit, resolve_scheme
-from datc.rollout import sample_groups
+from datc.engines.rollout import sample_groups
+from datc.forward.attribution import policy_grad_x_input
 
 
 def _batch(gx, mask, adv):

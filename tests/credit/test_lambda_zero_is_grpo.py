@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from datc.config import validate
-from datc.session import build_session
 from datc.step import train_step
+from datc.training.session import build_session
 from tests.conftest import cfg_for
 
 pytestmark = pytest.mark.slow

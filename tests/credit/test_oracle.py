@@ -8,7 +8,7 @@ import torch
 from datc.config import ConfigError, validate
 from datc.credit import CREDIT_SCHEMES, CreditBatch, compute_credit, resolve_scheme
 from datc.credit.base import GOLD_CONTRIB
-from datc.session import build_session
+from datc.training.session import build_session
 from tests.conftest import cfg_for
 
 

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from datc.attribution import rm_edit_scorer
 from datc.credit import CREDIT_SCHEMES, CreditBatch, compute_credit, resolve_scheme
 from datc.credit.schemes.rm_counterfactual import counterfactual_contributions
+from datc.forward.attribution import rm_edit_scorer
 from datc.rewards.model import build_rm_inputs, score
 
 V = 5

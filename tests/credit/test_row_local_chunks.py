@@ -13,9 +13,9 @@ from datc.config import validate
 from datc.credit import CREDIT_SCHEMES, compute_credit, scheme_key
 from datc.credit.base import POLICY_LOGITS
 from datc.credit.configs import credit_config, credit_config_names
-from datc.session import build_session, session_plan
 from datc.step import train_step
 from datc.step.ops import StepOps
+from datc.training.session import build_session, session_plan
 from tests.conftest import cfg_for
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from datc.distributed import Dist
+from datc.backends.distributed import Dist
 
 if __name__ == "__main__":
     rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]

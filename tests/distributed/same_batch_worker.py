@@ -15,12 +15,12 @@ import time
 import torch
 from hydra import compose, initialize_config_dir
 
+from datc.backends.distributed import gathered
+from datc.backends.distributed import init as init_distributed
 from datc.config import validate
-from datc.distributed import gathered
-from datc.distributed import init as init_distributed
 from datc.paths import CONFIG_DIR
-from datc.session import build_session
 from datc.step import learn, rollout
+from datc.training.session import build_session
 from datc.utils import quiet_libraries
 
 

@@ -7,7 +7,7 @@ through the shared weight step (METHOD §2.5, mean 1 per response, so every toke
 sign of ``A_i``). It is the best a direction-aware credit scheme can do with perfect knowledge of
 which tokens matter, so the gap between ``grpo`` and ``oracle`` bounds what token credit can buy
 in a setting. A run whose task has no per-token gold (``data.task: null``) is refused before any
-model loads (:func:`datc.session.build_session`).
+model loads (:func:`datc.training.session.build_session`).
 
 ``sign(A_i)`` is ``torch.sign``: a response with ``A_i = 0`` scores 0 everywhere and falls back to
 ``w = 1`` (moot: ``Â = 0``); so does one whose tokens all contribute alike (e.g. all filler).

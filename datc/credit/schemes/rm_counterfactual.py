@@ -14,7 +14,7 @@ replaced by another draw of the rollout policy at that position::
 ``c_t``, so the gap between the two schemes is what linearization loses.
 
 Cost: the edited responses are scored by no-grad reward-model forwards (the ``rm_edit_scores``
-input, :func:`datc.attribution.rm_edit_scorer`): ``K`` per valid token of each response with
+input, :func:`datc.forward.attribution.rm_edit_scorer`): ``K`` per valid token of each response with
 ``A != 0``. They are prefix-cached: one cached forward of each edited response, then every edit
 forwards only the columns from its edited token to the read-out, ``rows_per_forward`` edits
 per forward sorted by column, so an edit at position t of a T-token response costs about

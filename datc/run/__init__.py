@@ -1,0 +1,2 @@
+"""A run's files: its directory, lock, checkpoints, input fingerprints, names, logging, signals and
+exports. No model code beyond what a checkpoint or an export loads."""

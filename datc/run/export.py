@@ -1,0 +1,174 @@
+"""Trained policies as Hugging Face checkpoints, for other tools to load, serve or evaluate.
+
+At the end of a run the trainer writes the final policy and its tokenizer with
+``save_pretrained`` into ``<run_dir>/final/`` (as TRL, verl and OpenRLHF leave a checkpoint),
+so ``AutoModelForCausalLM.from_pretrained("<run_dir>/final")`` loads it. ``datc-export``
+does the same for any checkpoint of a run, from its ``state.pt`` (plain PyTorch) or from
+DeepSpeed's shards (ZeRO-2 and ZeRO-3 consolidated into fp32 weights with DeepSpeed's
+``get_fp32_state_dict_from_zero_checkpoint``):
+
+    datc-export runs/<run_name>                          # the last checkpoint -> runs/<run_name>/export/step_N
+    datc-export runs/<run_name> --checkpoint 40 --out my_model
+
+Weights are saved as trained (fp32 master weights), so the exported model's logits equal the
+trained policy's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from datc.run.atomic import atomic_dir
+
+
+class ExportError(ValueError):
+    """A run or checkpoint that cannot be exported; the message says why."""
+
+
+def _full_state_dict(module) -> dict[str, torch.Tensor]:
+    """The module's parameters and buffers on the CPU, gathered first when ZeRO-3 partitions
+    them (every rank must call this then: the gather is collective)."""
+    params = [p for p in module.parameters() if hasattr(p, "ds_id")]
+    if not params:
+        return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+        return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+
+
+def save_pretrained_dir(model, tok, out: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+    """``model`` (with ``state_dict`` as its weights, if given) and ``tok`` saved with
+    ``save_pretrained`` into ``out``, which appears complete or not at all."""
+    out = Path(out)
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(tmp, state_dict=state_dict)
+        tok.init_kwargs["padding_side"] = tok.padding_side  # saved, so every loader pads as the policy did (left)
+        tok.save_pretrained(tmp)
+    return out
+
+
+def save_final_policy(policy, tok, out: str | Path, dist=None, adapter=None) -> Path | None:
+    """The trained policy (a module or a DeepSpeed engine) and its tokenizer as a Hugging Face
+    checkpoint in ``out``; a LoRA policy (``adapter``: its ``PeftModel``) as its adapter
+    (:func:`datc.models.lora.save_adapter`). Under DeepSpeed every rank calls this (ZeRO-3 gathers
+    the parameters); rank 0 writes."""
+    module = getattr(policy, "module", policy)
+    state = _full_state_dict(module)
+    if dist is not None and not dist.is_main:
+        return None
+    if adapter is not None:
+        from datc.models.lora import save_adapter
+
+        return save_adapter(adapter, tok, Path(out), state)
+    return save_pretrained_dir(module, tok, out, state)
+
+
+# ---- datc-export --------------------------------------------------------------------------------
+
+
+def _checkpoint_dir(run_dir: Path, step: int | None) -> Path:
+    from datc.run.checkpoint import checkpoint_dirs
+
+    ckpts = checkpoint_dirs(run_dir)
+    if not ckpts:
+        raise ExportError(f"{run_dir}: no complete checkpoint under {run_dir / 'checkpoints'}")
+    if step is None:
+        return ckpts[-1]
+    found = [p for p in ckpts if int(p.name.split("_")[1]) == step]
+    if not found:
+        steps = ", ".join(str(int(p.name.split("_")[1])) for p in ckpts)
+        raise ExportError(f"--checkpoint: {run_dir} has no checkpoint of step {step}; it has {steps}")
+    return found[0]
+
+
+def checkpoint_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
+    """The policy's fp32 weights in a checkpoint directory (``state.pt``, or DeepSpeed's shards)."""
+    from datc.run.checkpoint import load_checkpoint
+
+    state = load_checkpoint(ckpt)
+    if not state.get("deepspeed"):
+        return state["policy"]
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name, exclude_frozen_parameters=True)
+
+
+def load_policy_weights(model, state: dict[str, torch.Tensor]) -> None:
+    """``state`` into ``model``: every key must match, except a tied LM head (the consolidated
+    ZeRO weights may hold it once, as the embedding)."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = {k for k in missing if k.endswith("lm_head.weight") and model.config.tie_word_embeddings}
+    if set(missing) - tied or unexpected:
+        raise ExportError(f"the checkpoint does not match the policy's architecture (missing {sorted(set(missing) - tied)[:4]}, "
+                          f"unexpected {sorted(unexpected)[:4]})")
+    if tied:
+        model.tie_weights()
+
+
+def export_checkpoint(run_dir: str | Path, step: int | None = None, out: str | Path | None = None,
+                      merge: bool = False) -> Path:
+    """Export checkpoint ``step`` (default: the last) of the run in ``run_dir`` as a Hugging
+    Face checkpoint in ``out`` (default ``<run_dir>/export/step_N``). The architecture and
+    tokenizer are the run's own (its ``config.yaml``; the testbed's come from the cache,
+    rebuilt deterministically if it was cleared). A LoRA run exports its adapter, or with
+    ``merge`` the base with the adapter folded in (:func:`datc.models.lora.save_adapter`); a full
+    policy is the same either way."""
+    from omegaconf import OmegaConf
+
+    from datc.config import validate
+    from datc.data.prepare import ensure_assets
+    from datc.data.tokenizer import load_tokenizer
+    from datc.models.build import load_pretrained
+    from datc.run.rundir import read_run_config
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").exists():
+        raise ExportError(f"{run_dir}: not a datc run directory (no config.yaml)")
+    ckpt = _checkpoint_dir(run_dir, step)
+    c = validate(OmegaConf.create(read_run_config(run_dir)))  # checked against run.json
+    if c.policy.path is not None:  # a given model: no data or cache needed
+        policy_path, tok_path = c.policy.path, c.policy.tokenizer or c.policy.path
+    else:
+        assets = ensure_assets(c)
+        policy_path, tok_path = assets.policy_path, assets.tokenizer_path
+    model = load_pretrained("causal_lm", policy_path, "policy.path")  # the architecture; weights replaced
+    out = Path(out) if out is not None else run_dir / "export" / ckpt.name
+    if c.policy.lora.r > 0:
+        from datc.models.lora import add_adapters, load_trained_state, save_adapter
+
+        pm = add_adapters(model, c.policy.lora)
+        load_trained_state(model, checkpoint_state_dict(ckpt), str(ckpt))
+        return save_adapter(pm, load_tokenizer(tok_path), out, model.state_dict(), merge=merge)
+    load_policy_weights(model, checkpoint_state_dict(ckpt))
+    return save_pretrained_dir(model, load_tokenizer(tok_path), out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="datc-export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dir", type=Path, help="the run directory (runs/<run_name>)")
+    ap.add_argument("--checkpoint", type=int, default=None, help="the step to export (default: the last checkpoint)")
+    ap.add_argument("--out", type=Path, default=None, help="output directory (default: <run_dir>/export/step_N)")
+    ap.add_argument("--merge", action="store_true",
+                    help="a LoRA run: write the base with the adapter merged in, not the adapter (a full policy: no change)")
+    a = ap.parse_args(argv)
+    from datc.config import ConfigError
+    from datc.models.build import ModelLoadError
+    from datc.utils import quiet_libraries
+
+    quiet_libraries()
+    try:
+        out = export_checkpoint(a.run_dir, a.checkpoint, a.out, merge=a.merge)
+    except (ExportError, ConfigError, ModelLoadError, FileNotFoundError) as e:
+        print(f"datc-export: {e}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

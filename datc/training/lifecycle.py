@@ -1,0 +1,184 @@
+"""A run's life cycle around the training loop: open (or refuse) its directory, resume from its
+last checkpoint, write checkpoints, and write its summary at the end.
+
+Under DeepSpeed every rank calls these; rank 0 owns the run directory and the summary, every
+rank writes its own shards and RNG state into the checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from datc.backends.distributed import Dist
+from datc.config import ConfigError, TrainConfig
+from datc.data.prepare import Assets
+from datc.math.metrics import mean_of
+from datc.run.checkpoint import latest_loadable_checkpoint
+from datc.run.fingerprint import changes, fingerprints
+from datc.run.rundir import RunDir, metrics_gaps, warn
+from datc.training.session import Session
+from datc.utils import atomic_write_json, rng_state, set_rng_state
+
+
+def resolved_config(cfg: DictConfig | dict) -> dict[str, Any]:
+    """The config as plain containers, interpolations resolved, Hydra's own node dropped."""
+    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
+    out = OmegaConf.to_container(node, resolve=True)
+    out.pop("hydra", None)
+    return out
+
+
+def _git_commit() -> str | None:
+    """The commit of the code this process loaded (``+dirty`` if the tree had changes then)."""
+    try:
+        cwd = Path(__file__).parent
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=cwd).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                               timeout=5, cwd=cwd).stdout.strip()
+        return (head + ("+dirty" if dirty else "")) or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+GIT_COMMIT = _git_commit()  # read at import: a sweep's later runs report the code they ran
+
+
+def open_run(dist: Dist, path: str | Path, resolved: dict[str, Any], resume: str) -> tuple[RunDir, dict | None]:
+    """Rank 0 opens (or refuses) the run directory; every rank learns the outcome, so a refusal
+    stops all of them with the same message. Returns (run, summary if the run already finished)."""
+    outcome: tuple = ()
+    if dist.is_main:
+        try:
+            run = RunDir.open(path, resolved, resume)
+            outcome = ("ok", run, run.read_summary())
+            if outcome[2] is not None:
+                run.check_finished_metrics()
+        except ConfigError as e:
+            dist.broadcast(("error", str(e), None))
+            raise
+    outcome = dist.broadcast(outcome)
+    if outcome[0] == "error":
+        raise ConfigError(outcome[1])
+    return outcome[1], outcome[2]
+
+
+INPUTS_FILE = "inputs.json"  # fingerprints of the files the run loads (datc.run.fingerprint)
+
+
+def check_inputs(dist: Dist, c: TrainConfig, run: RunDir, assets: Assets) -> None:
+    """Record the fingerprints of the run's models, tokenizer and prompt data when it starts; on
+    a resume, refuse (naming the file) when one changed since, unless
+    ``trainer.accept_changed_inputs``. Rank 0 decides; every rank learns the outcome."""
+    error = None
+    if dist.is_main:
+        try:
+            _check_inputs(c, run, assets)
+        except ConfigError as e:
+            error = str(e)
+    error = dist.broadcast(error)
+    if error is not None:
+        raise ConfigError(error)
+
+
+def _check_inputs(c: TrainConfig, run: RunDir, assets: Assets) -> None:
+    tok = assets.tokenizer_path if assets.tokenizer_path != assets.policy_path else None
+    now = fingerprints({"policy": assets.policy_path, "reward": assets.reward_path, "tokenizer": tok,
+                        "data": assets.data_path})
+    path = run.path / INPUTS_FILE
+    if run.resumable and path.exists():
+        try:
+            before = json.loads(path.read_text())
+            diff = changes(before, now) if isinstance(before, dict) else None
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError):
+            diff = None
+        if diff is None:
+            warn(f"{path} is damaged; the inputs' fingerprints are recorded again from the files as they are now")
+        elif not diff:
+            return
+        elif not c.trainer.accept_changed_inputs:
+            more = f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""
+            raise ConfigError(
+                f"trainer.accept_changed_inputs: {run.path} was started with other inputs: {diff[0]}{more}; "
+                "restore them to resume this run, start it under another run_name, or resume with "
+                "trainer.accept_changed_inputs=true if the change is deliberate"
+            )
+        else:
+            warn(f"trainer.accept_changed_inputs: resuming {run.path} with changed inputs: {'; '.join(diff[:5])}")
+    elif run.resumable:
+        warn(f"{path} is missing (a run started before inputs were fingerprinted); recording them now")
+    atomic_write_json(path, now)
+
+
+def resume(s: Session, run: RunDir) -> tuple[int, float]:
+    """Load the run's last checkpoint into the session (policy, optimizer, scheduler, RNG) when
+    it has one, and cut ``metrics.jsonl`` back to it. Returns (first step to run, seconds
+    already trained)."""
+    dist = s.dist
+    start, elapsed = 0, 0.0
+    ckpt, state = latest_loadable_checkpoint(run.path) if run.resumable else (None, None)
+    if ckpt is not None:
+        state = s.optim.load(ckpt, state)  # policy, optimizer and schedule (datc.backends.optim)
+        set_rng_state(state["rng"])
+        start, elapsed = state["step"], state["elapsed"]
+    if dist.is_main:
+        run.truncate_metrics(start if ckpt is not None else -1)
+    return start, elapsed
+
+
+def save(s: Session, run: RunDir, step: int, elapsed: float) -> None:
+    """Checkpoint the run after ``step``: policy, optimizer, scheduler, RNG and trained seconds."""
+    s.optim.save(run.path, step, rng_state(), elapsed, s.c.trainer.keep_checkpoints)
+
+
+def finish(c: TrainConfig, run: RunDir, assets: Assets, elapsed: float) -> dict[str, Any]:
+    """Rank 0, after the last step: write the run's summary (and its copy under ``results_dir``)."""
+    summary = summarize(c, run, assets, elapsed)
+    atomic_write_json(run.summary_file, summary)
+    if c.results_dir is not None:
+        atomic_write_json(Path(c.results_dir) / f"{c.run_name}.json", summary)
+    return summary
+
+
+def summarize(c: TrainConfig, run: RunDir, assets: Assets, elapsed: float) -> dict[str, Any]:
+    """The run's summary from its ``metrics.jsonl``: first and last evaluation, the gold curve
+    and its normalized area, mean ``perf/`` and ``credit/`` figures, the reward model's report."""
+    rows = run.read_metrics()
+    evals = [r for r in rows if "eval/rm_score" in r]
+    trains = [r for r in rows if "perf/step_s" in r]
+    gaps = metrics_gaps(rows, c.trainer.steps)  # never invent what metrics.jsonl does not hold
+    out: dict[str, Any] = {
+        "run_name": c.run_name, "run_id": run.run_id, "seed": c.seed,
+        "credit": c.credit.get("name", c.credit.get("_target_")), "policy": c.policy.name, "data": c.data.name,
+        "steps": c.trainer.steps, "wall_time_s": round(elapsed, 2), "git_commit": GIT_COMMIT,
+        "eval": {"initial": {k: v for k, v in evals[0].items() if k != "step"} if evals and evals[0]["step"] == 0 else {},
+                 "final": {k: v for k, v in evals[-1].items() if k != "step"} if evals else {},
+                 "curve": [{"step": r["step"], "gold": r.get("eval/gold"), "rm_score": r["eval/rm_score"]} for r in evals]},
+        "rm_report": assets.rm_report,
+    }
+    golds = [(r["step"], r["eval/gold"]) for r in evals if r.get("eval/gold") is not None]
+    if gaps:
+        out["metrics_missing"] = gaps
+    if len(golds) > 1 and not gaps:  # normalized area under the gold curve (trapezoid rule, per step)
+        area = sum((s1 - s0) * (g0 + g1) / 2 for (s0, g0), (s1, g1) in zip(golds, golds[1:], strict=False))
+        out["eval"]["gold_auc"] = area / (golds[-1][0] - golds[0][0])
+    if trains and not gaps:
+        keys = [k for k in trains[0] if k.startswith(("perf/", "credit/"))]
+        out["train_mean"] = {k: mean_of([r.get(k) for r in trains]) for k in keys}
+    return out
+
+
+class NoLogger:
+    """Ranks other than 0 log nothing."""
+
+    def log(self, *args: Any) -> None: ...
+
+    def log_samples(self, *args: Any) -> None: ...
+
+    def log_completions(self, *args: Any) -> None: ...
+
+    def finish(self, *args: Any) -> None: ...

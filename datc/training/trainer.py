@@ -1,0 +1,149 @@
+"""The training loop: open (or resume) the run, then step, log, evaluate and checkpoint.
+
+``train(cfg)`` is called by the Hydra entry point (:mod:`datc.train`) and directly by tests.
+The step itself (rollout → frozen passes → reward → credit → loss and update → metrics) is
+:func:`datc.step.train_step`; around the loop: the session (:mod:`datc.training.session`, with the step
+plan decided once), evaluation (:mod:`datc.training.evaluation`) and the run's life cycle
+(:mod:`datc.training.lifecycle`).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from tqdm.auto import tqdm
+
+from datc.backends.distributed import Dist
+from datc.backends.distributed import init as init_distributed
+from datc.backends.micro_batch import RECORD_FILE
+from datc.config import TrainConfig, validate
+from datc.math.numerics import NonFiniteReport
+from datc.run.export import save_final_policy
+from datc.run.logger import RunLogger
+from datc.run.rundir import release_run_locks
+from datc.run.runlock import note
+from datc.run.signals import stop_if_requested, stop_requested, stop_signals
+from datc.step import train_step
+from datc.step.ops import StepOps
+from datc.training.evaluation import evaluate
+from datc.training.lifecycle import (
+    NoLogger,
+    check_inputs,
+    finish,
+    open_run,
+    resolved_config,
+    resume,
+    save,
+)
+from datc.training.session import build_session
+from datc.utils import atomic_write_json, keep_freed_memory, quiet_libraries, seed_everything
+
+log = logging.getLogger(__name__)
+
+
+def train(cfg: DictConfig | dict, run_dir: str | Path | None = None, ops: StepOps | None = None) -> dict[str, Any]:
+    """Run one experiment; return its summary (also written to ``<run_dir>/summary.json``).
+
+    Under DeepSpeed every process calls this; rank 0 owns the run directory, the metrics, W&B
+    and the summary, every rank writes its own shards and RNG state into the checkpoints.
+    ``ops``: the step's seams (:class:`datc.step.ops.StepOps`), for tests."""
+    c = validate(cfg)  # typed and range-checked before any model loads
+    dist = init_distributed(c)  # world-size checks, then the process group (DeepSpeed only)
+    try:
+        with stop_signals():  # SIGTERM / SIGINT: checkpoint at the next step boundary, then stop
+            return _train(c, resolved_config(cfg), dist, run_dir, ops)
+    finally:
+        release_run_locks()
+        dist.close()
+
+
+
+def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | Path | None,
+           ops: StepOps | None) -> dict[str, Any]:
+    t = c.trainer
+    run, done = open_run(dist, run_dir or c.run_dir, resolved, t.resume)
+    if done is not None:  # this run already finished: nothing to redo
+        if dist.is_main:
+            note(f"{run.path} already holds this run, finished: returning its summary (nothing retrained)")
+        if dist.is_main and c.results_dir is not None:  # e.g. `make demo-results` after `make demo`
+            atomic_write_json(Path(c.results_dir) / f"{c.run_name}.json", done)
+        return done
+    torch.set_num_threads(t.threads)
+    if t.keep_freed_memory and not dist.enabled:  # single-process runs (see the README's speed section)
+        keep_freed_memory()
+    quiet_libraries()
+    if dist.is_main and not run.resumable:  # a fresh run sizes its own micro-batch (datc.backends.micro_batch)
+        (run.path / RECORD_FILE).unlink(missing_ok=True)
+    try:
+        s = build_session(c, dist, ops, on_assets=lambda assets: check_inputs(dist, c, run, assets), run_dir=run.path)
+    except BaseException:
+        if dist.is_main:
+            run.discard()
+        raise
+    c, t = s.c, s.c.trainer  # trainer.micro_batch_size: auto resolved by the session
+    # Seeded after the set-up: a cold cache (prepare draws random numbers) and a warm one must
+    # give the same run. Rank r samples its own responses (rank 0's stream is a lone run's).
+    seed_everything(c.seed + 1_000_003 * dist.rank)
+    logger = RunLogger(run.path, run.metrics_file, c.logger, c.run_name, run.wandb_id, resolved) if dist.is_main else NoLogger()
+    eval_rows = list(s.assets.eval)[: t.eval_size]
+    start, elapsed = resume(s, run)
+    if dist.is_main:
+        log.info("step plan: %s", s.plan.describe())
+        if start > 0:
+            note(f"resumed {run.path} from its checkpoint of step {start} of {t.steps}")
+    completions = None  # of the last step before an eval (W&B's table)
+
+    def do_eval(step: int) -> None:
+        with s.autocast():  # every rank evaluates (ZeRO-3 gathers need all of them); rank 0 logs
+            metrics, samples = evaluate(c, s.m, eval_rows, s.assets.task, s.device)
+        logger.log(metrics, step)
+        logger.log_samples(samples, step)
+        logger.log_completions(completions, step)
+
+    stop_if_requested(stop_requested(dist), start, saved=False)  # a signal during the set-up
+    if start == 0:
+        do_eval(0)
+    bar = tqdm(range(start, t.steps), initial=start, total=t.steps, disable=not (t.progress and dist.is_main), desc=c.run_name)
+    for it in bar:
+        result = train_step(s, it)
+        metrics = result.metrics
+        if result.completions is not None:
+            completions = result.completions
+        step = it + 1
+        elapsed += metrics["perf/step_s"]
+        logger.log(metrics, step)
+        _merged_nonfinite(dist, result.nonfinite).check(t.max_nonfinite_frac, step)  # after the step is logged
+        if step % t.eval_every == 0 or step == t.steps:
+            do_eval(step)
+        stopping = stop_requested(dist)
+        if step % t.checkpoint_every == 0 or step == t.steps or stopping:
+            save(s, run, step, elapsed)
+        shown = {k.split("/")[1]: f"{metrics[k]:.3f}" for k in ("reward/gold", "reward/rm_score", "loss/kl") if k in metrics}
+        bar.set_postfix(shown)
+        if dist.is_main and not t.progress:  # no bar: one log line per step (train.log and stderr)
+            log.info("step %d/%d: %s, %.2fs", step, t.steps, ", ".join(f"{k} {v}" for k, v in shown.items()),
+                     metrics["perf/step_s"])
+        stop_if_requested(stopping and step < t.steps, step)  # the last step finishes the run instead
+
+    save_final_policy(s.optim.module, s.m.tok, run.path / "final", dist, s.m.adapter)  # a Hugging Face checkpoint
+    summary = None
+    if dist.is_main:
+        summary = finish(c, run, s.assets, elapsed)
+        logger.finish(dict(summary["eval"]["final"]))
+    return dist.broadcast(summary)
+
+
+def _merged_nonfinite(dist: Dist, report: NonFiniteReport) -> NonFiniteReport:
+    """The step's non-finite hits over all ranks, so every rank stops (or not) together."""
+    if dist.world_size == 1:
+        return report
+    parts = dist.gather(report)
+    merged = NonFiniteReport(sum(p.batch_size for p in parts))
+    for src in {k for p in parts for k in p.hits}:
+        merged.add(src, torch.cat([p.hits.get(src, torch.zeros(p.batch_size, dtype=torch.bool)) for p in parts]))
+    merged.nonfinite_micro_batches = sum(p.nonfinite_micro_batches for p in parts)
+    return merged
