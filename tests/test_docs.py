@@ -148,7 +148,7 @@ def test_every_credit_field_has_a_description():
 
 def test_the_reference_takes_ranges_from_the_schema_and_defaults_from_the_composed_config():
     by_name = {f.name: f for f in reference.config_fields()}
-    assert by_name["trainer.loss_agg"].valid == "`token-mean` \\| `seq-mean-token-mean` \\| `seq-mean-token-sum-norm`"
+    assert by_name["trainer.loss_agg"].valid == "`token-mean` | `seq-mean-token-mean` | `seq-mean-token-sum-norm`"
     assert by_name["trainer.lr"].valid == "> 0" and by_name["trainer.beta"].valid == ">= 0"
     assert by_name["trainer.top_p"].valid == "in (0, 1]"  # the message of validate()'s own check
     assert "2" in by_name["trainer.num_generations"].valid
@@ -156,6 +156,72 @@ def test_the_reference_takes_ranges_from_the_schema_and_defaults_from_the_compos
     assert by_name["trainer.eval_size"].default == 512
     assert by_name["trainer.eval_size"].source == "trainer/default.yaml"
     assert by_name["policy.gguf_file"].source == "policy/smollm2_135m_instruct.yaml"  # only it sets the field
+
+
+def _rendered_tables(md: str) -> list[list[list[str]]]:
+    """Every table of ``md`` as Python-Markdown (what the site uses) renders it: rows of cell
+    texts, the header row first."""
+    from html.parser import HTMLParser
+
+    import markdown
+
+    class Cells(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.tables, self.cell = [], None
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "table":
+                self.tables.append([])
+            elif tag == "tr":
+                self.tables[-1].append([])
+            elif tag in ("td", "th"):
+                self.cell = []
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th"):
+                self.tables[-1][-1].append("".join(self.cell))
+                self.cell = None
+
+        def handle_data(self, data):
+            if self.cell is not None:
+                self.cell.append(data)
+
+    parser = Cells()
+    parser.feed(markdown.markdown(md, extensions=["tables"]))
+    return parser.tables
+
+
+def _generated_pages() -> dict[str, str]:
+    pages = {"reference/config.md": reference.config_reference_md(), "configuration groups": reference.config_groups_md(),
+             "schemes/index.md": reference.schemes_table_md()}
+    return pages | {f"schemes/{i.label}.md": reference.scheme_page_md(i) for i in reference.scheme_infos()}
+
+
+def test_the_generated_tables_render_whole_rows_with_no_stray_escapes():
+    from datc import config
+
+    pages = _generated_pages()
+    for name, md in pages.items():
+        tables = _rendered_tables(md)
+        assert tables or name.startswith("schemes/"), name  # a scheme without fields has no table
+        for table in tables:
+            width = len(table[0])
+            for row in table:
+                assert len(row) == width, f"{name}: a row of {len(row)} cells under a header of {width}: {row}"
+                assert not any("\\" in cell for cell in row), f"{name}: a stray backslash in {row}"
+    rows = {r[0]: r for r in _rendered_tables(pages["reference/config.md"])[0][1:]}
+    rows |= {r[0]: r for t in _rendered_tables(pages["reference/config.md"])[1:] for r in t[1:]}
+    for field, choices in config.CHOICES.items():
+        if field in rows:  # every choice in the field's own row, none lost to a split cell
+            assert all(("null" if c is None else str(c)) in rows[field][3] for c in choices), (field, rows[field])
+    assert rows["policy.dtype"][1] == "str" and "|" not in rows["trainer.lr"][1]
+
+
+def test_the_table_check_sees_a_split_row():
+    bad = "| a | b |\n|---|---|\n| `x` \\\\| `y` | z |\n"  # the old double escape: one row of three cells
+    table = _rendered_tables(bad)[0]
+    assert len(table[1]) != len(table[0]) or any("\\" in c for c in table[1])
 
 
 def test_yaml_comments_follow_nesting_and_skip_lists(tmp_path):

@@ -192,7 +192,7 @@ def _valid(name: str) -> str:
 
     parts = []
     if name in config.CHOICES:
-        parts.append(" \\| ".join("null" if c is None else f"`{c}`" for c in config.CHOICES[name]))
+        parts.append(" | ".join("null" if c is None else f"`{c}`" for c in config.CHOICES[name]))
     if name in config.POSITIVE:
         parts.append("> 0")
     if name in config.NON_NEGATIVE:
@@ -239,7 +239,16 @@ def _value(v: Any) -> str:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """``text`` as one Markdown table cell: a ``|`` outside a code span escaped (``\\|``), one
+    inside a code span left alone (Python-Markdown's tables keep a code span whole, and would show
+    the backslash there), line breaks as spaces."""
+    parts = text.replace("\n", " ").split("`")
+    return "`".join(p if i % 2 else p.replace("|", "\\|") for i, p in enumerate(parts))
+
+
+def _code(text: str) -> str:
+    """``text`` as a code span in a table cell."""
+    return _cell(f"`{text}`")
 
 
 def config_reference_md() -> str:
@@ -263,7 +272,7 @@ def config_reference_md() -> str:
         lines += [f"## {title}", "", "| field | type | default | valid | description |", "|---|---|---|---|---|"]
         for f in fields:
             src = f" <small>({f.source})</small>" if f.source else ""
-            lines.append(f"| `{f.name}` | `{_cell(f.type)}` | `{_cell(_value(f.default))}` | {_cell(f.valid)} | "
+            lines.append(f"| `{f.name}` | {_code(f.type)} | {_code(_value(f.default))} | {_cell(f.valid)} | "
                          f"{_cell(f.description)}{src} |")
         lines.append("")
     return "\n".join(lines)
@@ -424,7 +433,7 @@ def scheme_page_md(s: SchemeInfo) -> str:
     lines += [s.idea or "(no module docstring)", "", "## Fields", ""]
     if s.fields:
         lines += ["| field | type | value | description |", "|---|---|---|---|"]
-        lines += [f"| `{f.name}` | `{_cell(f.type)}` | `{_cell(_value(f.value))}` | {_cell(f.description)} |" for f in s.fields]
+        lines += [f"| `{f.name}` | {_code(f.type)} | {_code(_value(f.value))} | {_cell(f.description)} |" for f in s.fields]
         lines += ["", f"Override any of them on the command line: `credit={s.label} credit.{s.fields[0].name}=...`."]
     else:
         lines.append("None.")
