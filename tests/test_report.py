@@ -207,7 +207,7 @@ def test_table_means_intervals_and_paired_differences(runs_root, tmp_path):
     assert r"keywords / tiny\_gpt2 & datc & 0.467 $\pm$ 0.379" in tex
 
 
-def test_summary_says_beat_and_did_not_beat(runs_root, tmp_path):
+def test_summary_says_beat_only_where_the_interval_excludes_zero(runs_root, tmp_path):
     report = build_report(load_run_dirs([runs_root]).runs, "grpo")
     write_outputs(report, tmp_path / "out")
     text = (tmp_path / "out" / "summary.md").read_text()
@@ -215,12 +215,12 @@ def test_summary_says_beat_and_did_not_beat(runs_root, tmp_path):
     assert sentences["- On keywords / tiny_gpt2"] == (
         "- On keywords / tiny_gpt2, DATC beat GRPO on final held-out gold: "
         "paired difference +0.267 ± 0.143 "
-        "(95% t-interval over 3 shared seeds; significant at 95%)."
+        "(95% t-interval over 3 shared seeds; it excludes zero)."
     )
     assert sentences["- On arithmetic / tiny_llama"] == (
-        "- On arithmetic / tiny_llama, DATC did not beat GRPO on final held-out gold: "
+        "- On arithmetic / tiny_llama, the difference between DATC and GRPO on final held-out gold is not resolved: "
         "paired difference -0.033 ± 0.287 "
-        "(95% t-interval over 3 shared seeds; not significant at 95%)."
+        "(95% t-interval over 3 shared seeds; the interval does not exclude zero)."
     )
     for png in PLOTS:
         assert f"]({png})" in text
@@ -237,7 +237,7 @@ def test_single_seed_missing_scheme_and_unshared_seeds(tmp_path):
     write_outputs(report, out)
     table = (out / "table.md").read_text()
     row = table_row(table, "keywords / tiny_llama", "datc")
-    assert row[GOLD_COL] == "0.400 ± n/a"  # n = 1: mean only
+    assert row[GOLD_COL] == "0.400 (n=1)"  # n = 1: the mean and its n only
     assert row[DGOLD_COL] == "n/a (no grpo run)"
     assert table_row(table, "keywords / tiny_gpt2", "datc")[DGOLD_COL] == "n/a (no shared seed)"
     text = (out / "summary.md").read_text()
@@ -607,3 +607,26 @@ def test_runs_of_a_runs_csv_pool_with_run_directories_over_asset_draws(tmp_path,
     # a table alone (no directories): compared by data, policy and steps
     main(["--runs-csv", str(tmp_path / "old_table" / "runs.csv"), "--out", str(tmp_path / "alone")])
     assert "matched no single config" in capsys.readouterr().err
+
+
+def test_a_verdict_says_beat_or_lost_to_only_where_its_interval_excludes_zero():
+    from datc.report.statistics import Interval, PairedDifference, Verdict
+
+    def verdict(mean, hw, n):
+        return Verdict("keywords / tiny_gpt2", "datc", "grpo", True, True, PairedDifference(Interval(mean, hw, n), tuple(range(n))))
+
+    assert "DATC beat GRPO" not in verdict(0.0004, 0.012, 6).sentence  # the +0.000 ± 0.012 that was called a win
+    assert "is not resolved" in verdict(0.0004, 0.012, 6).sentence and "over 6 shared seeds" in verdict(0.0004, 0.012, 6).sentence
+    assert "DATC lost to GRPO" in verdict(-0.2, 0.1, 4).sentence
+    assert "DATC beat GRPO" in verdict(0.2, 0.1, 4).sentence
+    one = verdict(0.3, None, 1).sentence
+    assert "is not resolved" in one and "one pair gives no interval" in one
+
+
+def test_a_cell_of_fewer_than_three_values_shows_its_mean_and_n_not_an_interval():
+    from datc.report.statistics import Interval
+    from datc.report.tables import _interval_text
+
+    assert _interval_text(Interval(2.670, 15.225, 2), 2) == "2.670 (n=2)"  # the step time that read 2.670 ± 15.225
+    assert _interval_text(Interval(2.670, 0.5, 3), 3) == "2.670 ± 0.500"
+    assert _interval_text(Interval(0.1, 0.05, 3), 4, signed=True) == "+0.100 ± 0.050 (n=3)"

@@ -68,7 +68,7 @@ class Row:
 
 @dataclass(frozen=True)
 class Verdict:
-    """Whether DATC beat the baseline on final gold in one setting. ``diff`` is ``None`` when
+    """Whether DATC beat the baseline, lost to it, or neither is resolved, on final gold in one setting. ``diff`` is ``None`` when
     one of the two schemes has no run there; ``diff.seeds`` is empty when they share no seed."""
 
     setting: str
@@ -94,16 +94,18 @@ class Verdict:
                 f"On {self.setting}, {t} and {b} share no seed with a final gold value, "
                 "so no paired comparison is possible."
             )
-        verb = "beat" if d.mean > 0 else "did not beat"
-        if d.half_width is None:
-            detail = "one shared seed, no interval; not significant at 95%"
-        else:
-            sig = "significant" if self.diff.significant else "not significant"
-            detail = f"95% t-interval over {d.n} shared seeds; {sig} at 95%"
         hw = "n/a" if d.half_width is None else f"{d.half_width:.3f}"
+        pairs = f"{d.n} shared seed{'s' if d.n != 1 else ''}"
+        if not self.diff.significant:  # "beat" or "lost to" only where the interval excludes zero
+            why = "one pair gives no interval" if d.half_width is None else f"95% t-interval over {pairs}"
+            return (
+                f"On {self.setting}, the difference between {t} and {b} on final held-out gold is not resolved: "
+                f"paired difference {d.mean:+.3f} ± {hw} ({why}; the interval does not exclude zero)."
+            )
+        verb = "beat" if d.mean > 0 else "lost to"
         return (
             f"On {self.setting}, {t} {verb} {b} on final held-out gold: paired difference "
-            f"{d.mean:+.3f} ± {hw} ({detail})."
+            f"{d.mean:+.3f} ± {hw} (95% t-interval over {pairs}; it excludes zero)."
         )
 
 

@@ -22,6 +22,9 @@ from datc.report.statistics import (
 )
 
 
+MIN_INTERVAL_N = 3  # fewer values: no interval is shown (two give a t-interval 12.7 SDs wide)
+
+
 @dataclass(frozen=True)
 class Cell:
     """Table cell text (``±`` and ``Δ`` are turned into LaTeX math by the LaTeX writer)."""
@@ -34,9 +37,10 @@ def _interval_text(iv: Interval, n_runs: int, signed: bool = False) -> str:
     if iv.mean is None:
         return "n/a"
     mean = f"{iv.mean:+.3f}" if signed else f"{iv.mean:.3f}"
-    hw = "n/a" if iv.half_width is None else f"{iv.half_width:.3f}"
+    if iv.n < MIN_INTERVAL_N:  # a t-interval on one degree of freedom is wider than it is useful: the mean and its n
+        return f"{mean} (n={iv.n})"
     # Say so when a value is missing from some of the row's runs.
-    return f"{mean} ± {hw}" + (f" (n={iv.n})" if iv.n < n_runs else "")
+    return f"{mean} ± {iv.half_width:.3f}" + (f" (n={iv.n})" if iv.n < n_runs else "")
 
 
 def table_cells(report: Report) -> tuple[list[str], list[list[Cell]]]:
@@ -64,15 +68,15 @@ def table_cells(report: Report) -> tuple[list[str], list[list[Cell]]]:
                 cells.append(Cell("n/a (no shared seed)"))
             else:
                 pd = row.vs_baseline[m.key]
-                cells.append(Cell(_interval_text(pd.diff, row.n_runs, signed=True), pd.significant))
+                cells.append(Cell(_interval_text(pd.diff, row.n_runs, signed=True), pd.significant and pd.diff.n >= MIN_INTERVAL_N))
         cells.append(Cell(str(row.n_runs)))
         body.append(cells)
     return header, body
 
 
 LEGEND = (
-    "Cells: mean ± half-width of the 95% Student-t interval over seeds (± n/a: one seed; "
-    "(n=k): the value is missing from some runs). Δ: paired by seed, scheme minus baseline, "
+    "Cells: mean ± half-width of the 95% Student-t interval over seeds (below 3 values the mean "
+    "and its (n=k) alone; (n=k) also where the value is missing from some runs). Δ: paired by seed, scheme minus baseline, "
     "mean ± 95% t half-width; bold where the interval excludes zero. Credit accuracy is "
     "undefined for uniform weights (GRPO): n/a."
 )
