@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -71,3 +72,60 @@ def test_export_errors_are_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "datc.run.export", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f"datc-export: {tmp_path}: not a datc run directory (no config.yaml)"]
+
+
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(next(path.glob("*.safetensors"))))
+
+
+def test_an_export_writes_what_it_says_or_refuses_and_replaces_only_its_own_run_when_asked(cache_dir, tmp_path):
+    from datc.run.export import ExportError
+
+    run, other = tmp_path / "run", tmp_path / "other"
+    train(cfg_for(cache_dir, run, "trainer.steps=4", "trainer.keep_checkpoints=2"))
+    train(cfg_for(cache_dir, other, "trainer.steps=2", "seed=1"))
+    first, last = (int(p.name.split("_")[1]) for p in checkpoint_dirs(run))
+    out = tmp_path / "out"
+    export_checkpoint(run, first, out)
+    was = _weights(out)
+    # Another step to the same place: refused in one line, the earlier weights kept (the old reading kept them and said it wrote)
+    proc = subprocess.run([sys.executable, "-m", "datc.run.export", str(run), "--checkpoint", str(last), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "earlier export of this run" in proc.stderr and "--replace" in proc.stderr
+    assert all(torch.equal(was[k], v) for k, v in _weights(out).items())
+    # Asked for: replaced, and the new weights are the checkpoint's
+    export_checkpoint(run, last, out, replace=True)
+    now = _weights(out)
+    assert any(not torch.equal(was[k], now[k]) for k in now)
+    assert json.loads((out / "datc_export.json").read_text())["checkpoint"] == last
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.")] == []  # nothing left aside
+    # Never replaced, even with --replace: a file, a folder of the user's, another run's export
+    (tmp_path / "a_file").write_text("mine")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    export_checkpoint(other, None, tmp_path / "theirs")
+    for target, why in ((tmp_path / "a_file", "is a file"), (tmp_path / "mine", "not an export of this run"),
+                        (tmp_path / "theirs", "another run's export")):
+        with pytest.raises(ExportError, match=why):
+            export_checkpoint(run, last, target, replace=True)
+    assert (tmp_path / "a_file").read_text() == "mine" and (tmp_path / "mine" / "notes.txt").read_text() == "mine"
+    # An empty folder is free
+    (tmp_path / "empty").mkdir()
+    assert (export_checkpoint(run, last, tmp_path / "empty") / "config.json").exists()
+
+
+def test_a_lora_export_then_merge_to_the_default_path_refuses_then_replaces_and_pads_left(cache_dir, tmp_path):
+    run = tmp_path / "lora_run"
+    train(cfg_for(cache_dir, run, "policy.lora.r=4", "trainer.steps=2"))
+    adapter = export_checkpoint(run)
+    assert (adapter / "adapter_config.json").exists()
+    with pytest.raises(Exception, match="earlier export of this run"):
+        export_checkpoint(run, merge=True)  # the adapter stayed where the merged model was said to be
+    merged = export_checkpoint(run, merge=True, replace=True)
+    assert merged == adapter and (merged / "config.json").exists() and not (merged / "adapter_config.json").exists()
+    assert AutoModelForCausalLM.from_pretrained(merged) is not None
+    assert AutoTokenizer.from_pretrained(merged).padding_side == "left"
+    assert json.loads((merged / "datc_export.json").read_text())["merge"] is True

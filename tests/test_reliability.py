@@ -254,6 +254,50 @@ def test_save_checkpoint_on_a_full_disk_says_so_and_keeps_the_last_good_one(tmp_
     assert path.name == "step_0000002" and state["step"] == 2
 
 
+def test_a_prune_or_replace_killed_midway_leaves_nothing_that_looks_like_a_checkpoint(tmp_path, monkeypatch):
+    for step in (2, 4):
+        save_checkpoint(tmp_path, step, {"x": torch.full((3,), float(step))}, keep=2)
+    root = tmp_path / "checkpoints"
+    # What kills leave behind: an empty step folder (a prune killed mid-removal), a half-removed .old
+    (root / "step_0000001").mkdir()
+    (root / ".step_0000002.pruned.old").mkdir()
+    (root / ".step_0000002.pruned.old" / "state.pt").write_bytes(b"partial")
+    removed = []
+    real_rmtree = shutil.rmtree
+    monkeypatch.setattr(shutil, "rmtree", lambda p, **kw: (removed.append(Path(p).name), real_rmtree(p, **kw)))
+    save_checkpoint(tmp_path, 6, {"x": torch.full((3,), 6.0)}, keep=2)
+    assert sorted(p.name for p in root.iterdir()) == ["step_0000004", "step_0000006"]
+    assert ".step_0000002.pruned.old" in removed  # the prune renames aside first, then removes
+    # A step written again (a damaged checkpoint of that step) is replaced whole, not kept
+    save_checkpoint(tmp_path, 6, {"x": torch.full((3,), 7.0)}, keep=2)
+    assert torch.equal(load_checkpoint(root / "step_0000006")["x"], torch.full((3,), 7.0))
+    assert sorted(p.name for p in root.iterdir()) == ["step_0000004", "step_0000006"]
+
+
+def test_atomic_dir_says_once_what_an_existing_destination_means(tmp_path):
+    out = tmp_path / "d"
+    with atomic_dir(out) as tmp:
+        (tmp / "f").write_text("first")
+    with atomic_dir(out) as tmp:  # keep: a cache entry by key, the first writer wins
+        (tmp / "f").write_text("second")
+    assert (out / "f").read_text() == "first"
+    with atomic_dir(out, exist="replace") as tmp:
+        (tmp / "f").write_text("third")
+    assert (out / "f").read_text() == "third"
+    with pytest.raises(FileExistsError):
+        with atomic_dir(out, exist="refuse") as tmp:
+            (tmp / "f").write_text("fourth")
+    assert (out / "f").read_text() == "third" and sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(FileExistsError):
+        with atomic_dir(tmp_path / "file", exist="replace"):
+            pass
+    assert (tmp_path / "file").read_text() == "mine"
+    with pytest.raises(ValueError, match="exist must be one of"):
+        with atomic_dir(out, exist="overwrite"):
+            pass
+
+
 @pytest.mark.slow
 def test_a_full_disk_during_a_run_is_one_line_and_the_run_resumes(cache_dir, finished, tmp_path):
     run = tmp_path / "full"

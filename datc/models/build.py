@@ -182,3 +182,12 @@ def freeze(model: PreTrainedModel) -> PreTrainedModel:
     for p in model.parameters():
         p.requires_grad_(False)
     return model
+
+
+EXPORT_MARKER = "datc_export.json"  # in every datc-export output: the run and checkpoint it holds
+
+
+def save_tokenizer(tok, out) -> None:
+    """``tok`` saved with its padding side, so every loader pads as the policy did (left)."""
+    tok.init_kwargs["padding_side"] = tok.padding_side
+    tok.save_pretrained(out)

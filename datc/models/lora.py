@@ -203,23 +203,29 @@ def peft_state_dict(pm, state: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     return get_peft_model_state_dict(pm, state_dict={f"base_model.model.{k}": v for k, v in state.items()})
 
 
-def save_adapter(pm, tok, out, state: dict[str, torch.Tensor], merge: bool = False):
+def save_adapter(pm, tok, out, state: dict[str, torch.Tensor], merge: bool = False, exist: str = "refuse",
+                 marker: dict | None = None):
     """The adapters of ``pm`` (with the adapted module's weights ``state``, gathered) and the
     tokenizer saved into ``out``: ``save_pretrained`` of the adapter (``adapter_config.json``,
     ``adapter_model.safetensors``; ``PeftModel.from_pretrained(base, out)`` loads it), or with
     ``merge`` the base with ``W + (alpha / r) B A`` folded in, a plain checkpoint that
-    ``AutoModelForCausalLM.from_pretrained(out)`` loads."""
-    from datc.run.atomic import atomic_dir
+    ``AutoModelForCausalLM.from_pretrained(out)`` loads. The tokenizer pads on the left, as the
+    policy did; ``exist`` and ``marker`` as :func:`datc.run.export.save_pretrained_dir`'s."""
+    from datc.models.build import EXPORT_MARKER as MARKER
+    from datc.models.build import save_tokenizer
+    from datc.run.atomic import atomic_dir, atomic_write_json
 
     module = pm.base_model.model
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, exist) as tmp:
         if merge:
             module.load_state_dict(state, strict=False)
             merged = pm.merge_and_unload()
             merged.save_pretrained(tmp)
         else:
             pm.save_pretrained(tmp, state_dict={f"base_model.model.{k}": v for k, v in state.items()})
-        tok.save_pretrained(tmp)
+        save_tokenizer(tok, tmp)
+        if marker is not None:
+            atomic_write_json(tmp / MARKER, marker)
     return out
 
 

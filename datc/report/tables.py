@@ -21,7 +21,6 @@ from datc.report.statistics import (
     Verdict,
 )
 
-
 MIN_INTERVAL_N = 3  # fewer values: no interval is shown (two give a t-interval 12.7 SDs wide)
 
 

@@ -95,19 +95,55 @@ def follow_umask(root: str | Path) -> None:
             os.chmod(os.path.join(dirpath, name), 0o777 & ~mask)
 
 
+EXIST = ("keep", "replace", "refuse")
+
+
 @contextlib.contextmanager
-def atomic_dir(path: str | Path) -> Iterator[Path]:
+def atomic_dir(path: str | Path, exist: str = "keep") -> Iterator[Path]:
     """Yield a temporary sibling directory that is renamed to ``path`` when the block succeeds
     (mode ``0o777 & ~umask``, and everything written into it by the user's umask too, whatever
-    mode the library that wrote it chose: :func:`follow_umask`). A concurrent writer that finished first wins; ours is discarded
-    (same content by key)."""
+    mode the library that wrote it chose: :func:`follow_umask`).
+
+    ``exist`` says what a ``path`` that exists means, decided once, never guessed:
+
+    - ``keep``: a cache entry by key: another writer finished the same content first; it wins and
+      ours is discarded (the prepare step's assets, a file out of a wheel);
+    - ``replace``: ours replaces a directory there (moved aside, ours renamed in, the old one
+      removed); a file there is refused;
+    - ``refuse``: ``FileExistsError`` before anything is written (and again if one appeared
+      meanwhile); an empty directory counts as free.
+    """
+    if exist not in EXIST:
+        raise ValueError(f"exist must be one of {EXIST}, got {exist!r}")
     path = Path(path)
+
+    def taken() -> bool:
+        if path.is_dir() and not path.is_symlink():
+            return exist == "refuse" and any(path.iterdir())
+        if path.exists() or path.is_symlink():
+            return exist != "keep"
+        return False
+
+    if taken():
+        raise FileExistsError(f"{path} exists; nothing was written there")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
         os.chmod(tmp, 0o777 & ~umask())
         yield tmp
         follow_umask(tmp)
+        if taken():
+            raise FileExistsError(f"{path} appeared while it was being written; ours was discarded")
+        if exist != "keep" and path.is_dir() and not path.is_symlink():
+            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
+            os.rename(path, old / "x")  # aside, then ours in: the path is never half-written
+            try:
+                os.rename(tmp, path)
+            except OSError:
+                os.rename(old / "x", path)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+            return
         try:
             os.rename(tmp, path)
         except OSError:

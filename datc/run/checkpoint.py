@@ -44,15 +44,26 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], keep: int) -> Path:
     root = Path(run_dir) / "checkpoints"
-    for stale in root.glob(".step_*.tmp"):  # leftovers of a run killed while writing
+    # Leftovers of a run killed while writing (.tmp), while replacing or pruning (.old), and an
+    # empty step folder (a prune killed by an older version mid-removal): none holds a checkpoint.
+    for stale in [*root.glob(".step_*.tmp"), *root.glob(".step_*.old")]:
         shutil.rmtree(stale, ignore_errors=True)
+    for empty in root.glob("step_*") if root.is_dir() else ():
+        if empty.is_dir() and not any(empty.iterdir()):
+            empty.rmdir()
     path = root / f"step_{step:07d}"
-    if path.exists():  # a damaged checkpoint of this step, set aside or not: replaced (one writer)
-        shutil.rmtree(path)
-    with atomic_dir(path) as tmp:
+    # A damaged checkpoint of this step, set aside or not, is replaced (one writer): ours swaps in whole.
+    with atomic_dir(path, exist="replace") as tmp:
         _save({**state, "step": step}, tmp / "state.pt")
     for old in checkpoint_dirs(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        # Renamed aside first, so a kill during the removal leaves a .old folder (removed at the next
+        # save), never a step folder that looks like a checkpoint and is not one.
+        aside = old.with_name(f".{old.name}.pruned.old")
+        try:
+            os.rename(old, aside)
+        except OSError:
+            continue
+        shutil.rmtree(aside, ignore_errors=True)
     return path
 
 

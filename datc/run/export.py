@@ -9,6 +9,12 @@ DeepSpeed's shards (ZeRO-2 and ZeRO-3 consolidated into fp32 weights with DeepSp
 
     datc-export runs/<run_name>                          # the last checkpoint -> runs/<run_name>/export/step_N
     datc-export runs/<run_name> --checkpoint 40 --out my_model
+    datc-export runs/<run_name> --merge --replace        # replace this run's earlier export there
+
+An export either writes what it says or refuses in one line: ``--out`` a file, a non-empty
+folder that is not an export of this run, or another run's export is never touched; an earlier
+export of the same run (its ``datc_export.json`` names the run) is replaced only with
+``--replace``.
 
 Weights are saved as trained (fp32 master weights), so the exported model's logits equal the
 trained policy's.
@@ -17,12 +23,15 @@ trained policy's.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 import torch
 
-from datc.run.atomic import atomic_dir
+from datc.models.build import EXPORT_MARKER as MARKER
+from datc.models.build import save_tokenizer
+from datc.run.atomic import atomic_dir, atomic_write_json
 
 
 class ExportError(ValueError):
@@ -41,14 +50,17 @@ def _full_state_dict(module) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
 
 
-def save_pretrained_dir(model, tok, out: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> Path:
+def save_pretrained_dir(model, tok, out: str | Path, state_dict: dict[str, torch.Tensor] | None = None,
+                        exist: str = "refuse", marker: dict | None = None) -> Path:
     """``model`` (with ``state_dict`` as its weights, if given) and ``tok`` saved with
-    ``save_pretrained`` into ``out``, which appears complete or not at all."""
+    ``save_pretrained`` into ``out``, which appears complete or not at all (``exist``: what an
+    ``out`` already there means, :func:`datc.run.atomic.atomic_dir`)."""
     out = Path(out)
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, exist) as tmp:
         model.save_pretrained(tmp, state_dict=state_dict)
-        tok.init_kwargs["padding_side"] = tok.padding_side  # saved, so every loader pads as the policy did (left)
-        tok.save_pretrained(tmp)
+        save_tokenizer(tok, tmp)
+        if marker is not None:
+            atomic_write_json(tmp / MARKER, marker)
     return out
 
 
@@ -64,8 +76,8 @@ def save_final_policy(policy, tok, out: str | Path, dist=None, adapter=None) -> 
     if adapter is not None:
         from datc.models.lora import save_adapter
 
-        return save_adapter(adapter, tok, Path(out), state)
-    return save_pretrained_dir(module, tok, out, state)
+        return save_adapter(adapter, tok, Path(out), state, exist="replace")
+    return save_pretrained_dir(module, tok, out, state, exist="replace")  # the run's own final/, rewritten at each finish
 
 
 # ---- datc-export --------------------------------------------------------------------------------
@@ -110,14 +122,40 @@ def load_policy_weights(model, state: dict[str, torch.Tensor]) -> None:
         model.tie_weights()
 
 
+def check_target(out: Path, run_id: str, replace: bool) -> str:
+    """How ``out`` may be written (``atomic_dir``'s ``exist``), or an ``ExportError`` saying why
+    not, before any model loads: a free path is written; this run's earlier export is replaced
+    only with ``replace``; anything else there is never touched."""
+    if out.is_symlink() and not out.exists():
+        raise ExportError(f"--out: {out} is a broken symbolic link; choose another path (nothing written)")
+    if not out.exists():
+        return "refuse"
+    if not out.is_dir():
+        raise ExportError(f"--out: {out} is a file; choose another path (nothing written)")
+    if not any(out.iterdir()):
+        return "refuse"  # an empty folder is free
+    try:
+        held = json.loads((out / MARKER).read_text())
+    except (OSError, ValueError):
+        held = None
+    if not isinstance(held, dict) or held.get("run_id") != run_id:
+        whose = "another run's export" if isinstance(held, dict) else "a folder that is not an export of this run"
+        raise ExportError(f"--out: {out} holds {whose}; it is never replaced: choose another path (nothing written)")
+    if not replace:
+        raise ExportError(f"--out: {out} holds an earlier export of this run (checkpoint {held.get('checkpoint')}, "
+                          f"{'merged' if held.get('merge') else 'as trained'}); pass --replace to replace it (nothing written)")
+    return "replace"
+
+
 def export_checkpoint(run_dir: str | Path, step: int | None = None, out: str | Path | None = None,
-                      merge: bool = False) -> Path:
+                      merge: bool = False, replace: bool = False) -> Path:
     """Export checkpoint ``step`` (default: the last) of the run in ``run_dir`` as a Hugging
     Face checkpoint in ``out`` (default ``<run_dir>/export/step_N``). The architecture and
     tokenizer are the run's own (its ``config.yaml``; the testbed's come from the cache,
     rebuilt deterministically if it was cleared). A LoRA run exports its adapter, or with
     ``merge`` the base with the adapter folded in (:func:`datc.models.lora.save_adapter`); a full
-    policy is the same either way."""
+    policy is the same either way. ``out`` is checked first (:func:`check_target`): an earlier
+    export of this run there is replaced only with ``replace``; anything else there is refused."""
     from omegaconf import OmegaConf
 
     from datc.config import validate
@@ -131,21 +169,25 @@ def export_checkpoint(run_dir: str | Path, step: int | None = None, out: str | P
         raise ExportError(f"{run_dir}: not a datc run directory (no config.yaml)")
     ckpt = _checkpoint_dir(run_dir, step)
     c = validate(OmegaConf.create(read_run_config(run_dir)))  # checked against run.json
+    out = Path(out) if out is not None else run_dir / "export" / ckpt.name
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    exist = check_target(out, run_id, replace)
+    marker = {"run_id": run_id, "run_dir": str(run_dir.resolve()), "checkpoint": int(ckpt.name.split("_")[1]),
+              "merge": bool(merge and c.policy.lora.r > 0), "lora": c.policy.lora.r > 0}
     if c.policy.path is not None:  # a given model: no data or cache needed
         policy_path, tok_path = c.policy.path, c.policy.tokenizer or c.policy.path
     else:
         assets = ensure_assets(c)
         policy_path, tok_path = assets.policy_path, assets.tokenizer_path
     model = load_pretrained("causal_lm", policy_path, "policy.path")  # the architecture; weights replaced
-    out = Path(out) if out is not None else run_dir / "export" / ckpt.name
     if c.policy.lora.r > 0:
         from datc.models.lora import add_adapters, load_trained_state, save_adapter
 
         pm = add_adapters(model, c.policy.lora)
         load_trained_state(model, checkpoint_state_dict(ckpt), str(ckpt))
-        return save_adapter(pm, load_tokenizer(tok_path), out, model.state_dict(), merge=merge)
+        return save_adapter(pm, load_tokenizer(tok_path), out, model.state_dict(), merge=merge, exist=exist, marker=marker)
     load_policy_weights(model, checkpoint_state_dict(ckpt))
-    return save_pretrained_dir(model, load_tokenizer(tok_path), out)
+    return save_pretrained_dir(model, load_tokenizer(tok_path), out, exist=exist, marker=marker)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="output directory (default: <run_dir>/export/step_N)")
     ap.add_argument("--merge", action="store_true",
                     help="a LoRA run: write the base with the adapter merged in, not the adapter (a full policy: no change)")
+    ap.add_argument("--replace", action="store_true",
+                    help="replace an earlier export of this same run at the output path (anything else there is never replaced)")
     a = ap.parse_args(argv)
     from datc.config import ConfigError
     from datc.models.build import ModelLoadError
@@ -162,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_libraries()
     try:
-        out = export_checkpoint(a.run_dir, a.checkpoint, a.out, merge=a.merge)
+        out = export_checkpoint(a.run_dir, a.checkpoint, a.out, merge=a.merge, replace=a.replace)
     except (ExportError, ConfigError, ModelLoadError, FileNotFoundError) as e:
         print(f"datc-export: {e}", file=sys.stderr)
         return 2
