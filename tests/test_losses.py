@@ -87,3 +87,18 @@ def test_aggregation_matches_trl_and_verl_formulas():
     torch.testing.assert_close(aggregate(loss, mask.bool(), "seq-mean-token-mean", norm), trl_grpo)
     torch.testing.assert_close(aggregate(loss, mask.bool(), "token-mean", norm), trl_dapo)
     torch.testing.assert_close(aggregate(loss, mask.bool(), "seq-mean-token-sum-norm", norm), trl_dr)
+
+
+def test_the_k3_formula_has_one_copy_in_the_package():
+    import re
+    from pathlib import Path
+
+    from datc.math.losses import k3
+
+    d = torch.tensor([-1.0, 0.0, 2.0])
+    assert torch.equal(k3(d), torch.exp(d) - d - 1) and k3(d)[1] == 0
+    pattern = re.compile(r"exp\((\w*)\)\s*-\s*\1\s*-\s*1|(\w+)\.exp\(\)\s*-\s*\2\s*-\s*1")
+    pkg = Path(__file__).resolve().parents[1] / "datc"
+    copies = [f"{p.relative_to(pkg)}:{i}" for p in pkg.rglob("*.py") for i, ln in enumerate(p.read_text().splitlines(), 1)
+              if pattern.search(ln) and p.name != "losses.py"]
+    assert not copies, f"inline k3 copies (call datc.math.losses.k3): {copies}"

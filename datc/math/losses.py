@@ -12,12 +12,18 @@ import torch
 from torch import Tensor
 
 
+def k3(d: Tensor) -> Tensor:
+    """``exp(d) - d - 1`` elementwise: Schulman's k3 estimate of a KL divergence from a log-ratio
+    ``d`` (>= 0, 0 iff ``d = 0``). The one copy: the KL penalty, the evaluation's KL, the
+    sampler/trainer gap and GCPO's guidance score all call it."""
+    return torch.exp(d) - d - 1
+
+
 def kl_k3(logps: Tensor, ref_logps: Tensor) -> Tensor:
     """Schulman's k3 estimator of ``KL(π_θ || π_ref)`` per token:
     ``exp(ref - logp) - (ref - logp) - 1`` (TRL ``GRPOTrainer``; verl ``kl_penalty="low_var_kl"``
     without its clamp). Non-negative, unbiased for the sampled token. (B, T) -> (B, T)."""
-    d = ref_logps - logps
-    return torch.exp(d) - d - 1
+    return k3(ref_logps - logps)
 
 
 @dataclass

@@ -9,6 +9,7 @@ from datc.config import TrainConfig
 from datc.engines.rollout import sample_groups
 from datc.engines.static_decode import decode_mode
 from datc.forward.passes import rollout_policy_pass
+from datc.math.losses import kl_k3
 from datc.math.metrics import finite_mean, pearson
 from datc.models.model_set import Models
 from datc.rewards.model import score
@@ -36,8 +37,7 @@ def evaluate(c: TrainConfig, m: Models, rows: list[dict], task, device: torch.de
             if m.ref is not None:
                 ref_logps, _, _ = rollout_policy_pass(m.ref, ro, t.temperature, t.micro_batch_size, False, with_entropy=False,
                                                      share=False)
-                d = ref_logps - logps
-                kls.append(((d.exp() - d - 1) * mask).sum(-1) / mask.sum(-1).clamp(min=1))
+                kls.append((kl_k3(logps, ref_logps) * mask).sum(-1) / mask.sum(-1).clamp(min=1))
             scores.append(s)
             lens.append(mask.sum(-1))
             ents.append((ent * mask).sum(-1) / mask.sum(-1).clamp(min=1))

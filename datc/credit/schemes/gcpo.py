@@ -41,6 +41,7 @@ from torch import Tensor
 from datc.credit import register_credit
 from datc.credit.base import LOGPS_UNDER, OLD_LOGPS, PROMPTS, CreditBatch
 from datc.credit.weights import WeightParams
+from datc.math.losses import k3
 
 
 @dataclass
@@ -76,7 +77,7 @@ def guidance_scores(logps_neg: Tensor, logps: Tensor, delta_clip: float, score_c
     """``s = e^Δ - Δ - 1`` with ``Δ = clamp(logps_neg - logps)``, clamped to ``<= score_clip``.
     (B, T) -> (B, T) float64."""
     delta = (logps_neg.double() - logps.double()).clamp(-delta_clip, delta_clip)
-    return (delta.exp() - delta - 1.0).clamp(max=score_clip)
+    return k3(delta).clamp(max=score_clip)
 
 
 @register_credit("gcpo", needs={OLD_LOGPS, PROMPTS, LOGPS_UNDER}, output="scores", params=GCPOParams,
