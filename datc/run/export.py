@@ -162,7 +162,7 @@ def export_checkpoint(run_dir: str | Path, step: int | None = None, out: str | P
     from datc.data.prepare import ensure_assets
     from datc.data.tokenizer import load_tokenizer
     from datc.models.build import load_pretrained
-    from datc.run.rundir import read_run_config
+    from datc.run.rundir import read_run_config, read_run_id
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").exists():
@@ -170,10 +170,10 @@ def export_checkpoint(run_dir: str | Path, step: int | None = None, out: str | P
     ckpt = _checkpoint_dir(run_dir, step)
     c = validate(OmegaConf.create(read_run_config(run_dir)))  # checked against run.json
     out = Path(out) if out is not None else run_dir / "export" / ckpt.name
-    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    run_id = read_run_id(run_dir)
     exist = check_target(out, run_id, replace)
     marker = {"run_id": run_id, "run_dir": str(run_dir.resolve()), "checkpoint": int(ckpt.name.split("_")[1]),
-              "merge": bool(merge and c.policy.lora.r > 0), "lora": c.policy.lora.r > 0}
+              "merge": merge and c.policy.lora.r > 0, "lora": c.policy.lora.r > 0}
     if c.policy.path is not None:  # a given model: no data or cache needed
         policy_path, tok_path = c.policy.path, c.policy.tokenizer or c.policy.path
     else:

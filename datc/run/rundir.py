@@ -318,6 +318,11 @@ def read_run_config(path: str | Path) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.load(path / "config.yaml"), resolve=True)
 
 
+def read_run_id(path: str | Path) -> str:
+    """The run id a run directory's ``run.json`` records (a ``ConfigError`` if it is damaged)."""
+    return _read_run_json(Path(path) / "run.json")["run_id"]
+
+
 def _read_run_json(path: Path) -> dict[str, Any]:
     try:
         prior = json.loads(path.read_text())
