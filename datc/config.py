@@ -170,6 +170,13 @@ class DeepSpeedConfig:
 
 
 @dataclass
+class BackendConfig:  # what places the models and runs the optimizer step (datc.backends)
+    name: str = "auto"  # plain, deepspeed, fsdp2; auto = deepspeed when deepspeed.stage is set, else plain
+    reshard_after_forward: bool = True  # fsdp2: each block's parameters resharded after its forward
+    timeout_s: int = 1800  # deepspeed, fsdp2: how long a collective waits for the other ranks before the run ends
+
+
+@dataclass
 class RolloutConfig:
     """``rollout``: the engine that samples the step's responses (:mod:`datc.engines`)."""
 
@@ -193,6 +200,7 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     seed: int = 0
     prepare_seed: int = 0
@@ -223,6 +231,7 @@ CHOICES = {
     "deepspeed.offload_param": ("none", "cpu"),
     "deepspeed.optimizer_impl": ("auto", "torch", "deepspeed"),
     "deepspeed.gather_for_generation": ("auto", "gather", "synced"),
+    "backend.name": ("auto", "plain", "deepspeed", "fsdp2"),
     "rollout.name": ("torch", "vllm"),
     "rollout.correction": ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
     "rollout.dtype": ("auto", "float32", "bfloat16", "float16"),
@@ -237,7 +246,7 @@ POSITIVE = [
     "data.train_size", "data.eval_size", "data.norm_len", "data.max_prompt_tokens",
     "policy.warm_start.lr", "policy.warm_start.batch_size", "reward.train.lr",
     "reward.train.batch_size", "reward.train.n_prompts", "reward.train.samples_per_prompt",
-    "reward.train.test_prompts", "rollout.correction_cap",
+    "reward.train.test_prompts", "rollout.correction_cap", "backend.timeout_s",
 ]
 NON_NEGATIVE = [
     "trainer.weight_decay", "trainer.warmup_steps", "trainer.beta", "trainer.epsilon_low",
@@ -354,11 +363,9 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
     from datc.engines.checks import check_engine
 
     check_engine(c)
-    d = c.deepspeed
-    if d.offload_param != "none" and d.stage != 3:
-        raise ConfigError(f"deepspeed.offload_param: parameter offload needs deepspeed.stage=3, got stage {d.stage}")
-    if d.offload_optimizer != "none" and d.stage not in (1, 2, 3):
-        raise ConfigError(f"deepspeed.offload_optimizer: optimizer offload needs deepspeed.stage 1, 2 or 3, got {d.stage}")
+    from datc.backends.checks import check_backend
+
+    check_backend(c)
     if c.data.task is None and c.data.path is None:
         raise ConfigError("data.path: a real prompt dataset needs a path (hub name or local files) when data.task is null")
     from datc.tasks import TASKS

@@ -56,7 +56,10 @@ def _run(cfg: DictConfig) -> float | None:
               f"{'the last good checkpoint ' + last.name + ' is kept' if last else 'no checkpoint was written yet'}: "
               "free space and run the same command again to resume", file=sys.stderr)
         sys.exit(2)
-    except Exception:
+    except Exception as e:
+        if (lost := lost_peer_line(e, run_dir)) is not None:  # another rank of this run ended: one line
+            print(lost, file=sys.stderr)
+            sys.exit(1)
         remove_new_dirs(run_dir)  # an unexpected error: its traceback follows, and no stray directory
         raise
     ev = summary["eval"]
@@ -64,6 +67,29 @@ def _run(cfg: DictConfig) -> float | None:
         print(f"run {summary['run_name']}: eval gold {_num(ev['initial'].get('eval/gold'))} -> {_num(ev['final'].get('eval/gold'))}, "
               f"rm score {_num(ev['initial'].get('eval/rm_score'))} -> {_num(ev['final'].get('eval/rm_score'))}")
     return ev["final"].get("eval/gold")  # the sweep objective
+
+
+# What gloo, NCCL and torch's stores say when the other end of a collective is gone or silent
+_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "timed out", "Timed out",
+         "NCCL communicator was aborted", "failed to recv", "Socket closed")
+
+
+def lost_peer_line(e: BaseException, run_dir) -> str | None:
+    """One line for a collective that failed because another rank of a multi-process run ended
+    (killed, out of memory, its node lost) or stopped answering within the collective timeout
+    (``backend.timeout_s``); None for any other error (its traceback follows)."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    text = str(e)
+    if world < 2 or not any(s in text for s in _LOST):
+        return None
+    from datc.run.checkpoint import latest_checkpoint
+
+    last = latest_checkpoint(run_dir)
+    first = text.strip().splitlines()[0][:160] if text.strip() else type(e).__name__
+    return (f"datc-train: rank {os.environ.get('RANK', '?')} of {world}: another process of this run ended or stopped "
+            f"answering (killed, out of memory, or its node lost), so this one stops too ({type(e).__name__}: {first}); "
+            f"{'its last checkpoint is ' + last.name if last else 'no checkpoint was written yet'}: run the same "
+            "command again to resume")
 
 
 def _num(x) -> str:

@@ -22,7 +22,8 @@ NEEDS_PATH = {("policy", "pretrained"): "policy.path=/some/dir", ("reward", "pre
               # a real prompt dataset has no gold reward to train a testbed reward model on, nor a task to
               # warm-start the testbed policy on (the warm start failed with an AttributeError)
               ("data", "ultrafeedback"): ["reward=skywork_v2_qwen3_1_7b", "policy=qwen3_1_7b"],
-              ("data", "hh_rlhf"): ["reward=skywork_v2_qwen3_1_7b", "policy=qwen3_1_7b"]}
+              ("data", "hh_rlhf"): ["reward=skywork_v2_qwen3_1_7b", "policy=qwen3_1_7b"],
+              ("backend", "deepspeed"): "deepspeed=zero2"}  # the stage is the deepspeed group's (refused without it)
 
 
 def _compose(overrides: list[str]):

@@ -219,7 +219,7 @@ def _cfg(*overrides):
 
 
 def test_deepspeed_config_is_derived_from_the_trainer():
-    from datc.backends.distributed import deepspeed_config, inference_config
+    from datc.backends.deepspeed_config import deepspeed_config, inference_config
 
     c = _cfg("deepspeed=zero3", "trainer.batch_size=64", "trainer.mini_batch_size=32", "trainer.micro_batch_size=8",
              "trainer.max_grad_norm=0.5", "trainer.lr=1e-5")

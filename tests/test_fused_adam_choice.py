@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from datc.backends.distributed import sanitized_arch_list, use_torch_adam
+from datc.backends.deepspeed_config import sanitized_arch_list, use_torch_adam
 
 
 @pytest.mark.parametrize(("given", "clean"), [

@@ -103,7 +103,7 @@ def test_the_reference_is_the_policy_with_adapters_off_equal_to_the_base_model(c
     s = _session(cache, tmp_path, f"policy={policy}", *LORA, "credit=datc")
     m = s.m
     assert isinstance(m.ref, AdaptersOff) and m.ref._policy is m.policy  # no second model
-    assert s.plan.with_ref and s.plan.ref_is_policy
+    assert s.plan.with_ref  # the reference pass runs, through the policy with its adapters off
     assert m.adapter is not None and m.adapter.base_model.model is m.policy
     base_before = _frozen(m.policy)
     before = _adapters(m.policy)
@@ -161,7 +161,7 @@ def test_a_training_step_with_the_shared_trunk_matches_one_without_under_lora(ca
     metrics, depth = [], []
     for share in (True, False):
         s = _session(cache, tmp_path, *overrides, f"trainer.share_trunk={share}")
-        depth.append(s.m.trunk)
+        depth.append(s.plan.trunk)
         torch.manual_seed(0)
         metrics.append(train_step(s, 0).metrics)
     assert depth == [1, 0]

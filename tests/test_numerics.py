@@ -305,6 +305,6 @@ def test_nonfinite_scores_at_eval_are_counted_not_averaged(nf_cache, tmp_path, m
     monkeypatch.setattr(evaluation_mod, "score", half_nan)
     c = validate(cfg_for(nf_cache, tmp_path / "unused"))
     s = build_session(c)
-    metrics, _ = evaluate(c, s.m, list(s.assets.eval)[:16], s.assets.task, s.device)
+    metrics, _ = evaluate(c, s.m, list(s.assets.eval)[:16], s.assets.task, s.device, s.plan)
     assert metrics["eval/rm_nonfinite_frac"] == 0.5
     assert math.isfinite(metrics["eval/rm_score"]) and math.isfinite(metrics["eval/rm_gold_corr"])

@@ -1,4 +1,4 @@
-"""The optimizer-step interface (:mod:`datc.backends.optim`): the plain PyTorch implementation's step,
+"""The optimizer-step interface (:mod:`datc.backends.plain`): the plain PyTorch implementation's step,
 skips and the autocast cache it must not leave stale."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import torch
 from transformers import get_scheduler
 
-from datc.backends.optim import TorchOptimizer
+from datc.backends.plain import TorchOptimizer
 
 
 def _opt(model, lr=0.1):

@@ -93,7 +93,7 @@ def test_kept_generate_logits_equal_a_forward_pass(policy, tok):
     rows = [{"prompt": "write about food :"}, {"prompt": "compute 1 plus 12 ="}]
     torch.manual_seed(0)
     ro = sample_groups(policy, tok, rows, 3, 6, keep_logits=True)
-    _, _, z = rollout_policy_pass(policy, ro, 1.0, 8, True)
+    z = rollout_policy_pass(policy, ro, 1.0, 8, True).logits
     mk = ro.response_mask
     torch.testing.assert_close(ro.logits[mk], z[mk], atol=1e-4, rtol=1e-4)
 

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from datc.backends.base import Declares
 from datc.credit import CREDIT_SCHEMES
 from datc.forward.passes import REUSE_LOGITS_MAX_ELEMENTS
 from datc.step.plan import build_plan
@@ -14,13 +15,15 @@ from datc.step.plan import build_plan
 
 def _t(**kw):
     base = dict(epochs=1, batch_size=8, mini_batch_size=8, micro_batch_size=2, max_new_tokens=4, temperature=0.7,
-                reuse_rollout_logits="auto", skip_zero_advantage=True, decode="auto", device="cpu")
+                reuse_rollout_logits="auto", skip_zero_advantage=True, decode="auto", device="cpu",
+                share_prompts=True, share_trunk=True)
     return SimpleNamespace(**{**base, **kw})
 
 
 V = 100  # vocabulary: 8 x 4 x 100 logits, far below the reuse threshold
 BIG_V = REUSE_LOGITS_MAX_ELEMENTS // (8 * 4) + 1  # just above it
-MODELS = dict(with_ref=True, trunk=0, share_prompts=True, synced_gpus=False)
+MODELS = dict(with_ref=True, trunk=0)
+SYNCED = Declares(synced_ranks=True, share_prompts=False)  # ZeRO-3 or FSDP2 over ranks: collective forwards
 
 # (scheme, trainer settings, models, vocabulary) -> the decisions that follow
 CASES = [
@@ -43,21 +46,29 @@ CASES = [
     ("delta", {}, {}, V, dict(skip_zero=False, chunk_rows=None)),
     ("entropy_top", {}, {}, V, dict(skip_zero=False, credit_entropy=True)),
     ("datc_shuffled", {}, {}, V, dict(skip_zero=False)),
-    ("datc", {}, {"synced_gpus": True, "share_prompts": False}, V, dict(skip_zero=False, synced_gpus=True,
-                                                                       share_prompts=False)),
+    ("datc", {}, {"backend": SYNCED}, V, dict(skip_zero=False, synced_gpus=True, share_prompts=False)),
+    # ... which also forward whole prompts, so the trunk (shared-prompt layout) is off; shared prompts by the switch
+    ("datc", {}, {"backend": SYNCED, "trunk": 3}, V, dict(trunk=0, share_prompts=False)),
+    ("datc", {"share_prompts": False}, {"trunk": 3}, V, dict(trunk=0, share_prompts=False, skip_zero=True)),
+    ("datc", {"share_trunk": False}, {"trunk": 3}, V, dict(trunk=0, share_prompts=True)),
+    ("datc", {}, {"backend": Declares(frozen_partitioned=True), "trunk": 3}, V, dict(trunk=0, share_prompts=True)),
     # the decode loop: auto is dynamic on CPU (measured faster there); static unless ranks are synced
     ("grpo", {}, {}, V, dict(decode="dynamic")),
     ("grpo", {"decode": "static"}, {}, V, dict(decode="static")),
-    ("grpo", {"decode": "static"}, {"synced_gpus": True}, V, dict(decode="dynamic")),
-    # the models' placement is carried as it was found
+    ("grpo", {"decode": "static"}, {"backend": SYNCED}, V, dict(decode="dynamic")),
+    ("grpo", {"decode": "static"}, {"backend": Declares(synced_ranks=True, gather_generation=True)}, V,
+     dict(decode="static", gather_generation=True, sample_synced=False)),
+    # the trunk the models share is used where prompts are shared and a reference runs
     ("datc", {}, {"trunk": 3}, V, dict(trunk=3, with_ref=True)),
-    ("grpo", {}, {"with_ref": False}, V, dict(with_ref=False, trunk=0)),
+    ("grpo", {}, {"with_ref": False, "trunk": 3}, V, dict(with_ref=False, trunk=0)),
 ]
 
 
 @pytest.mark.parametrize(("name", "t", "models", "vocab", "expected"), CASES,
-                         ids=[f"{c[0]}-{'-'.join(f'{k}={v}' for k, v in {**c[1], **c[2]}.items()) or 'default'}-V{c[3]}"
-                              for c in CASES])
+                         ids=[f"{c[0]}-{'-'.join(f'{k}={v}' for k, v in {**c[1], **c[2]}.items() if k != 'backend') or 'default'}"
+                              f"{'-' + ''.join(k[0] for k, v in vars(c[2]['backend']).items() if v is True) if 'backend' in c[2] else ''}"
+                              f"-V{c[3]}-{i}"
+                              for i, c in enumerate(CASES)])
 def test_the_plan_follows_config_scheme_and_models(name, t, models, vocab, expected):
     plan = build_plan(_t(**t), CREDIT_SCHEMES.get(name), vocab, **{**MODELS, **models})
     got = {k: getattr(plan, k) for k in expected}
@@ -94,21 +105,21 @@ def test_the_plan_describes_itself_in_plain_values():
     assert "_chunked" not in d and d["reuse"] is True
 
 
-def test_zero3_sampling_gathers_or_syncs_as_decided_once():
-    zero3 = {**MODELS, "synced_gpus": True, "share_prompts": False}
-    gathered = build_plan(_t(), CREDIT_SCHEMES.get("datc"), V, **zero3, gather_generation=True)
+def test_partitioned_sampling_gathers_or_syncs_as_the_backend_declares():
+    gathered = build_plan(_t(), CREDIT_SCHEMES.get("datc"), V, **MODELS,
+                          backend=Declares(synced_ranks=True, share_prompts=False, gather_generation=True))
     assert gathered.gather_generation and not gathered.sample_synced and gathered.synced_gpus
     assert not gathered.skip_zero  # the other passes are still partitioned: every rank makes the same forwards
-    synced = build_plan(_t(), CREDIT_SCHEMES.get("datc"), V, **zero3)
+    synced = build_plan(_t(), CREDIT_SCHEMES.get("datc"), V, **MODELS, backend=SYNCED)
     assert not synced.gather_generation and synced.sample_synced
-    alone = build_plan(_t(), CREDIT_SCHEMES.get("datc"), V, **MODELS, gather_generation=True)
+    alone = build_plan(_t(), CREDIT_SCHEMES.get("datc"), V, **MODELS, backend=Declares(gather_generation=True))
     assert not alone.gather_generation and not alone.sample_synced  # nothing partitioned: nothing to gather
 
 
 def test_auto_gathers_where_the_parameters_fit():
     import torch
 
-    from datc.step.plan import gather_generation_for
+    from datc.backends.deepspeed import gather_generation_for
 
     policy = torch.nn.Linear(1000, 1000)  # 4 MB of float32 parameters
     cuda, cpu = torch.device("cuda"), torch.device("cpu")

@@ -89,7 +89,7 @@ def test_the_trunk_is_off_without_shared_prompts_or_a_reference(tmp_path):
     for name, extra in (("on", []), ("no shared prompts", ["trainer.share_prompts=false"]),
                         ("no reference", ["trainer.beta=0.0"])):
         s = build_session(validate(cfg_for(tmp_path / "cache", tmp_path / "run", *base, *extra)))
-        depth[name] = s.m.trunk
+        depth[name] = s.plan.trunk
     assert depth == {"on": 1, "no shared prompts": 0, "no reference": 0}
 
 
@@ -142,7 +142,7 @@ def test_a_training_step_with_the_shared_trunk_matches_one_without(tmp_path):
     for share in (True, False):
         s = build_session(validate(cfg_for(tmp_path / "cache", tmp_path / f"run{share}", *overrides,
                                            f"trainer.share_trunk={share}")))
-        depth.append(s.m.trunk)
+        depth.append(s.plan.trunk)
         torch.manual_seed(0)  # the same samples
         metrics.append(train_step(s, 0).metrics)
     assert depth == [1, 0]  # tiny_llama: 2 blocks, the top one trained

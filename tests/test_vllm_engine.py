@@ -111,13 +111,16 @@ def test_a_run_logs_the_gap_and_a_killed_one_resumes_to_the_same_metrics(tmp_pat
     assert [r["step"] for r in metric_rows(killed) if "loss/total" in r] == list(range(1, 7))
 
 
-def test_two_zero3_ranks_each_run_an_engine_kept_in_step_with_the_sharded_policy(tmp_path):
-    """Two processes (gloo), ZeRO-3, ``external_launcher``: each rank's engine gets the gathered
-    parameters before every rollout, so its log-probs stay the trainer's after every update
-    (a stale engine would be off by about 0.1 after one step, as the sync test measures)."""
+@pytest.mark.parametrize("backend", ["deepspeed=zero3", "backend=fsdp2"])
+def test_two_sharded_ranks_each_run_an_engine_kept_in_step_with_the_sharded_policy(tmp_path, backend):
+    """Two processes (gloo), ZeRO-3 or FSDP2, ``external_launcher``: each rank's engine gets the
+    whole parameters (gathered from the shards, ``datc.backends.plugins.whole_parameters``) before
+    every rollout, so its log-probs stay the trainer's after every update (a stale engine would
+    be off by about 0.1 after one step, as the sync test measures)."""
     run = tmp_path / "z3"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29653", "-m", "datc.train",
-           "debug=fast", "deepspeed=zero3", *VLLM, f"cache_dir={tmp_path / 'cache'}", f"run_dir={run}",
+    port = 29653 if backend.startswith("deepspeed") else 29657
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", "-m", "datc.train",
+           "debug=fast", backend, *VLLM, f"cache_dir={tmp_path / 'cache'}", f"run_dir={run}",
            "trainer.batch_size=16", "trainer.mini_batch_size=16", "trainer.micro_batch_size=4"]
     proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]

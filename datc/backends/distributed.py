@@ -1,10 +1,11 @@
-"""Processes and DeepSpeed: who this process is, how ranks talk, and the DeepSpeed config.
+"""Processes: who this process is and how ranks talk.
 
-With ``deepspeed=none`` a run is one plain PyTorch process and nothing here touches
-``torch.distributed``. With a DeepSpeed stage (``deepspeed=zero2``, ``zero3``,
-``zero3_offload``) every process runs the same spine on its own share of the prompts: each rank
-samples whole groups (so group advantages never straddle ranks), and the loss normalizers are
-summed over ranks so that the gradient equals the single-process gradient of the global batch.
+With the plain backend a run is one PyTorch process and nothing here touches
+``torch.distributed``. Under DeepSpeed (``deepspeed=zero2``, ``zero3``, ``zero3_offload``) or
+FSDP2 (``backend=fsdp2``) every process runs the same spine on its own share of the prompts: each
+rank samples whole groups (so group advantages never straddle ranks), and the loss normalizers
+are summed over ranks so that the gradient equals the single-process gradient of the global
+batch. The backend (:mod:`datc.backends.base`) joins the process group.
 
 Processes come from the ``deepspeed`` launcher or ``torchrun`` (``RANK``/``WORLD_SIZE``/...),
 from Slurm through submitit (``SLURM_*``), or, for one process, from nothing at all.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +30,8 @@ _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 @dataclass
 class Dist:
-    """This process's place in the run. ``enabled`` is False for plain PyTorch (one process)."""
+    """This process's place in the run. ``enabled``: in a process group (DeepSpeed, FSDP2); False
+    for the plain backend's one process."""
 
     rank: int = 0
     world_size: int = 1
@@ -116,7 +117,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _export_env() -> None:
+def export_env() -> None:
     """Fill the ``torch.distributed`` environment for the cases no launcher filled it: a Slurm
     job started by submitit (one task per device), or a lone process."""
     if all(k in os.environ for k in _ENV):
@@ -125,7 +126,7 @@ def _export_env() -> None:
         try:
             from submitit.helpers import TorchDistributedEnvironment
         except ImportError as e:  # pragma: no cover - only on a cluster without the plugin
-            raise ConfigError("deepspeed: under Slurm, install the [slurm] extra (submitit) or start with srun + torchrun") from e
+            raise ConfigError("backend: under Slurm, install the [slurm] extra (submitit) or start with srun + torchrun") from e
         TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         return
     os.environ.setdefault("RANK", "0")
@@ -137,12 +138,14 @@ def _export_env() -> None:
 
 def check_world(c: TrainConfig, world_size: int) -> None:
     """The batch sizes must split evenly over ranks; said before any model loads."""
+    from datc.backends.checks import backend_name
+
     t = c.trainer
-    if c.deepspeed.stage is None:
+    if backend_name(c) == "plain":
         if world_size > 1:
             raise ConfigError(
-                f"deepspeed: {world_size} processes were started but deepspeed=none runs one plain PyTorch process; "
-                "choose deepspeed=zero2, zero3 or zero3_offload"
+                f"backend: {world_size} processes were started but the plain backend runs one PyTorch process; "
+                "choose deepspeed=zero2, zero3 or zero3_offload, or backend=fsdp2"
             )
         return
     prompts = t.batch_size // t.num_generations
@@ -170,140 +173,3 @@ def micro_batch_per_rank(c: TrainConfig, world_size: int) -> int:
     if c.trainer.micro_batch_size == "auto":
         return per_rank
     return min(c.trainer.micro_batch_size, per_rank)
-
-
-def init(c: TrainConfig) -> Dist:
-    """Join the process group (DeepSpeed stages) or stay alone (``deepspeed=none``)."""
-    world = env_world_size()
-    check_world(c, world)
-    if c.deepspeed.stage is None:
-        return Dist()
-    _export_env()
-    import sys
-    import warnings
-
-    cpu = not torch.cuda.is_available()
-    if cpu:  # said, not detected: DeepSpeed's "Setting accelerator to CPU" warning is not repeated per rank
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    # DeepSpeed's ZeRO gathers call torch's all_gather_into_tensor, which torch now marks as
-    # deprecated: the warning is DeepSpeed's to act on, not the user's.
-    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
-
-    import deepspeed
-    import deepspeed.comm.torch  # noqa: F401  (the module; `deepspeed.comm.torch` as an attribute is torch)
-
-    if cpu:
-        # DeepSpeed JIT-compiles a shared-memory all-reduce kernel when it starts on CPU (about a
-        # minute with a C++ toolchain, a failure without one). gloo does the collectives instead.
-        sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
-    if not torch.distributed.is_initialized():
-        deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl", verbose=False)
-    d = Dist(torch.distributed.get_rank(), torch.distributed.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)), True)
-    if not cpu:
-        torch.cuda.set_device(d.local_rank)
-    return d
-
-
-def deepspeed_config(c: TrainConfig, world_size: int, device: torch.device) -> dict[str, Any]:
-    """The DeepSpeed config of the policy engine, derived from the trainer's so the two can
-    never disagree: ``train_batch_size`` is the mini-batch (responses per optimizer step),
-    ``gradient_accumulation_steps`` the micro-batches per rank in it. Clipping, AdamW and its
-    hyper-parameters are the trainer's; bf16 comes from ``policy.dtype`` through torch autocast
-    with fp32 master weights, exactly as without DeepSpeed. ``deepspeed.config`` is merged last."""
-    t, d = c.trainer, c.deepspeed
-    micro = micro_batch_per_rank(c, world_size)
-    torch_adam = use_torch_adam(d.optimizer_impl, device)
-    zero: dict[str, Any] = {"stage": d.stage, "overlap_comm": d.overlap_comm}
-    if d.offload_optimizer != "none":
-        zero["offload_optimizer"] = {"device": d.offload_optimizer, "pin_memory": device.type == "cuda"}
-    if d.offload_param != "none":
-        zero["offload_param"] = {"device": d.offload_param, "pin_memory": device.type == "cuda"}
-    cfg: dict[str, Any] = {
-        "train_batch_size": t.mini_batch_size,
-        "train_micro_batch_size_per_gpu": micro,
-        "gradient_accumulation_steps": t.mini_batch_size // (micro * world_size),
-        "gradient_clipping": t.max_grad_norm,
-        "optimizer": {"type": "AdamW", "params": {"lr": t.lr, "betas": list(t.adam_betas), "eps": 1e-8,
-                                                   "weight_decay": t.weight_decay, "torch_adam": torch_adam}},
-        "zero_optimization": zero,
-        "zero_allow_untested_optimizer": True,
-        "zero_force_ds_cpu_optimizer": False,  # torch AdamW is allowed with offload (CPU runs, tests)
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
-    return _merge(cfg, dict(d.config))
-
-
-def sanitized_arch_list(value: str) -> str:
-    """``TORCH_CUDA_ARCH_LIST`` with architecture-specific suffixes dropped (``9.0a`` -> ``9.0``,
-    ``10.0f`` -> ``10.0``; ``+PTX`` kept; duplicates removed): DeepSpeed's op builder parses each
-    entry as ``major.minor`` and fails on suffixed ones, which CUDA 12+ images set."""
-    out: list[str] = []
-    for entry in value.replace(",", ";").replace(" ", ";").split(";"):
-        if not entry:
-            continue
-        ptx = entry.endswith("+PTX")
-        core = entry[: -len("+PTX")] if ptx else entry
-        m = re.match(r"^(\d+)\.(\d+)", core) or re.match(r"^(\d)(\d)$", core)
-        arch = f"{m.group(1)}.{m.group(2)}" if m else core
-        arch += "+PTX" if ptx else ""
-        if arch not in out:
-            out.append(arch)
-    return ";".join(out)
-
-
-def use_torch_adam(impl: str, device: torch.device, build=None) -> bool:
-    """Whether the policy engine runs torch's AdamW (else DeepSpeed's FusedAdam / CPU Adam):
-    ``torch`` and ``deepspeed`` as asked; ``auto`` is torch's on CPU, and on a GPU DeepSpeed's
-    FusedAdam when its kernel builds (``TORCH_CUDA_ARCH_LIST`` sanitized first,
-    :func:`sanitized_arch_list`), else torch's AdamW with one log line saying why. ``build``: the
-    kernel's build (default DeepSpeed's ``FusedAdamBuilder().load``), injectable for tests."""
-    if impl != "auto":
-        return impl == "torch"
-    if device.type == "cpu":
-        return True
-    arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
-    if arch and (clean := sanitized_arch_list(arch)) != arch:
-        log.info("TORCH_CUDA_ARCH_LIST %r -> %r for DeepSpeed's op builder", arch, clean)
-        os.environ["TORCH_CUDA_ARCH_LIST"] = clean
-    try:
-        if build is None:
-            from deepspeed.ops.op_builder import FusedAdamBuilder
-
-            build = FusedAdamBuilder().load
-        build()
-        return False
-    except Exception as e:  # a JIT build failure: no toolchain, an arch the builder refuses, ...
-        log.warning("deepspeed.optimizer_impl=auto: DeepSpeed's FusedAdam did not build (%s: %s); using torch's AdamW",
-                    type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
-        return True
-
-
-def inference_config(c: TrainConfig, world_size: int) -> dict[str, Any] | None:
-    """DeepSpeed config for a frozen model (reference policy, reward model), as TRL prepares
-    them: sharded under ZeRO-3, otherwise ``None`` (a plain replica on every rank)."""
-    if c.deepspeed.stage != 3:
-        return None
-    micro = micro_batch_per_rank(c, world_size)
-    zero: dict[str, Any] = {"stage": 3}
-    if c.deepspeed.offload_param != "none":
-        zero["offload_param"] = {"device": c.deepspeed.offload_param}
-    return {"train_batch_size": micro * world_size, "train_micro_batch_size_per_gpu": micro,
-            "zero_optimization": zero, "steps_per_print": 10**9}
-
-
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in extra.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def gathered(param: torch.Tensor) -> torch.Tensor:
-    """A full copy of a (possibly ZeRO-3 partitioned) parameter, detached."""
-    if hasattr(param, "ds_id"):
-        import deepspeed
-
-        with deepspeed.zero.GatheredParameters([param]):
-            return param.detach().clone()
-    return param.detach()

@@ -3,9 +3,11 @@
     datc-launch credit=datc                                   # one process, no launcher
     datc-launch --nproc 8 deepspeed=zero3 credit=datc         # 8 local devices (or CPU processes)
     datc-launch --hostfile hosts --nproc 8 deepspeed=zero3    # every node listed in hosts, 8 each
+    datc-launch --nproc 4 backend=fsdp2 credit=datc           # FSDP2 on 4 local devices (torchrun)
 
-It builds the ``deepspeed`` launcher's command line (``--no_local_rank``: ranks come from the
-environment, so Hydra overrides pass through untouched) and sets ``OMP_NUM_THREADS`` and
+Under DeepSpeed it builds the ``deepspeed`` launcher's command line (``--no_local_rank``: ranks
+come from the environment, so Hydra overrides pass through untouched); under FSDP2 ``torchrun``'s
+(``python -m torch.distributed.run``, one node; several nodes start torchrun on each, or srun). It sets ``OMP_NUM_THREADS`` and
 ``trainer.threads`` to the machine's cores divided among its processes unless they are given:
 the launcher leaves them unset, and oversubscribed CPU threads made a 2-process CPU run about
 80× slower. ``--dry-run`` prints the command instead of running it.
@@ -24,6 +26,7 @@ import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass
@@ -35,7 +38,8 @@ class Launch:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="datc-launch",
-        description="Start datc-train on one process, N local devices or several nodes (DeepSpeed launcher).",
+        description="Start datc-train on one process, N local devices or several nodes (DeepSpeed's launcher, or "
+                    "torchrun under backend=fsdp2).",
         epilog="Everything after the options is passed to datc-train as Hydra overrides.",
     )
     p.add_argument("--nproc", type=int, default=1, help="processes per node (one per GPU; on CPU, processes sharing the cores)")
@@ -50,9 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _stage(overrides: list[str]) -> int | None:
-    """The DeepSpeed stage the overrides compose to (an experiment may choose it); the config is
-    validated here, so a bad one stops before any process starts."""
+def _backend(overrides: list[str]) -> str:
+    """The backend the overrides compose to (``plain``, ``deepspeed``, ``fsdp2``: an experiment may
+    choose it); the config is validated here, so a bad one stops before any process starts."""
     from hydra import compose, initialize_config_dir
 
     from datc.config import ConfigError, validate
@@ -61,7 +65,9 @@ def _stage(overrides: list[str]) -> int | None:
     try:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
             cfg = compose(config_name="train", overrides=[o for o in overrides if not o.startswith(("hydra.", "hydra/"))])
-        return validate(cfg).deepspeed.stage
+        from datc.backends.checks import backend_name
+
+        return backend_name(validate(cfg))
     except ConfigError as e:
         raise SystemExit(f"datc-launch: {e}") from None
     except Exception as e:  # Hydra's own override errors: name what it said
@@ -83,8 +89,14 @@ def build(args: argparse.Namespace, cpu_count: int | None = None, environ: dict[
     if args.nproc < 1:
         raise SystemExit("datc-launch: --nproc must be >= 1")
     multi = args.nproc > 1 or args.hostfile is not None
-    if multi and _stage(overrides) is None:
-        raise SystemExit("datc-launch: several processes need a DeepSpeed stage: add deepspeed=zero2, zero3 or zero3_offload")
+    backend = _backend(overrides) if multi else "plain"
+    if backend == "plain":
+        if multi:
+            raise SystemExit("datc-launch: several processes need a backend that runs them: add deepspeed=zero2, zero3 "
+                             "or zero3_offload, or backend=fsdp2")
+    elif backend == "fsdp2" and args.hostfile is not None:
+        raise SystemExit("datc-launch: --hostfile starts DeepSpeed's multi-node launcher; for FSDP2 on several nodes "
+                         "start torchrun on each node (--nnodes, --node-rank, --rdzv-endpoint) or use srun")
     threads = args.threads or max(1, (cpu_count or os.cpu_count() or 1) // args.nproc)
     env: dict[str, str] = {}
     if "OMP_NUM_THREADS" not in environ:
@@ -93,6 +105,9 @@ def build(args: argparse.Namespace, cpu_count: int | None = None, environ: dict[
         overrides = [*overrides, f"trainer.threads={threads}"]
     if not multi:
         return Launch([sys.executable, "-m", "datc.train", *overrides], env)
+    if backend == "fsdp2":
+        return Launch([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
+                       str(args.nproc), "--master-port", str(args.master_port), "-m", "datc.train", *overrides], env)
     if "DS_ACCELERATOR" not in environ and not (_has_cuda() if cuda is None else cuda):
         env["DS_ACCELERATOR"] = "cpu"  # said, not detected: no "Setting accelerator to CPU" warning per process
     cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--log_level", "warning"]
@@ -124,7 +139,76 @@ def main(argv: list[str] | None = None) -> int:
         print(shown)
         return 0
     print(f"datc-launch: {shown}", file=sys.stderr)
-    return subprocess.run(launch.argv, env={**os.environ, **launch.env}).returncode
+    return run_forwarding_signals(launch.argv, {**os.environ, **launch.env})
+
+
+def _children() -> dict[int, list[int]]:
+    """Every process's children, by parent pid (from ``/proc``; empty where there is none)."""
+    out: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    return out
+
+
+def _is_rank(pid: int) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(a == b"-m" and b == b"datc.train" for a, b in zip(argv, argv[1:], strict=False))
+
+
+def rank_pids(root: int) -> list[int]:
+    """The training processes below ``root`` (a launcher): its descendants that run
+    ``-m datc.train`` and have no such descendant themselves (torchrun's own command line names
+    ``-m datc.train`` too, and it is not a rank)."""
+    children, ranks = _children(), []
+
+    def walk(pid: int) -> bool:  # whether a rank is at or below pid
+        below = [walk(c) for c in children.get(pid, [])]
+        if any(below):
+            return True
+        if pid != root and _is_rank(pid):
+            ranks.append(pid)
+            return True
+        return False
+
+    walk(root)
+    return sorted(ranks)
+
+
+def run_forwarding_signals(argv: list[str], env: dict[str, str]) -> int:
+    """Run the launcher and wait for it. A SIGTERM to ``datc-launch`` (what ``timeout``, a
+    scheduler or a parent process sends) goes to the training processes themselves, which
+    checkpoint at the next step boundary and stop (:mod:`datc.run.signals`); the launchers would
+    kill them at once instead (DeepSpeed's sends SIGKILL). Exits with the ranks' status then
+    (128 + the signal). A Ctrl-C reaches every process of the terminal's group already: it is not
+    sent again (a second signal means "exit now")."""
+    import signal
+
+    proc = subprocess.Popen(argv, env=env)
+    got: list[int] = []
+
+    def forward(signum, frame):
+        got.append(signum)
+        for pid in rank_pids(proc.pid) or [proc.pid]:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    old = {signal.SIGTERM: signal.signal(signal.SIGTERM, forward),
+           signal.SIGINT: signal.signal(signal.SIGINT, lambda s, f: got.append(s))}
+    try:
+        rc = proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return 128 + got[0] if got and rc != 0 else rc
 
 
 if __name__ == "__main__":

@@ -88,7 +88,7 @@ def plan(c, counts: dict[str, int], stage: int | None, n_gpus: int, policy_bytes
     from datc.backends.distributed import micro_batch_per_rank
     from datc.credit import resolve_scheme
     from datc.credit.base import POLICY_LOGITS, RM_EMBEDDING, RM_GRAD
-    from datc.forward.passes import pass_plan
+    from datc.forward.passes import reuses_rollout_logits
 
     t = c.trainer
     pa, ra = arch_of(c.policy.arch), arch_of(c.reward.arch)
@@ -99,7 +99,7 @@ def plan(c, counts: dict[str, int], stage: int | None, n_gpus: int, policy_bytes
     micro = micro_batch_per_rank(c, n_gpus)  # update micro-batch
     pass_micro = t.micro_batch_size  # no-grad passes and the reward model use it uncapped
     P, T, V = c.data.max_prompt_tokens, t.max_new_tokens, pa.vocab
-    reuse = pass_plan(t, needs, V).reuse  # the trainer's own decision
+    reuse = reuses_rollout_logits(t, needs, V)  # the trainer's own decision
     # (rows, T, V) fp32: generate's logits when reused; else a row-local scheme (the DATC family)
     # gets them one micro-batch of rows at a time, any other scheme for all rows at once
     logit_rows = rows if reuse or not scheme.row_local else min(pass_micro, rows)

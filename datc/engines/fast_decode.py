@@ -26,6 +26,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from datc.backends.plugins import partitioned
+
 # transformers' Conv1D, the projections of GPT-2's blocks
 try:
     from transformers.pytorch_utils import Conv1D
@@ -51,7 +53,7 @@ def _plain(model: nn.Module, head: str = "lm_head") -> bool:
     for mod in model.modules():
         if mod._forward_hooks or mod._forward_pre_hooks:
             return False
-    if any(hasattr(p, "ds_id") for p in model.parameters()):
+    if partitioned(model):
         return False
     for blk in model.transformer.h:
         if hasattr(blk, "crossattention"):

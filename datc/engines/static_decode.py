@@ -34,6 +34,7 @@ from torch import Tensor
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import DynamicLayer, StaticLayer
 
+from datc.backends.plugins import partitioned
 from datc.engines.sampling import sample_categorical, top_p_filter
 
 log = logging.getLogger(__name__)
@@ -72,8 +73,8 @@ def static_reason(policy, synced_gpus: bool = False) -> str | None:
     if synced_gpus:
         return "synced_gpus (ZeRO-3 over several ranks: every rank forwards until all are done)"
     model = getattr(policy, "module", policy)
-    if any(hasattr(p, "ds_id") for p in model.parameters()):
-        return "partitioned parameters (ZeRO-3): each forward gathers them"
+    if partitioned(model):
+        return "partitioned parameters (ZeRO-3, FSDP2): each forward gathers them"
     if not getattr(model, "_can_compile_fullgraph", False):
         return f"{type(model).__name__} declares no static-cache support"
     return None

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from datc.backends.plugins import partitioned, whole_parameters
 from datc.engines.base import RolloutEngine, SamplingArgs
 from datc.engines.rollout import Rollout, encode_prompts, response_mask_from_ids
 
@@ -134,15 +135,12 @@ class VLLMEngine(RolloutEngine):
         return dict(self.settings)
 
     def sync(self, policy) -> None:
-        """Push ``policy``'s weights (gathered under ZeRO-3, LoRA folded in)."""
+        """Push ``policy``'s weights (whole where a backend partitions them, LoRA folded in)."""
         t0 = time.perf_counter()
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
-        params = [p for p in policy.parameters() if hasattr(p, "ds_id")]
-        if params:  # ZeRO-3: the whole parameters, for the push only
-            import deepspeed
-
-            with deepspeed.zero.GatheredParameters(params):
+        if partitioned(policy):  # ZeRO-3, FSDP2: the whole parameters, for the push only
+            with whole_parameters(policy):
                 weights = [(k, v.clone()) for k, v in hf_weights(policy)]
         else:
             weights = hf_weights(policy)

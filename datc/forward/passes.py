@@ -16,28 +16,31 @@ from datc.credit.base import ENTROPY, OLD_LOGPS, POLICY_HIDDEN, POLICY_LOGITS
 from datc.engines.rollout import Rollout, position_ids, with_prompts
 from datc.forward.shared_prompt import forward_after_prompts, prompt_groups
 from datc.math.logprobs import chunked_head_logps, entropy_from_logits, selective_log_softmax
+from datc.models.build import decoder_layers
 
 # Largest B·T·V for which generate's logits are kept for credit (``reuse_rollout_logits: auto``):
 # 2^28 float32 values = 1 GiB. Real vocabularies at real batch sizes recompute them in chunks.
 REUSE_LOGITS_MAX_ELEMENTS = 2**28
 
 
-class PassPlan(NamedTuple):
-    on_policy: bool  # one epoch, one mini-batch: the loss's old log-probs are the current ones
-    wants_dist: bool  # the credit scheme reads the rollout policy's distribution
-    reuse: bool  # ... and takes it from the sampler's kept logits (no second forward pass)
+def is_on_policy(t) -> bool:
+    """One epoch, one mini-batch (trainer settings ``t``): the loss's old log-probs are the current ones."""
+    return t.epochs == 1 and t.mini_batch_size == t.batch_size
 
 
-def pass_plan(t, needs: frozenset[str], vocab_size: int) -> PassPlan:
-    """Which no-grad passes of the rollout policy a step makes, for trainer settings ``t`` and a
-    scheme's declared inputs (the step plan's core, :func:`datc.step.plan.build_plan`; also read
-    by the memory plan)."""
-    on_policy = t.epochs == 1 and t.mini_batch_size == t.batch_size
-    wants_dist = bool(needs & {POLICY_LOGITS, ENTROPY, OLD_LOGPS, POLICY_HIDDEN})
-    reuse = on_policy and wants_dist and POLICY_HIDDEN not in needs and (  # the sampler keeps no hidden states
+def wants_dist(needs: frozenset[str]) -> bool:
+    """Whether a credit scheme with declared inputs ``needs`` reads the rollout policy's distribution."""
+    return bool(needs & {POLICY_LOGITS, ENTROPY, OLD_LOGPS, POLICY_HIDDEN})
+
+
+def reuses_rollout_logits(t, needs: frozenset[str], vocab_size: int) -> bool:
+    """Whether the step takes the rollout policy's distribution from the sampler's kept logits (no
+    second forward pass): on-policy, for a scheme that reads it and no hidden state (the sampler
+    keeps none), under ``trainer.reuse_rollout_logits``. Read by the step plan
+    (:func:`datc.step.plan.build_plan`) and the memory plan."""
+    return is_on_policy(t) and wants_dist(needs) and POLICY_HIDDEN not in needs and (
         t.reuse_rollout_logits == "always"
         or (t.reuse_rollout_logits == "auto" and t.batch_size * t.max_new_tokens * vocab_size <= REUSE_LOGITS_MAX_ELEMENTS))
-    return PassPlan(on_policy, wants_dist, reuse)
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ class Passes:
         return chunked_head_logps(head, h, ro.response_ids[rows], self.temperature, head_chunk)
 
     def rollout_pass(self, model, ro: Rollout, keep_logits: bool = False, keep_hidden: bool = False,
-                     with_entropy: bool = True):
+                     with_entropy: bool = True) -> PolicyPass:
         """:func:`rollout_policy_pass`."""
         return rollout_policy_pass(model, ro, self.temperature, self.micro, keep_logits, keep_hidden, with_entropy,
                                    self.share)
@@ -105,16 +108,6 @@ def policy_forward(model, ro: Rollout, rows: slice | torch.Tensor, hidden: bool 
     _, out = forward_after_prompts(model, pmask[:, :-1], cont_mask, groups, prompt_ids=pids[:, :-1], cont_ids=cont_ids,
                                    prompt_kwargs={"logits_to_keep": 1}, output_hidden_states=hidden)
     return out.logits, (out.hidden_states[-1] if hidden else None)
-
-
-def decoder_layers(model) -> list | None:
-    """The decoder blocks of a causal LM (``base_model.layers``: Llama, Qwen, Mistral;
-    ``base_model.h``: GPT-2), or None for another layout. A DeepSpeed engine's are its module's."""
-    base = getattr(getattr(model, "module", model), "base_model", None)
-    layers = getattr(base, "layers", None)
-    if layers is None:
-        layers = getattr(base, "h", None)
-    return list(layers) if layers is not None else None
 
 
 @contextmanager
@@ -181,15 +174,22 @@ def scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return z if temperature == 1.0 else z / temperature
 
 
+class PolicyPass(NamedTuple):
+    """What one no-grad pass of the policy over a batch gives (:func:`rollout_policy_pass`)."""
+
+    logps: torch.Tensor  # (B, T) log-probs of the sampled ids, at the sampling temperature
+    entropy: torch.Tensor | None  # (B, T); None without ``with_entropy``
+    logits: torch.Tensor | None  # (B, T, V) float32, divided by the temperature; None without ``keep_logits``
+    hidden: torch.Tensor | None  # (B, T, d) float32 LM-head inputs; None without ``keep_hidden``
+
+
 @torch.no_grad()
 def rollout_policy_pass(model, ro: Rollout, temperature: float, micro: int, keep_logits: bool,
-                        keep_hidden: bool = False, with_entropy: bool = True, share: bool = True):
-    """One no-grad pass of a frozen or pre-update policy: log-probs, entropies (None without
-    ``with_entropy``) and (when a credit scheme declares them) the logits. Returns (logps (B,T),
-    entropy (B,T)|None, logits|None);
-    with ``keep_hidden`` a fourth element, the LM-head inputs (B,T,d) float32 at the same
-    positions (the last hidden state, after the final norm: logits = lm_head(hidden) / temperature).
-    ``share``: see :func:`policy_forward`."""
+                        keep_hidden: bool = False, with_entropy: bool = True, share: bool = True) -> PolicyPass:
+    """One no-grad pass of a frozen or pre-update policy: log-probs, entropies (without
+    ``with_entropy``: None) and (when a credit scheme declares them) the logits and the LM-head
+    inputs (the last hidden state, after the final norm: logits = lm_head(hidden) / temperature),
+    all at the response positions. ``share``: see :func:`policy_forward`."""
     logps, ents, all_logits, hidden = [], [], [], []
     for i in range(0, ro.response_ids.shape[0], micro):
         raw, h = policy_forward(model, ro, slice(i, i + micro), hidden=keep_hidden, share=share)
@@ -201,8 +201,8 @@ def rollout_policy_pass(model, ro: Rollout, temperature: float, micro: int, keep
             ents.append(entropy_from_logits(z))
         if keep_logits:
             all_logits.append(z)
-    out = torch.cat(logps), torch.cat(ents) if with_entropy else None, torch.cat(all_logits) if keep_logits else None
-    return (*out, torch.cat(hidden)) if keep_hidden else out
+    return PolicyPass(torch.cat(logps), torch.cat(ents) if with_entropy else None,
+                      torch.cat(all_logits) if keep_logits else None, torch.cat(hidden) if keep_hidden else None)
 
 
 def logps_under_prompts(model, tok, ro: Rollout, temperature: float, micro: int, encoder=None, share: bool = True):
@@ -219,7 +219,7 @@ def logps_under_prompts(model, tok, ro: Rollout, temperature: float, micro: int,
         if ctx is not None and width > ctx:
             raise ValueError(f"prompts of up to {other.prompt_ids.shape[1]} tokens plus {other.response_ids.shape[1]} "
                              f"response positions exceed the policy's context of {ctx}")
-        return rollout_policy_pass(model, other, temperature, micro, False, with_entropy=False, share=share)[0]
+        return rollout_policy_pass(model, other, temperature, micro, False, with_entropy=False, share=share).logps
 
     return logps_under
 

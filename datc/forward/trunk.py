@@ -28,6 +28,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from datc.backends.plugins import partitioned
 from datc.engines.rollout import Rollout
 from datc.forward.passes import scaled
 from datc.forward.shared_prompt import forward_after_prompts, prompt_groups
@@ -72,7 +73,7 @@ def shared_trunk_depth(ref, rm) -> int:
     each rank holds a shard, the local tensors are empty and prove nothing)."""
     if ref is None or rm is None:
         return 0
-    if any(hasattr(p, "ds_id") for m in (ref, rm) for p in m.parameters()):
+    if partitioned(ref) or partitioned(rm):
         return 0
     mt = getattr(ref.config, "model_type", None)
     if mt not in TRUNK_MODEL_TYPES or getattr(rm.config, "model_type", None) != mt:

@@ -191,3 +191,13 @@ def save_tokenizer(tok, out) -> None:
     """``tok`` saved with its padding side, so every loader pads as the policy did (left)."""
     tok.init_kwargs["padding_side"] = tok.padding_side
     tok.save_pretrained(out)
+
+
+def decoder_layers(model) -> list | None:
+    """The decoder blocks of a causal LM (``base_model.layers``: Llama, Qwen, Mistral;
+    ``base_model.h``: GPT-2), or None for another layout. A DeepSpeed engine's are its module's."""
+    base = getattr(getattr(model, "module", model), "base_model", None)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        layers = getattr(base, "h", None)
+    return list(layers) if layers is not None else None

@@ -8,12 +8,10 @@ from typing import Any
 
 import torch
 
-from datc.backends.distributed import Dist, inference_config
 from datc.config import ConfigError, TrainConfig
 from datc.data.prepare import Assets
 from datc.data.tokenizer import load_tokenizer
 from datc.engines.rollout import Rollout
-from datc.forward.trunk import shared_trunk_depth
 from datc.models.build import freeze, load_pretrained, resolve_dtype
 from datc.models.chat import RewardInputs, prompt_encoder
 from datc.models.lora import AdaptersOff, add_adapters, lora_on
@@ -25,33 +23,18 @@ class Models:
     ref: Any | None
     rm: Any
     tok: Any
-    vocab_size: int = 0  # rows of the policy's LM head (read before any ZeRO-3 partitioning)
-    synced_gpus: bool = False  # generate keeps every rank in step (ZeRO-3 with several ranks)
+    vocab_size: int = 0  # rows of the policy's LM head (read before any partitioning)
     encoder: Any = None  # datc.models.chat.PromptEncoder: the policy's prompts (format, chat template)
     rm_inputs: Any = None  # datc.models.chat.RewardInputs: the reward model's inputs (its own chat template)
-    share_prompts: bool = True  # forwards compute each distinct prompt once (datc.forward.shared_prompt)
-    trunk: int = 0  # leading blocks the reward model shares with the reference, run once for both (datc.forward.trunk)
     adapter: Any = None  # the peft.PeftModel around ``policy`` when it trains LoRA adapters (datc.models.lora), else None
 
     def score_inputs(self, ro: Rollout):
         return self.rm_inputs(ro.prompt_ids, ro.prompt_mask, ro.response_ids, ro.response_mask, ro.examples)
 
 
-def _frozen(model, c: TrainConfig, dist: Dist):
-    """A frozen model placed for inference: sharded under ZeRO-3 (as TRL prepares its reference
-    and reward models), else a plain replica on every rank."""
-    ds_cfg = inference_config(c, dist.world_size) if dist.enabled else None
-    if ds_cfg is None:
-        return model
-    import deepspeed
-
-    engine, *_ = deepspeed.initialize(model=model, config=ds_cfg)
-    engine.module.eval()
-    return engine.module
-
-
-def load_models(c: TrainConfig, assets: Assets, device: torch.device, dist: Dist | None = None) -> Models:
-    dist = dist or Dist()
+def load_models(c: TrainConfig, assets: Assets, device: torch.device, backend=None) -> Models:
+    """The run's models; ``backend`` (:class:`datc.backends.base.Backend`) places the frozen ones
+    (None: as they load, replicas). The policy is placed with its optimizer, by the session."""
     dtype = resolve_dtype(c.policy.dtype, device)
     tok = load_tokenizer(assets.tokenizer_path)
     if lora_on(c):  # the base frozen at the compute dtype, fp32 adapters; the reference: adapters off
@@ -74,17 +57,10 @@ def load_models(c: TrainConfig, assets: Assets, device: torch.device, dist: Dist
             "policy's sampled ids as they are (use a reward model of the policy's family)"
         )
     vocab = policy.get_output_embeddings().weight.shape[0]
-    ref = _frozen(ref, c, dist) if ref is not None and adapter is None else ref
-    rm = _frozen(rm, c, dist)
+    if backend is not None:
+        ref = backend.place_frozen(ref) if ref is not None and adapter is None else ref
+        rm = backend.place_frozen(rm)
     encoder = prompt_encoder(c, tok)
-    synced = dist.enabled and c.deepspeed.stage == 3 and dist.world_size > 1
-    # under ZeRO-3 every rank must make as many forwards as the others: one per pass there
-    share = c.trainer.share_prompts and not synced
-    # the trunk runs in the reference's shared-prompt layout, on the policy's prompt ids, with
-    # whole (not ZeRO-3-partitioned) parameters to compare
-    trunk = (shared_trunk_depth(ref, rm) if share and c.trainer.share_trunk and not c.reward.chat_template
-             and not (dist.enabled and inference_config(c, dist.world_size) is not None) else 0)
-    return Models(policy, ref, rm, tok, vocab, synced_gpus=synced, encoder=encoder,
-                  rm_inputs=RewardInputs(rm_tok, encoder, c.reward.chat_template), share_prompts=share, trunk=trunk,
+    return Models(policy, ref, rm, tok, vocab, encoder=encoder, rm_inputs=RewardInputs(rm_tok, encoder, c.reward.chat_template),
                   adapter=adapter)
 

@@ -108,42 +108,75 @@ def latest_loadable_checkpoint(run_dir: str | Path) -> tuple[Path | None, dict[s
     return None, None
 
 
-# ---- DeepSpeed engines ------------------------------------------------------------------------
+# ---- sharded checkpoints (DeepSpeed, FSDP2) ------------------------------------------------------
 #
-# Under DeepSpeed the same directory holds DeepSpeed's own checkpoint (every rank writes its
-# shards of parameters and optimizer state), one ``rank_XXXXX.pt`` per rank (its RNG state: every
-# rank samples its own responses), and ``state.pt`` (step, elapsed time) written last by rank 0.
-# A directory without ``state.pt`` is incomplete and never loaded, as above.
+# Under a backend that shards the policy the same directory holds its own shards (every rank
+# writes its part of the parameters and optimizer state: DeepSpeed's files, or FSDP2's
+# ``torch.distributed.checkpoint`` folder), one ``rank_XXXXX.pt`` per rank (its RNG state: every
+# rank samples its own responses), and ``state.pt`` (step, elapsed time, the backend's name)
+# written last by rank 0. A directory without ``state.pt`` is incomplete and never loaded, as above.
+
+KINDS = {"deepspeed": "DeepSpeed", "fsdp2": "FSDP2"}
 
 
 def _rank_file(path: Path, rank: int) -> Path:
     return path / f"rank_{rank:05d}.pt"
 
 
-def save_engine_checkpoint(run_dir: str | Path, step: int, engine, state: dict[str, Any], rank_state: dict[str, Any],
-                           rank: int, world_size: int, barrier: Callable[[], None], keep: int) -> Path:
-    """Every rank calls this at the same step. Returns the checkpoint directory."""
+def save_sharded_checkpoint(run_dir: str | Path, step: int, write: Callable[[Path], None], state: dict[str, Any],
+                            rank_state: dict[str, Any], rank: int, world_size: int, barrier: Callable[[], None],
+                            keep: int, kind: str) -> Path:
+    """Every rank calls this at the same step; ``write(path)`` writes this rank's shards into the
+    step's directory. Returns the checkpoint directory."""
     root = Path(run_dir) / "checkpoints"
-    tag = f"step_{step:07d}"
-    path = root / tag
+    path = root / f"step_{step:07d}"
     if rank == 0 and path.exists():  # an incomplete write of a killed run at this very step
         shutil.rmtree(path)
     barrier()
-    # frozen parameters (a LoRA policy's base) are not the run's to save: the base is reloaded
-    with _frozen_ties_excluded(engine):
-        engine.save_checkpoint(str(root), tag=tag, save_latest=False, exclude_frozen_parameters=True)
+    write(path)
     buf = io.BytesIO()
     torch.save(rank_state, buf)
     atomic_write_bytes(_rank_file(path, rank), buf.getvalue())
     barrier()
     if rank == 0:
         buf = io.BytesIO()
-        _save({**state, "step": step, "world_size": world_size, "deepspeed": True}, buf)
+        _save({**state, "step": step, "world_size": world_size, kind: True}, buf)
         atomic_write_bytes(path / "state.pt", buf.getvalue())
         for old in checkpoint_dirs(run_dir)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            aside = old.with_name(f".{old.name}.pruned.old")  # as save_checkpoint: never a half-removed step folder
+            try:
+                os.rename(old, aside)
+            except OSError:
+                continue
+            shutil.rmtree(aside, ignore_errors=True)
     barrier()
     return path
+
+
+def load_sharded_checkpoint(path: str | Path, rank: int, world_size: int, kind: str) -> dict[str, Any]:
+    """``state.pt`` of a sharded checkpoint written by backend ``kind`` with this rank's ``rng``;
+    refused, in one line, for another backend or another number of processes."""
+    path = Path(path)
+    state = load_checkpoint(path)
+    if not state.get(kind):
+        other = next((KINDS[k] for k in KINDS if state.get(k)), "the plain backend")
+        raise ConfigError(f"backend: {path} was written by {other}; resume it with the backend that wrote it")
+    if state["world_size"] != world_size:
+        raise ConfigError(f"backend: {path} was written by {state['world_size']} processes, this run has "
+                          f"{world_size}; resume with the same number of processes")
+    rank_state = torch.load(_rank_file(path, rank), map_location="cpu", weights_only=False)
+    return {**state, **rank_state}
+
+
+def save_engine_checkpoint(run_dir: str | Path, step: int, engine, state: dict[str, Any], rank_state: dict[str, Any],
+                           rank: int, world_size: int, barrier: Callable[[], None], keep: int) -> Path:
+    """A DeepSpeed engine's checkpoint (:func:`save_sharded_checkpoint`)."""
+    def write(path: Path) -> None:
+        # frozen parameters (a LoRA policy's base) are not the run's to save: the base is reloaded
+        with _frozen_ties_excluded(engine):
+            engine.save_checkpoint(str(path.parent), tag=path.name, save_latest=False, exclude_frozen_parameters=True)
+
+    return save_sharded_checkpoint(run_dir, step, write, state, rank_state, rank, world_size, barrier, keep, "deepspeed")
 
 
 @contextmanager
@@ -175,16 +208,10 @@ def load_engine_checkpoint(path: str | Path, engine, rank: int, world_size: int)
     """Restore the engine (parameters, optimizer, LR schedule) and this rank's state; returns
     ``state.pt`` with this rank's ``rng``."""
     path = Path(path)
-    state = load_checkpoint(path)
-    if not state.get("deepspeed"):
-        raise ConfigError(f"deepspeed: {path} was written without DeepSpeed; resume it with deepspeed=none")
-    if state["world_size"] != world_size:
-        raise ConfigError(f"deepspeed: {path} was written by {state['world_size']} processes, this run has "
-                          f"{world_size}; resume with the same number of processes")
+    state = load_sharded_checkpoint(path, rank, world_size, "deepspeed")
     frozen = any(not p.requires_grad for p in engine.module.parameters())
     load_path, _ = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
                                           load_lr_scheduler_states=True, load_module_strict=not frozen)
     if load_path is None:
-        raise ConfigError(f"deepspeed: DeepSpeed could not load the checkpoint in {path}")
-    rank_state = torch.load(_rank_file(path, rank), map_location="cpu", weights_only=False)
-    return {**state, **rank_state}
+        raise ConfigError(f"backend: DeepSpeed could not load the checkpoint in {path}")
+    return state

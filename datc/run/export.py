@@ -38,18 +38,6 @@ class ExportError(ValueError):
     """A run or checkpoint that cannot be exported; the message says why."""
 
 
-def _full_state_dict(module) -> dict[str, torch.Tensor]:
-    """The module's parameters and buffers on the CPU, gathered first when ZeRO-3 partitions
-    them (every rank must call this then: the gather is collective)."""
-    params = [p for p in module.parameters() if hasattr(p, "ds_id")]
-    if not params:
-        return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
-    import deepspeed
-
-    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-        return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
-
-
 def save_pretrained_dir(model, tok, out: str | Path, state_dict: dict[str, torch.Tensor] | None = None,
                         exist: str = "refuse", marker: dict | None = None) -> Path:
     """``model`` (with ``state_dict`` as its weights, if given) and ``tok`` saved with
@@ -67,10 +55,12 @@ def save_pretrained_dir(model, tok, out: str | Path, state_dict: dict[str, torch
 def save_final_policy(policy, tok, out: str | Path, dist=None, adapter=None) -> Path | None:
     """The trained policy (a module or a DeepSpeed engine) and its tokenizer as a Hugging Face
     checkpoint in ``out``; a LoRA policy (``adapter``: its ``PeftModel``) as its adapter
-    (:func:`datc.models.lora.save_adapter`). Under DeepSpeed every rank calls this (ZeRO-3 gathers
-    the parameters); rank 0 writes."""
+    (:func:`datc.models.lora.save_adapter`). In a process group every rank calls this (ZeRO-3 and
+    FSDP2 gather the parameters); rank 0 writes."""
+    from datc.backends.plugins import full_state_dict
+
     module = getattr(policy, "module", policy)
-    state = _full_state_dict(module)
+    state = full_state_dict(module)  # collective where a backend partitions it
     if dist is not None and not dist.is_main:
         return None
     if adapter is not None:
@@ -99,15 +89,12 @@ def _checkpoint_dir(run_dir: Path, step: int | None) -> Path:
 
 
 def checkpoint_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
-    """The policy's fp32 weights in a checkpoint directory (``state.pt``, or DeepSpeed's shards)."""
+    """The policy's fp32 weights in a checkpoint directory (``state.pt``, or the shards of the
+    backend that wrote it: DeepSpeed's, FSDP2's ``torch.distributed.checkpoint``), in one process."""
+    from datc.backends.plugins import checkpoint_weights
     from datc.run.checkpoint import load_checkpoint
 
-    state = load_checkpoint(ckpt)
-    if not state.get("deepspeed"):
-        return state["policy"]
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    return get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name, exclude_frozen_parameters=True)
+    return checkpoint_weights(ckpt, load_checkpoint(ckpt))
 
 
 def load_policy_weights(model, state: dict[str, torch.Tensor]) -> None:

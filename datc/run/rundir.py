@@ -74,6 +74,11 @@ def identity(cfg: dict[str, Any]) -> dict[str, Any]:
                         if k not in NON_IDENTITY_TRAINER and not (k in IDENTITY_WHEN_SET_TRAINER and v is None)}
     if isinstance(ident.get("deepspeed"), dict):
         ident["deepspeed"] = {k: v for k, v in ident["deepspeed"].items() if k not in NON_IDENTITY_DEEPSPEED}
+    # auto, plain and deepspeed are told apart by deepspeed.stage (a run keeps the identity it had
+    # before the option); fsdp2's settings change memory and waiting, not the numbers
+    backend = ident.pop("backend", None)
+    if isinstance(backend, dict) and backend.get("name") == "fsdp2":
+        ident["backend"] = {"name": "fsdp2"}
     if isinstance(ident.get("policy"), dict) and not (ident["policy"].get("lora") or {}).get("r"):
         # LoRA off (policy.lora.r: 0): a full-policy run keeps the identity it had before the option
         ident["policy"] = {k: v for k, v in ident["policy"].items() if k != "lora"}

@@ -31,7 +31,7 @@ from datc.step.frozen import frozen_passes
 from datc.step.metrics import step_metrics
 from datc.step.reward import reward
 from datc.step.sample import rollout
-from datc.step.update import update
+from datc.step.update import LossInputs, update
 
 
 @dataclass
@@ -75,6 +75,6 @@ def learn(s, it: int, ro: Rollout, t0: float) -> StepResult:
     # the update's own activations (at a real vocabulary they are the step's largest tensors).
     ro.logits = rw.rm_grad = fz.rm_grad = None
     t3 = time.perf_counter()
-    stats = update(s, ro, rw.mask, cr.token_adv, cr.old_logps, fz.ref_logps, rw.nonfinite, plan)
+    stats = update(s, LossInputs(ro, rw.mask, cr.token_adv, cr.old_logps, fz.ref_logps, rw.nonfinite), plan)
     t4 = time.perf_counter()
     return StepResult(step_metrics(s, ro, rw, cr, stats, (t0, t1, t2, t3, t4)), rw.nonfinite, completions)

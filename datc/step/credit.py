@@ -80,9 +80,9 @@ def credit_inputs(s, ro: Rollout, rw: Rewarded, rows: slice, plan: StepPlan, gen
         entropy = entropy_from_logits(logits) if plan.credit_entropy else None
         credit_old_logps = selective_log_softmax(logits, sub.response_ids) if OLD_LOGPS in needs else None
     elif not plan.on_policy or plan.wants_dist:
-        old_logps, entropy, logits, *rest = p.rollout_pass(m.policy, sub, POLICY_LOGITS in needs, POLICY_HIDDEN in needs,
-                                                           with_entropy=plan.credit_entropy)
-        hidden = rest[0] if rest else None
+        pol = p.rollout_pass(m.policy, sub, POLICY_LOGITS in needs, POLICY_HIDDEN in needs,
+                             with_entropy=plan.credit_entropy)
+        old_logps, entropy, logits, hidden = pol
         credit_old_logps = old_logps
     prompts = [m.encoder.text(ex) for ex in sub.examples] if PROMPTS in needs else None
     logps_under = p.logps_under(m.policy, m.tok, sub, m.encoder) if LOGPS_UNDER in needs else None
@@ -128,6 +128,12 @@ def _computed(s, it: int, ro: Rollout, rw: Rewarded, plan: StepPlan, rows: Tenso
             "normalization": out.normalization, "old_logps": _cat(old), "entropy": _cat(ent)}
 
 
+def _left_out_pass(s, ro: Rollout, plan: StepPlan, rows: Tensor | None) -> dict[str, Tensor | None]:
+    """The old log-probs and entropies of responses ``rows`` (None: all), one no-grad pass."""
+    pol = plan.passes.rollout_pass(s.m.policy, ro if rows is None else ro.select(rows))
+    return {"old_logps": pol.logps, "entropy": pol.entropy}
+
+
 def assign_credit(s, it: int, ro: Rollout, rw: Rewarded, plan: StepPlan) -> Credited:
     """The scheme's token weights for the responses ``rw.credited`` (every response unless the
     zero-advantage skip applies); a response left out gets ``w = 1`` on its valid tokens and
@@ -146,10 +152,7 @@ def assign_credit(s, it: int, ro: Rollout, rw: Rewarded, plan: StepPlan) -> Cred
     if len(keep) < B:  # the left-out rows' old log-probs and entropies (off-policy)
         rest["old_logps"] = rest["entropy"] = None
         if not plan.on_policy:
-            skipped = (~rw.credited).nonzero().squeeze(-1)
-            logps, ent, _ = plan.passes.rollout_pass(s.m.policy, ro.select(skipped))
-            rest["old_logps"], rest["entropy"] = logps.new_empty(B, T), ent.new_empty(B, T)
-            rest["old_logps"][skipped], rest["entropy"][skipped] = logps, ent
+            rest = on_rows((~rw.credited).nonzero().squeeze(-1), B, lambda rows: _left_out_pass(s, ro, plan, rows), rest)
     out = on_rows(keep, B, lambda rows: _computed(s, it, ro, rw, plan, rows), rest)
     if len(keep) < B and plan.on_policy:
         out["old_logps"] = out["entropy"] = None

@@ -49,12 +49,14 @@ def frozen_passes(s, ro: Rollout, plan: StepPlan) -> Frozen:
         return Frozen(out.scores, out.grad, grad_rows, ref_logps)
     out = s.ops.score(m.rm, m.score_inputs(ro), ro.response_mask, with_grad=plan.rm_grad, batch_size=p.micro,
                       grad_rows=grad_rows, share=p.share)
-    ref_logps = p.rollout_pass(m.ref, ro, with_entropy=False)[0] if plan.with_ref else None
+    ref_logps = p.rollout_pass(m.ref, ro, with_entropy=False).logps if plan.with_ref else None
     return Frozen(out.scores, out.grad, grad_rows, ref_logps)
 
 
-def rm_grad_rows(s, ro: Rollout, rows: Tensor, plan: StepPlan) -> Tensor:
-    """(k, T, d) the reward model's input-embedding gradient for responses ``rows`` (k,) long."""
+def rm_grad_rows(s, ro: Rollout, rows: Tensor | None, plan: StepPlan) -> Tensor:
+    """(k, T, d) the reward model's input-embedding gradient for responses ``rows`` (k,) long
+    (None: every response, (B, T, d))."""
     m, p = s.m, plan.passes
-    return s.ops.score(m.rm, m.score_inputs(ro).select(rows), ro.response_mask[rows], with_grad=True,
-                       batch_size=p.micro, share=p.share).grad
+    inputs, mask = (m.score_inputs(ro), ro.response_mask) if rows is None else (
+        m.score_inputs(ro).select(rows), ro.response_mask[rows])
+    return s.ops.score(m.rm, inputs, mask, with_grad=True, batch_size=p.micro, share=p.share).grad

@@ -14,9 +14,11 @@ from typing import Any
 
 import torch
 
+from datc.backends.base import Declares
+from datc.backends.plugins import partitioned
 from datc.credit.base import ENTROPY, POLICY_LOGITS, RM_GRAD
 from datc.engines.static_decode import decode_mode
-from datc.forward.passes import Passes, pass_plan
+from datc.forward.passes import Passes, is_on_policy, reuses_rollout_logits, wants_dist
 
 
 @dataclass(frozen=True)
@@ -31,11 +33,10 @@ class StepPlan:
     rm_grad: bool  # the reward model's input-embedding gradient is made (the scheme declares it)
     credit_entropy: bool  # the credit pass makes entropies (read by the scheme, or rollout/entropy off-policy)
     with_ref: bool  # a frozen reference (KL term, beta > 0)
-    ref_is_policy: bool  # ... which is the policy with its LoRA adapters disabled, no second model (datc.models.lora)
     trunk: int  # blocks the reward model shares with the reference: one pass gives both (datc.forward.trunk); 0 off
     share_prompts: bool  # forwards compute each distinct prompt once (datc.forward.shared_prompt)
-    synced_gpus: bool  # ZeRO-3 with several ranks: every rank makes as many forwards as the others
-    gather_generation: bool  # sampling with the policy's parameters gathered once per call (ZeRO-3)
+    synced_gpus: bool  # the policy's forwards are collective (ZeRO-3, FSDP2 over ranks): every rank makes as many
+    gather_generation: bool  # sampling with the policy's parameters gathered once per call (ZeRO-3, FSDP2)
     sample_synced: bool  # sampling keeps every rank forwarding until all are done (synced, not gathered)
     decode: str  # the sampler's decode loop: static (cache and graph, datc.engines.static_decode) or dynamic
     keep_completions: bool  # the step before an eval keeps its completions (for the W&B table)
@@ -60,7 +61,7 @@ class StepPlan:
         declare from one pass over the whole batch, the reward model's gradient for every
         response, no reference and no skip."""
         return dataclasses.replace(self, on_policy=True, wants_dist=True, reuse=False, chunk_rows=None, skip_zero=False,
-                                   rm_grad=True, credit_entropy=True, with_ref=False, ref_is_policy=False, trunk=0)
+                                   rm_grad=True, credit_entropy=True, with_ref=False, trunk=0)
 
     @property
     def update_passes(self) -> Passes:
@@ -81,37 +82,43 @@ class StepPlan:
         return out
 
 
-def build_plan(t, scheme, vocab_size: int, *, with_ref: bool, trunk: int, ref_is_policy: bool = False, share_prompts: bool, synced_gpus: bool,
-               keep_completions: bool = False, head_chunk: int | None = None,
-               gather_generation: bool = False, grad_checkpoint: bool = False, engine=None,
-               correction: str = "none", correction_cap: float = 2.0) -> StepPlan:
-    """The plan for trainer settings ``t`` (``c.trainer``), a credit scheme and the placed models
-    (``head_chunk``: ``trainer.lm_head_chunk`` where the policy allows it, :func:`head_chunk_for`).
-    ``engine``: the session's rollout engine (:mod:`datc.engines`; None: the built-in one): one
-    that keeps no logits has the credit recompute them, one with its own weights is synced and
-    may be corrected for (``correction``, :mod:`datc.math.correction`)."""
-    needs = scheme.needs
-    pp = pass_plan(t, needs, vocab_size)
+def build_plan(t, scheme, vocab_size: int, *, with_ref: bool, trunk: int = 0, backend: Declares | None = None,
+               keep_completions: bool = False, head_chunk: int | None = None, grad_checkpoint: bool = False,
+               engine=None, correction: str = "none", correction_cap: float = 2.0) -> StepPlan:
+    """The plan for trainer settings ``t`` (``c.trainer``), a credit scheme and the placed models:
+    ``trunk``, the leading blocks the reference and the reward model share (0: none, or another
+    reward-model input); ``backend``, what the backend's placement asks
+    (:class:`datc.backends.base.Declares`: collective forwards keep every rank's passes matched, so
+    no shared prompts, no trunk and no zero-advantage skip there); ``head_chunk``:
+    ``trainer.lm_head_chunk`` where the policy allows it (:func:`head_chunk_for`). ``engine``: the
+    session's rollout engine (:mod:`datc.engines`; None: the built-in one): one that keeps no
+    logits has the credit recompute them, one with its own weights is synced and may be corrected
+    for (``correction``, :mod:`datc.math.correction`)."""
+    needs, backend = scheme.needs, backend or Declares()
+    on_policy, reads_dist = is_on_policy(t), wants_dist(needs)
     chunked = scheme.row_local and POLICY_LOGITS in needs
     keeps_logits = engine is None or engine.keeps_logits
     own_weights = engine is not None and engine.own_weights
-    reuse = pp.reuse and keeps_logits
+    reuse = reuses_rollout_logits(t, needs, vocab_size) and keeps_logits
+    synced = backend.synced_ranks
+    share = t.share_prompts and backend.share_prompts
+    # the trunk runs in the reference's shared-prompt layout with whole parameters to compare
+    trunk = trunk if with_ref and share and t.share_trunk and not backend.frozen_partitioned else 0
+    gather = backend.gather_generation and synced
     return StepPlan(
-        on_policy=pp.on_policy, wants_dist=pp.wants_dist, reuse=reuse,
+        on_policy=on_policy, wants_dist=reads_dist, reuse=reuse,
         chunk_rows=t.micro_batch_size if chunked and not reuse else None,
-        # Off under ZeRO-3 with several ranks, where every rank must run as many forwards as the others.
-        skip_zero=t.skip_zero_advantage and scheme.row_separable and not synced_gpus,
+        skip_zero=t.skip_zero_advantage and scheme.row_separable and not synced,
         rm_grad=RM_GRAD in needs,
         # On-policy the update's forward is the rollout policy's, and rollout/entropy comes from it.
-        credit_entropy=ENTROPY in needs or not pp.on_policy,
-        with_ref=with_ref, ref_is_policy=with_ref and ref_is_policy, trunk=trunk, share_prompts=share_prompts, synced_gpus=synced_gpus,
-        gather_generation=gather_generation and synced_gpus, sample_synced=synced_gpus and not gather_generation,
-        decode=decode_mode(t.decode, t.device != "cpu" and torch.cuda.is_available(),
-                           synced_gpus and not gather_generation),
+        credit_entropy=ENTROPY in needs or not on_policy,
+        with_ref=with_ref, trunk=trunk, share_prompts=share, synced_gpus=synced,
+        gather_generation=gather, sample_synced=synced and not gather,
+        decode=decode_mode(t.decode, t.device != "cpu" and torch.cuda.is_available(), synced and not gather),
         keep_completions=keep_completions, head_chunk=head_chunk, grad_checkpoint=grad_checkpoint,
         engine="torch" if engine is None else engine.name, sync_engine=own_weights,
         correction=correction if own_weights else "none", correction_cap=correction_cap,
-        passes=Passes(t.temperature, t.micro_batch_size, share_prompts),
+        passes=Passes(t.temperature, t.micro_batch_size, share),
         _chunked=chunked,
     )
 
@@ -123,32 +130,12 @@ HEAD_CHUNK_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
 def head_chunk_for(chunk: int | None, policy) -> tuple[int | None, str | None]:
     """``trainer.lm_head_chunk`` for this policy: (chunk, None), or (None, why) where the update
     cannot apply the LM head itself: a family outside :data:`HEAD_CHUNK_MODEL_TYPES`, or
-    parameters partitioned by ZeRO-3 (the head's weight is gathered by the model's own forward)."""
+    parameters partitioned over ranks (the head's weight is gathered by the model's own forward)."""
     if chunk is None:
         return None, None
     model_type = getattr(getattr(policy, "config", None), "model_type", None)
     if model_type not in HEAD_CHUNK_MODEL_TYPES:
         return None, f"model type {model_type!r} is not one whose logits are lm_head(hidden): {HEAD_CHUNK_MODEL_TYPES}"
-    if any(hasattr(p, "ds_id") for p in policy.parameters()):
-        return None, "the policy's parameters are ZeRO-3 partitioned"
+    if partitioned(policy):
+        return None, "the policy's parameters are partitioned over ranks (ZeRO-3, FSDP2)"
     return chunk, None
-
-
-def gather_generation_for(mode: str, policy, synced_gpus: bool, device, free_bytes: int | None = None) -> tuple[bool, str]:
-    """Whether ZeRO-3 sampling gathers the policy's parameters once per call
-    (``deepspeed.gather_for_generation``): ``gather`` / ``synced`` as asked; ``auto`` gathers when
-    the whole parameters take at most half the device's free memory (always on the CPU).
-    Returns (gather, why) for the run's log. Without several ZeRO-3 ranks there is nothing to gather."""
-    if not synced_gpus:
-        return False, "no ZeRO-3 partitioning across ranks"
-    if mode != "auto":
-        return mode == "gather", f"deepspeed.gather_for_generation={mode}"
-    full = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in policy.parameters())
-    if device.type != "cuda":
-        return True, f"auto: {full / 2**30:.2f} GiB of parameters in host memory"
-    if free_bytes is None:
-        import torch
-
-        free_bytes = torch.cuda.mem_get_info(device)[0]
-    fits = full <= free_bytes // 2
-    return fits, f"auto: {full / 2**30:.2f} GiB of parameters, {free_bytes / 2**30:.2f} GiB free on the device"

@@ -18,6 +18,7 @@ from datc.math.numerics import (
 from datc.rewards.rules import RULES, RuleContext
 from datc.step.frozen import Frozen, rm_grad_rows
 from datc.step.plan import StepPlan
+from datc.step.rows import on_rows
 from datc.tasks import gold_of
 
 
@@ -85,8 +86,8 @@ def reward(s, ro: Rollout, fz: Frozen, plan: StepPlan, mask: Tensor | None = Non
     credited = advantages != 0 if plan.skip_zero else torch.ones_like(advantages, dtype=torch.bool)
     rm_grad = fz.rm_grad
     if fz.grad_rows is not None and (missing := credited & ~fz.grad_rows).any():  # an RM that is not batch-invariant
-        rows = missing.nonzero().squeeze(-1)
-        rm_grad[rows] = rm_grad_rows(s, ro, rows, plan)
+        rm_grad = on_rows(missing.nonzero().squeeze(-1), len(credited),
+                          lambda rows: {"rm_grad": rm_grad_rows(s, ro, rows, plan)}, {"rm_grad": rm_grad})["rm_grad"]
     rm_grad, bad_rm_grad = zero_nonfinite_rm_grad(rm_grad)
     nf.add("rm_grad", bad_rm_grad)
     rw = Rewarded(fz.scores, rewards, advantages, mask, rm_grad, bad_rm_grad, gold, gold_contrib, rule_metrics, nf,

@@ -1,9 +1,10 @@
 """The loss and update phase: ``epochs`` passes over the rollout batch in mini-batches, one
-optimizer step each, through the session's :class:`datc.backends.optim.PolicyOptimizer`."""
+optimizer step each, through the session's :class:`datc.backends.base.PolicyOptimizer`."""
 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -18,8 +19,19 @@ from datc.step.plan import StepPlan
 _SUMMED = ("total", "kl", "clip_frac", "ratio", "entropy")  # summed over ranks: each rank's share of the mini-batch
 
 
-def update(s, ro: Rollout, mask: Tensor, token_adv: Tensor, old_logps: Tensor | None, ref_logps: Tensor | None,
-           nf: NonFiniteReport, plan: StepPlan) -> dict[str, float]:
+@dataclass
+class LossInputs:
+    """What the loss reads of the step's earlier phases (B responses on this rank, T positions)."""
+
+    ro: Rollout  # the sampled batch (its logits already freed)
+    mask: Tensor  # (B, T) bool, the loss mask (after the reward phase's guards)
+    token_adv: Tensor  # (B, T) Â = A · w, the credit's per-token advantages
+    old_logps: Tensor | None  # (B, T) the rollout policy's log-probs; None: on-policy (the current ones, ratio 1)
+    ref_logps: Tensor | None  # (B, T) the reference's log-probs; None: no KL term
+    nonfinite: NonFiniteReport  # where the update records a non-finite micro-batch loss
+
+
+def update(s, x: LossInputs, plan: StepPlan) -> dict[str, float]:
     """Mini-batches accumulated over micro-batches; the aggregation normalizers are the
     mini-batch's, so the accumulated gradient equals the mini-batch's gradient. A non-finite
     micro-batch loss is not backpropagated (recorded in ``nf``); a mini-batch left without any
@@ -31,6 +43,7 @@ def update(s, ro: Rollout, mask: Tensor, token_adv: Tensor, old_logps: Tensor | 
     reductions are collective every rank must run the same backward passes, so a non-finite
     micro-batch loss is zeroed token-wise rather than skipped. ``old_logps`` None: on-policy
     (the current log-probs, ratio 1); ``ref_logps`` None: no KL term."""
+    ro, mask, token_adv, old_logps, ref_logps, nf = x.ro, x.mask, x.token_adv, x.old_logps, x.ref_logps, x.nonfinite
     t, dist, opt = s.c.trainer, s.dist, s.optim
     W = opt.world_size
     B, T = ro.response_ids.shape

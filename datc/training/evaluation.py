@@ -3,40 +3,48 @@ is untouched), scored by the reward model and, on a testbed task, by the gold re
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from datc.config import TrainConfig
 from datc.engines.rollout import sample_groups
-from datc.engines.static_decode import decode_mode
 from datc.forward.passes import rollout_policy_pass
 from datc.math.losses import kl_k3
 from datc.math.metrics import finite_mean, pearson
 from datc.models.model_set import Models
 from datc.rewards.model import score
+from datc.step.plan import StepPlan
 from datc.tasks import gold_of
 
 
 @torch.no_grad()
-def evaluate(c: TrainConfig, m: Models, rows: list[dict], task, device: torch.device) -> tuple[dict[str, float], list[dict]]:
+def evaluate(c: TrainConfig, m: Models, rows: list[dict], task, device: torch.device, plan: StepPlan,
+             generation=None) -> tuple[dict[str, float], list[dict]]:
     """Held-out prompts, one sample each, drawn with the eval seed inside a forked RNG so the
-    training's random stream is untouched. Returns metrics under ``eval/`` and sample rows."""
+    training's random stream is untouched. Returns metrics under ``eval/`` and sample rows.
+    Sampling as the step plan decided for the run (decode loop; under partitioned parameters,
+    synced ranks or, inside ``generation(gather)``, the optimizer's context, parameters whole)."""
     t = c.trainer
     devices = [device.index or 0] if device.type == "cuda" else []
-    decode = decode_mode(t.decode, device.type == "cuda", m.synced_gpus)
+    generation = generation or (lambda gather: contextlib.nullcontext())
     golds, scores, kls, lens, ents, truncs, samples = [], [], [], [], [], [], []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(t.eval_seed)
         for i in range(0, len(rows), t.eval_batch_size):
             chunk = rows[i : i + t.eval_batch_size]
-            ro = sample_groups(m.policy, m.tok, chunk, 1, t.max_new_tokens, t.temperature, t.top_p, c.data.prompt_field,
-                               synced_gpus=m.synced_gpus, encoder=m.encoder, decode=decode, sync_every=t.decode_sync_every)
+            with generation(plan.gather_generation):
+                ro = sample_groups(m.policy, m.tok, chunk, 1, t.max_new_tokens, t.temperature, t.top_p,
+                                   c.data.prompt_field, synced_gpus=plan.sample_synced, encoder=m.encoder,
+                                   decode=plan.decode, sync_every=t.decode_sync_every)
             inp = m.score_inputs(ro)  # one response per prompt: no prompt to share (share=False)
             s = score(m.rm, inp, ro.response_mask, batch_size=t.eval_batch_size, share=False).scores
-            logps, ent, _ = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size, False, share=False)
+            pol = rollout_policy_pass(m.policy, ro, t.temperature, t.micro_batch_size, False, share=False)
+            logps, ent = pol.logps, pol.entropy
             mask = ro.response_mask.float()
             if m.ref is not None:
-                ref_logps, _, _ = rollout_policy_pass(m.ref, ro, t.temperature, t.micro_batch_size, False, with_entropy=False,
-                                                     share=False)
+                ref_logps = rollout_policy_pass(m.ref, ro, t.temperature, t.micro_batch_size, False, with_entropy=False,
+                                                share=False).logps
                 kls.append((kl_k3(logps, ref_logps) * mask).sum(-1) / mask.sum(-1).clamp(min=1))
             scores.append(s)
             lens.append(mask.sum(-1))

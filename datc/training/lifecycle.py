@@ -122,7 +122,7 @@ def resume(s: Session, run: RunDir) -> tuple[int, float]:
     start, elapsed = 0, 0.0
     ckpt, state = latest_loadable_checkpoint(run.path) if run.resumable else (None, None)
     if ckpt is not None:
-        state = s.optim.load(ckpt, state)  # policy, optimizer and schedule (datc.backends.optim)
+        state = s.optim.load(ckpt, state)  # policy, optimizer and schedule (the backend's, datc.backends)
         set_rng_state(state["rng"])
         start, elapsed = state["step"], state["elapsed"]
     if dist.is_main:

@@ -1,6 +1,6 @@
-"""One training run's session: its config, models, optimizer (plain or DeepSpeed, behind
-:class:`datc.backends.optim.PolicyOptimizer`), credit scheme, step plan, seams and prompt stream, built
-once by :func:`build_session` and read by every step."""
+"""One training run's session: its config, backend (:mod:`datc.backends`), models, optimizer
+(behind :class:`datc.backends.base.PolicyOptimizer`), credit scheme, step plan, seams and prompt
+stream, built once by :func:`build_session` and read by every step."""
 
 from __future__ import annotations
 
@@ -14,19 +14,20 @@ from typing import Any
 import torch
 from transformers import get_scheduler
 
-from datc.backends.distributed import Dist, deepspeed_config, gathered
+from datc.backends.base import Backend, PolicyOptimizer
+from datc.backends.distributed import Dist
 from datc.backends.micro_batch import AUTO, RECORD_FILE, resolve_micro_batch
-from datc.backends.optim import DeepSpeedOptimizer, PolicyOptimizer, TorchOptimizer
+from datc.backends.plugins import backend_class, gathered, partitioned
 from datc.config import ConfigError, TrainConfig
 from datc.credit import resolve_scheme
 from datc.credit.base import GOLD_CONTRIB, RM_EMBEDDING
 from datc.data.prepare import Assets, ensure_assets
 from datc.engines import ENGINES
-from datc.forward.passes import decoder_layers
-from datc.models.build import resolve_device, resolve_dtype
+from datc.forward.trunk import shared_trunk_depth
+from datc.models.build import decoder_layers, resolve_device, resolve_dtype
 from datc.models.model_set import Models, load_models
 from datc.step.ops import StepOps
-from datc.step.plan import StepPlan, build_plan, gather_generation_for, head_chunk_for
+from datc.step.plan import StepPlan, build_plan, head_chunk_for
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class Session:
     device: torch.device
     scheme: Any  # datc.credit.CreditScheme
     credit_params: Any
-    optim: PolicyOptimizer  # the policy's optimizer step (plain PyTorch or DeepSpeed)
+    optim: PolicyOptimizer  # the policy's optimizer step (the backend's)
     plan: StepPlan  # the step's special cases, decided once (datc.step.plan)
     sampler: PromptSampler
     rm_embedding: torch.Tensor | None  # (V, d) when the scheme declares it
@@ -70,6 +71,7 @@ class Session:
     dist: Dist = dataclasses.field(default_factory=Dist)  # this process's rank (datc.backends.distributed)
     ops: StepOps = dataclasses.field(default_factory=StepOps)  # the step's seams (datc.step.ops)
     engine: Any = None  # datc.engines.RolloutEngine: what samples the rollouts (rollout=torch|vllm)
+    backend: Any = None  # datc.backends.base.Backend: what placed the models and steps the optimizer
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None,
@@ -78,10 +80,10 @@ class Session:
 
 def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None = None,
                   on_assets: Callable[[Assets], None] | None = None, run_dir: str | Path | None = None) -> Session:
-    """Prepare (or load from cache) the assets, load the models, build the optimizer (under
-    DeepSpeed: the policy's engine, whose optimizer and schedule are the same AdamW and
-    transformers scheduler) and decide the step plan. ``ops``: the step's seams (tests inject
-    a sampler, scorer, credit function or loss there). ``on_assets``: called on every rank with
+    """Prepare (or load from cache) the assets, load the models, have the backend place them and
+    build the optimizer (the same AdamW and transformers schedule on every backend: under
+    DeepSpeed inside the policy's engine, under FSDP2 on the shards), and decide the step plan.
+    ``ops``: the step's seams (tests inject a sampler, scorer, credit function or loss there). ``on_assets``: called on every rank with
     the prepared assets before any model loads (the trainer checks a resumed run's inputs).
     ``trainer.micro_batch_size: auto`` is resolved here, once the models are placed
     (:mod:`datc.backends.micro_batch`), and recorded in ``run_dir`` (a resumed run reads its value back);
@@ -105,7 +107,8 @@ def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None 
         dist.barrier()
     if on_assets is not None:
         on_assets(assets)
-    m = load_models(c, assets, device, dist)
+    backend: Backend = backend_class(c)(c, dist)
+    m = load_models(c, assets, device, backend)
     m.policy.eval()  # dropout off: the loss must see the distribution that sampled (ratio = 1 on-policy)
     c = micro_batch_for(c, m, dist, device, run_dir)
     t = c.trainer
@@ -121,30 +124,19 @@ def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None 
         return get_scheduler(t.lr_scheduler, opt, num_warmup_steps=t.warmup_steps * updates_per_step,
                              num_training_steps=t.steps * updates_per_step)
 
-    if dist.enabled:
-        import deepspeed
-
-        engine, _, _, sched = deepspeed.initialize(model=m.policy, model_parameters=trainable,
-                                                   config=deepspeed_config(c, dist.world_size, device),
-                                                   lr_scheduler=make_scheduler)
-        m.policy = engine.module
-        m.policy.eval()
-        optim: PolicyOptimizer = DeepSpeedOptimizer(engine, sched, dist)
-    else:
-        opt = torch.optim.AdamW(trainable, lr=t.lr, betas=tuple(t.adam_betas), weight_decay=t.weight_decay,
-                                fused=True)  # one fused kernel (CPU and CUDA) instead of per-tensor loops
-        optim = TorchOptimizer(m.policy, opt, make_scheduler(opt), t.max_grad_norm)
+    m.policy, optim = backend.build_optimizer(m.policy, trainable, make_scheduler)
+    m.policy.eval()
     ops = ops or StepOps()
     rollout_engine = ENGINES.get(c.rollout.name).build(c, m, device, dist)
     if dist.is_main:
         log.info("rollout engine: %s", rollout_engine.describe())
-    plan = session_plan(c, scheme, m, dist, rollout_engine)
+    plan = session_plan(c, scheme, m, dist, rollout_engine, backend)
     sampler = PromptSampler(len(assets.train), t.batch_size // t.num_generations, c.seed)
     rm_embedding = rm_embedding_of(m) if RM_EMBEDDING in scheme.needs else None
     dtype = resolve_dtype(c.policy.dtype, device)
     amp = dtype if dtype != torch.float32 else None  # fp32 master weights, low-precision compute
     return Session(c, m, assets, device, scheme, credit_params, optim, plan, sampler, rm_embedding, amp, dist=dist,
-                   ops=ops, engine=rollout_engine)
+                   ops=ops, engine=rollout_engine, backend=backend)
 
 
 
@@ -162,28 +154,30 @@ def micro_batch_for(c: TrainConfig, m: Models, dist: Dist, device: torch.device,
     return dataclasses.replace(c, trainer=dataclasses.replace(c.trainer, micro_batch_size=n))
 
 
-def session_plan(c: TrainConfig, scheme, m: Models, dist: Dist, engine=None) -> StepPlan:
-    """The step plan of a run with config ``c``, credit scheme ``scheme``, placed models ``m``
-    and rollout engine ``engine`` (None: the built-in one)."""
+def session_plan(c: TrainConfig, scheme, m: Models, dist: Dist, engine=None, backend: Backend | None = None) -> StepPlan:
+    """The step plan of a run with config ``c``, credit scheme ``scheme``, placed models ``m``,
+    rollout engine ``engine`` (None: the built-in one) and ``backend`` (None: the config's, for
+    models it did not place: one process)."""
+    backend = backend or backend_class(c)(c, dist)
     chunk, why = head_chunk_for(c.trainer.lm_head_chunk, m.policy)
     if why is not None and dist.is_main:
         log.warning("trainer.lm_head_chunk=%s is off for this run: %s", c.trainer.lm_head_chunk, why)
     checkpointing = c.trainer.gradient_checkpointing
-    if checkpointing and any(hasattr(p, "ds_id") for p in m.policy.parameters()):
+    if checkpointing and partitioned(m.policy):
         checkpointing = False
         if dist.is_main:
-            log.warning("trainer.gradient_checkpointing is off for this run: the policy's parameters are ZeRO-3 partitioned")
+            log.warning("trainer.gradient_checkpointing is off for this run: the policy's parameters are partitioned "
+                        "over ranks (ZeRO-3, FSDP2)")
     if checkpointing and decoder_layers(m.policy) is None:
         raise ConfigError("trainer.gradient_checkpointing: the policy has no base_model.layers or base_model.h to checkpoint")
-    gather, why_gather = gather_generation_for(c.deepspeed.gather_for_generation, m.policy, m.synced_gpus,
-                                               next(m.policy.parameters()).device)
-    if m.synced_gpus and dist.is_main:
-        log.info("ZeRO-3 sampling: %s (%s)", "parameters gathered once per call" if gather else "synced gathers", why_gather)
-    return build_plan(c.trainer, scheme, m.vocab_size, with_ref=m.ref is not None, ref_is_policy=m.adapter is not None,
-                      trunk=m.trunk,
-                      share_prompts=m.share_prompts, synced_gpus=m.synced_gpus,
+    declared = backend.declares(m.policy)
+    if declared.why and dist.is_main:
+        log.info("%s", declared.why)
+    # the reward model reads the policy's prompt ids unless it has its own chat template
+    trunk = shared_trunk_depth(m.ref, m.rm) if not c.reward.chat_template and not partitioned(m.rm) else 0
+    return build_plan(c.trainer, scheme, m.vocab_size, with_ref=m.ref is not None, trunk=trunk, backend=declared,
                       keep_completions=dist.is_main and c.logger.name == "wandb", head_chunk=chunk,
-                      gather_generation=gather, grad_checkpoint=checkpointing, engine=engine,
+                      grad_checkpoint=checkpointing, engine=engine,
                       correction=c.rollout.correction, correction_cap=c.rollout.correction_cap)
 
 

@@ -18,8 +18,8 @@ from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from datc.backends.distributed import Dist
-from datc.backends.distributed import init as init_distributed
 from datc.backends.micro_batch import RECORD_FILE
+from datc.backends.plugins import init as init_distributed
 from datc.config import TrainConfig, validate
 from datc.math.numerics import NonFiniteReport
 from datc.run.export import save_final_policy
@@ -99,7 +99,7 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
 
     def do_eval(step: int) -> None:
         with s.autocast():  # every rank evaluates (ZeRO-3 gathers need all of them); rank 0 logs
-            metrics, samples = evaluate(c, s.m, eval_rows, s.assets.task, s.device)
+            metrics, samples = evaluate(c, s.m, eval_rows, s.assets.task, s.device, s.plan, s.optim.generation)
         logger.log(metrics, step)
         logger.log_samples(samples, step)
         logger.log_completions(completions, step)

@@ -259,10 +259,13 @@ def _cuda_memory() -> dict[str, float]:
 def plan_memory(family: str, overrides: list[str], stage: str, counts: dict[str, int], policy_bytes: int = 4) -> dict[str, Any]:
     """The memory plan's estimate (datc-memory-plan) for this case's shape on one GPU (``counts``: the
     parameters of the models built, equal to ``memory_plan.param_count`` of their arch blocks);
-    ``none``: plain PyTorch. ``policy_bytes``: the trained policy's bytes per parameter (4, fp32)."""
+    ``none``: plain PyTorch; ``fsdp2``: the ZeRO-3 row (parameters, gradients and optimizer state
+    sharded, the chunked head and checkpointing off; the frozen models are counted as ZeRO-3's, sharded,
+    where FSDP2 replicates them: on one GPU the same). ``policy_bytes``: the trained policy's bytes per
+    parameter (4, fp32)."""
     from datc.backends import memory_plan as mp_
     c = mp_.compose(FAMILIES[family][0], overrides)
-    st = None if stage == "none" else 3 if stage == "zero3" else 2
+    st = None if stage == "none" else 3 if stage in ("zero3", "fsdp2") else 2
     if c.trainer.micro_batch_size == "auto":  # as the session resolves it (datc.backends.micro_batch)
         import torch
 
@@ -301,12 +304,12 @@ def case_synced(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
     ``synced_gpus=True`` and ZeRO's per-module gathers (the path ranks of a multi-GPU ZeRO-3 run
     take with ``deepspeed.gather_for_generation=synced``: each forward joins the gathers), or,
     with ``spec["gather"]``, from the training engine with its parameters gathered once for the
-    call (:meth:`datc.backends.optim.DeepSpeedOptimizer.generation`, the ``gather`` path)."""
+    call (:meth:`datc.backends.deepspeed.DeepSpeedOptimizer.generation`, the ``gather`` path)."""
     import deepspeed
     import torch
 
-    from datc.backends.distributed import inference_config
-    from datc.backends.distributed import init as init_distributed
+    from datc.backends.deepspeed_config import inference_config
+    from datc.backends.plugins import init as init_distributed
     from datc.config import validate
     from datc.data.tokenizer import load_tokenizer
     from datc.engines.rollout import sample_groups
@@ -322,8 +325,8 @@ def case_synced(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
         policy = load_pretrained("causal_lm", c.policy.path, "policy.path", torch.float32).to(device)  # fp32, as the trainer
         gather = bool(spec.get("gather"))
         if gather:  # the trainer's engine (an optimizer: its hooks are what the gather removes)
-            from datc.backends.distributed import deepspeed_config
-            from datc.backends.optim import DeepSpeedOptimizer
+            from datc.backends.deepspeed import DeepSpeedOptimizer
+            from datc.backends.deepspeed_config import deepspeed_config
 
             engine, *_ = deepspeed.initialize(model=policy, model_parameters=policy.parameters(),
                                               config=deepspeed_config(c, dist.world_size, device))
@@ -351,13 +354,13 @@ def case_synced(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
 
 def case_fused_adam(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
     """JIT-compile and load DeepSpeed's FusedAdam (CUDA only), as ``optimizer_impl=auto`` does
-    (:func:`datc.backends.distributed.use_torch_adam`: the arch list sanitized first, torch's AdamW if the
+    (:func:`datc.backends.deepspeed_config.use_torch_adam`: the arch list sanitized first, torch's AdamW if the
     build still fails); reports the arch list before and after and which AdamW a run would get."""
     import os
 
     import torch
 
-    from datc.backends.distributed import use_torch_adam
+    from datc.backends.deepspeed_config import use_torch_adam
 
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA device: FusedAdam is a CUDA kernel")

@@ -15,8 +15,8 @@ import time
 import torch
 from hydra import compose, initialize_config_dir
 
-from datc.backends.distributed import gathered
-from datc.backends.distributed import init as init_distributed
+from datc.backends.plugins import gathered
+from datc.backends.plugins import init as init_distributed
 from datc.config import validate
 from datc.paths import CONFIG_DIR
 from datc.step import learn, rollout
@@ -43,7 +43,7 @@ def main(out: str, overrides: list[str]) -> None:
     params = {n: gathered(p).float().clone() for n, p in s.m.policy.named_parameters()}
     if dist.is_main:
         torch.save({"steps": steps, "params": params, "world_size": dist.world_size,
-                    "share_prompts": s.m.share_prompts, "gather_generation": s.plan.gather_generation}, out)
+                    "share_prompts": s.plan.share_prompts, "gather_generation": s.plan.gather_generation}, out)
     dist.barrier()
     dist.close()
 

@@ -1,0 +1,200 @@
+"""The FSDP2 backend (``backend=fsdp2``, :mod:`datc.backends.fsdp2`) on CPU (gloo): two processes
+compute the same losses and end with the same policy as one plain process on the same global
+batch (``grpo`` and ``datc``, both testbed families, fp32 and bf16, LoRA); a run checkpointed
+through ``torch.distributed.checkpoint`` and resumed equals an uninterrupted one, and
+``datc-export`` reads its shards; ``datc-launch`` starts it with torchrun. And the checks that
+keep one backend per run, said before any model loads."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+import torch
+
+from datc.backends.launch import build
+from tests.conftest import assert_same_metrics, copy_as_killed
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = ROOT / "tests" / "distributed" / "cases_worker.py"
+COMMON = ["debug=fast", "trainer.steps=3", "trainer.batch_size=16", "trainer.mini_batch_size=16",
+          "trainer.micro_batch_size=4", "trainer.num_generations=4"]
+# The two processes reduce sums (losses, gradients) in another order than one: fp32 rounding. The
+# largest gaps measured (3 steps, lr 5e-4): metrics 2.6e-5 relative (datc, tiny_llama), parameters
+# 4e-7 (grpo, tiny_gpt2); the tolerances are DeepSpeed's (tests/test_distributed.py).
+LOSS_RTOL, PARAM_ATOL = 1e-4, 1e-5
+# bf16 autocast over fp32 master weights: the products are rounded to bf16 alike on both sides,
+# then reduced in another order; measured largest parameter gap 7.5e-9. DeepSpeed's bf16
+# tolerance (4e-5, under 3% of the steps' 1.5e-3 movement) holds it with room.
+PARAM_ATOL_BF16 = 4e-5
+CASES = {  # (credit, policy, dtype, lora)
+    "grpo-gpt2-fp32": ["credit=grpo", "policy=tiny_gpt2", "policy.dtype=float32"],
+    "datc-llama-fp32": ["credit=datc", "policy=tiny_llama", "policy.dtype=float32"],
+    "datc-gpt2-bf16": ["credit=datc", "policy=tiny_gpt2", "policy.dtype=bfloat16"],
+    "datc-gpt2-lora": ["credit=datc", "policy=tiny_gpt2", "policy.dtype=float32", "policy.lora.r=4"],
+}
+
+
+def _env(cache_dir) -> dict[str, str]:
+    import os
+
+    return {**os.environ, "OMP_NUM_THREADS": "1", "DATC_CACHE": str(cache_dir), "PYTHONPATH": str(ROOT)}
+
+
+def _run_cases(cache_dir, out: Path, nproc: int, cases: list[list[str]], port: int) -> list[dict]:
+    argv = []
+    for i, overrides in enumerate(cases):
+        argv += ([] if i == 0 else ["::"]) + [*COMMON, f"cache_dir={cache_dir}", *overrides]
+    head = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+                                                  f"--master_port={port}"]
+    proc = subprocess.run([*head, str(WORKER), str(out), *argv], env=_env(cache_dir), capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [torch.load(f"{out}_{i}.pt") for i in range(len(cases))]
+
+
+@pytest.fixture(scope="module")
+def runs(cache_dir, tmp_path_factory):
+    """Every case on one plain process (shared prompts off: the two FSDP2 ranks' forwards are
+    collective, so they forward whole prompts, and the one process is told to match) and on two
+    FSDP2 processes, one interpreter per side."""
+    tmp = tmp_path_factory.mktemp("fsdp2")
+    names = list(CASES)
+    one = _run_cases(cache_dir, tmp / "one", 1, [[*CASES[n], "trainer.share_prompts=false"] for n in names], 0)
+    two = _run_cases(cache_dir, tmp / "two", 2, [[*CASES[n], "backend=fsdp2"] for n in names], 29640)
+    return {n: (a, b) for n, a, b in zip(names, one, two, strict=True)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+def test_two_fsdp2_processes_match_one_on_the_same_global_batch(runs, name):
+    one, two = runs[name]
+    assert (one["backend"], one["world_size"], two["backend"], two["world_size"]) == ("plain", 1, "fsdp2", 2)
+    # the plan the backend declared: collective forwards, whole prompts, parameters unsharded once per sampling call
+    assert two["synced"] and two["gather_generation"] and not two["share_prompts"] and not one["share_prompts"]
+    for a, b in zip(one["steps"], two["steps"], strict=True):
+        for k in a:
+            assert b[k] == pytest.approx(a[k], rel=LOSS_RTOL, abs=1e-7), (k, a, b)
+    assert one["params"].keys() == two["params"].keys()
+    atol = PARAM_ATOL_BF16 if "bf16" in name else PARAM_ATOL
+    for n, p in one["params"].items():
+        torch.testing.assert_close(two["params"][n], p, atol=atol, rtol=0, msg=n)
+    assert any(s["loss/grad_norm"] > 0 for s in one["steps"])
+    if "lora" in name:
+        assert any("lora_" in n for n in one["params"])
+
+
+def _launch(*overrides, nproc=2):
+    return build(Namespace(nproc=nproc, hostfile=None, num_nodes=None, master_addr=None, master_port=29655, threads=None,
+                           dry_run=False, overrides=list(overrides)), cpu_count=2, environ={}, cuda=False)
+
+
+@pytest.mark.slow
+def test_an_fsdp2_run_resumes_as_uninterrupted_and_exports_its_shards(cache_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from datc.run.export import export_checkpoint
+
+    overrides = ["debug=fast", "backend=fsdp2", "credit=datc", "trainer.steps=4", "trainer.checkpoint_every=2",
+                 f"cache_dir={cache_dir}", "trainer.keep_checkpoints=3"]
+    full = tmp_path / "full"
+    launch = _launch(*overrides, f"run_dir={full}")
+    assert launch.argv[1:4] == ["-m", "torch.distributed.run", "--nnodes"]
+    proc = subprocess.run(launch.argv, env={**_env(cache_dir), **launch.env}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ckpt = full / "checkpoints" / "step_0000002"
+    assert (ckpt / "dcp" / ".metadata").is_file() and {p.name for p in ckpt.glob("rank_*.pt")} == {"rank_00000.pt",
+                                                                                                   "rank_00001.pt"}
+    # the trained policy: gathered from the shards at the end (final/) and read from the last
+    # checkpoint's torch.distributed.checkpoint files in one process by datc-export
+    exported = AutoModelForCausalLM.from_pretrained(export_checkpoint(full, 4, tmp_path / "exported")).eval()
+    final = AutoModelForCausalLM.from_pretrained(full / "final").eval()
+    [warm_path] = (Path(cache_dir) / "policy").glob("tiny_gpt2-keywords-*")
+    warm = AutoModelForCausalLM.from_pretrained(warm_path).eval()
+    ids = torch.randint(4, 100, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(exported(input_ids=ids).logits, final(input_ids=ids).logits, rtol=0, atol=0)
+        assert not torch.equal(warm(input_ids=ids).logits, final(input_ids=ids).logits)  # it trained
+
+    resumed = tmp_path / "resumed"  # as a kill -9 after the step-2 checkpoint would have left it
+    copy_as_killed(full, resumed, 2, 3)
+    launch = _launch(*overrides, f"run_dir={resumed}")
+    proc = subprocess.run(launch.argv, env={**_env(cache_dir), **launch.env}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "resumed" in proc.stderr + proc.stdout
+    assert_same_metrics(full, resumed)
+
+    # one process cannot resume it, nor DeepSpeed: one line, before anything loads into the model
+    from datc.config import ConfigError
+    from datc.run.checkpoint import load_engine_checkpoint, load_sharded_checkpoint
+
+    last = full / "checkpoints" / "step_0000004"
+    with pytest.raises(ConfigError, match="^backend: .* written by 2 processes, this run has 1"):
+        load_sharded_checkpoint(last, 0, 1, "fsdp2")
+    with pytest.raises(ConfigError, match="^backend: .* written by FSDP2; resume it with the backend that wrote it"):
+        load_engine_checkpoint(last, engine=None, rank=0, world_size=2)
+
+
+def test_a_checkpoint_of_another_backend_is_refused_by_the_plain_one(tmp_path):
+    from datc.backends.plain import TorchOptimizer
+    from datc.config import ConfigError
+
+    opt = TorchOptimizer(torch.nn.Linear(2, 2), None, None, 1.0)
+    for kind, said in (("fsdp2", "FSDP2"), ("deepspeed", "DeepSpeed")):
+        with pytest.raises(ConfigError, match=f"^backend: .* written under {said} \\(2 processes\\)"):
+            opt.load(tmp_path, {kind: True, "world_size": 2})
+
+
+def _cfg(*overrides):
+    from hydra import compose, initialize_config_dir
+
+    from datc.config import validate
+    from datc.paths import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return validate(compose(config_name="train", overrides=["debug=fast", *overrides]))
+
+
+def test_one_backend_per_run_said_before_any_model_loads():
+    from datc.backends.checks import backend_name
+    from datc.backends.distributed import check_world
+    from datc.config import ConfigError
+
+    assert backend_name(_cfg()) == "plain" and backend_name(_cfg("deepspeed=zero2")) == "deepspeed"
+    assert backend_name(_cfg("backend=deepspeed", "deepspeed=zero3")) == "deepspeed"
+    assert backend_name(_cfg("backend=fsdp2")) == "fsdp2"
+    with pytest.raises(ConfigError, match="^backend=deepspeed needs a DeepSpeed stage"):
+        _cfg("backend=deepspeed")
+    with pytest.raises(ConfigError, match="^backend=fsdp2 with deepspeed.stage=2: a run has one backend"):
+        _cfg("backend=fsdp2", "deepspeed=zero2")
+    with pytest.raises(ConfigError, match="^backend.name: 'fsdp' is not valid; choose one of auto, plain, deepspeed, fsdp2"):
+        _cfg("backend.name=fsdp")
+    with pytest.raises(ConfigError, match="^backend: 2 processes were started but the plain backend runs one"):
+        check_world(_cfg(), 2)
+    check_world(_cfg("backend=fsdp2", "trainer.batch_size=8", "trainer.mini_batch_size=8"), 2)
+
+
+def test_the_run_name_tells_fsdp2_apart_and_keeps_the_others_as_they_were():
+    names = {o: _cfg(*o.split()).run_name.rsplit("-", 1)[1] for o in
+             ("", "backend=plain", "backend=auto", "backend=fsdp2", "backend=fsdp2 backend.timeout_s=60",
+              "backend=fsdp2 backend.reshard_after_forward=false", "deepspeed=zero2", "deepspeed=zero2 backend=deepspeed")}
+    assert names[""] == names["backend=plain"] == names["backend=auto"]
+    assert names["deepspeed=zero2"] == names["deepspeed=zero2 backend=deepspeed"] != names[""]
+    # fsdp2's own settings change memory and waiting, not the numbers
+    assert names["backend=fsdp2"] == names["backend=fsdp2 backend.timeout_s=60"] == \
+        names["backend=fsdp2 backend.reshard_after_forward=false"] not in (names[""], names["deepspeed=zero2"])
+
+
+def test_launch_starts_fsdp2_with_torchrun_and_refuses_a_hostfile():
+    two = _launch("backend=fsdp2", "credit=datc")
+    assert two.argv[1:] == ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2", "--master-port",
+                            "29655", "-m", "datc.train", "backend=fsdp2", "credit=datc", "trainer.threads=1"]
+    assert two.env == {"OMP_NUM_THREADS": "1"}
+    with pytest.raises(SystemExit, match="for FSDP2 on several nodes start torchrun on each node"):
+        build(Namespace(nproc=2, hostfile="hosts", num_nodes=None, master_addr=None, master_port=1, threads=None,
+                        dry_run=False, overrides=["backend=fsdp2"]), cpu_count=2, environ={}, cuda=False)
+    with pytest.raises(SystemExit, match="or backend=fsdp2"):
+        _launch("credit=datc")
