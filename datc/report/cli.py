@@ -257,7 +257,7 @@ def _main(argv: Sequence[str] | None) -> None:
         written = write_outputs(build_report(unique.runs, args.baseline), args.out, warns)
     except OSError as e:  # a file in the way, no permission, a full disk: one line, nothing half-written
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            why = f"no space left on device (or quota exceeded) writing {Path(e.filename or args.out).name}"
+            why = "no space left on device (or quota exceeded)"
         else:
             why = f"cannot write there ({e.strerror or e})"
         print(f"datc-compare: --out {args.out}: {why}; nothing was written (what --out held is as it was)",
