@@ -437,11 +437,16 @@ def test_a_read_only_run_directory(finished, tmp_path):
 @pytest.mark.parametrize("override,line", [
     ("credit=DATC", "datc-train: credit=DATC: no such option in credit/; choose one of datc, "),
     ("policy=tiny-gpt2", "datc-train: policy=tiny-gpt2: no such option in policy/; choose one of "),
-    ("trainer.step=10", "datc-train: trainer.step: not a config key; valid keys of trainer: accept_changed_inputs, adam_betas, "),
+    ("trainer.step=10", "datc-train: trainer.step: not a config key; did you mean `trainer.steps`? Valid keys of trainer: "
+     "accept_changed_inputs, adam_betas, "),
+    ("crdit=datc", "datc-train: crdit: not a config key; did you mean `credit`? Valid keys: cache_dir, credit, "),
+    ("experment=demo", "datc-train: experment: not a config key; did you mean `experiment`? "),  # a group, not a key
+    ("trainer.zzz=1", "datc-train: trainer.zzz: not a config key; valid keys of trainer: "),  # nothing close: no guess
 ])
 def test_hydra_errors_are_one_line_and_exit_2(tmp_path, override, line):
     r = subprocess.run(_cli(tmp_path / "cache", tmp_path / "r", override), capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.startswith(line) and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "+crdit" not in r.stderr and "did you mean" not in r.stderr.replace(line, "")
     assert not (tmp_path / "r").exists()
 
 
