@@ -155,7 +155,35 @@ def test_the_reference_takes_ranges_from_the_schema_and_defaults_from_the_compos
     # configs/trainer/default.yaml sets 512 where the dataclass says 256: the run gets the YAML's
     assert by_name["trainer.eval_size"].default == 512
     assert by_name["trainer.eval_size"].source == "trainer/default.yaml"
-    assert by_name["policy.gguf_file"].source == "policy/smollm2_135m_instruct.yaml"  # only it sets the field
+    # only a non-default option sets it, so the schema's comment describes it (the option's describes its own value)
+    assert by_name["policy.gguf_file"].source == "datc/config.py"
+
+
+def test_descriptions_come_from_the_default_option_or_the_schema_before_other_options():
+    # Before: reward.init read "start from the policy's weights" (reward/smollm2_rm.yaml's
+    # init: policy) where the default is scratch; trainable_layers "train the top 6 of 30 blocks"
+    # where the default 0 trains every layer.
+    by_name = {f.name: f for f in reference.config_fields()}
+    for name in ("reward.init", "reward.train.trainable_layers", "reward.train.test_prompts"):
+        assert by_name[name].source == "datc/config.py", (name, by_name[name])
+    assert by_name["reward.init"].description.startswith("scratch: ")
+    assert "0: train every layer" in by_name["reward.train.trainable_layers"].description
+    defaults = reference.default_options()
+    schema = dict(reference._schema_comments())
+    for f in by_name.values():  # a non-default option speaks only where neither the default option nor the schema does
+        group, *rest = f.source.split("/")
+        if rest and group in defaults and rest[0] != f"{defaults[group]}.yaml":
+            assert f.name not in schema, (f.name, f.source)
+
+
+def test_placeholders_in_comments_are_shown_not_taken_for_html():
+    # Before: the groups table read `experiment/.yaml` (<name> was an HTML tag to Markdown).
+    groups = {r[0]: r for r in _rendered_tables(reference.config_groups_md())[0][1:]}
+    assert "experiment/<name>.yaml" in groups["experiment/"][3], groups["experiment/"]
+    rows = {r[0]: r for table in _rendered_tables(reference.config_reference_md()) for r in table[1:]}
+    assert "<results_dir>/<run_name>.json" in rows["results_dir"][4], rows["results_dir"]
+    gcpo = next(i for i in reference.scheme_infos() if i.label == "gcpo")
+    assert "&lt;" in reference.scheme_page_md(gcpo) or "<" not in gcpo.summary
 
 
 def _rendered_tables(md: str) -> list[list[list[str]]]:
