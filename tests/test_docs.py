@@ -32,17 +32,28 @@ def test_the_site_builds_strict_with_every_page(tmp_path):
                        capture_output=True, text=True, timeout=300,
                        env={**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr[-3000:]
-    pages = {p.relative_to(site).parent.as_posix() for p in site.rglob("index.html")}
-    for page in ("getting-started", "METHOD", "architecture", "configuration", "reference/config", "metrics",
-                 "schemes", "writing-a-scheme", "real-models", "scaling-out", "performance", "gpu-check",
-                 "reliability", "testing", "results", "api"):
+    # Pages are files (use_directory_urls: false), so site/index.html is browsable from the disk
+    pages = {p.relative_to(site).with_suffix("").as_posix() for p in site.rglob("*.html")}
+    for page in ("index", "getting-started", "METHOD", "architecture", "configuration", "reference/config", "metrics",
+                 "schemes/index", "writing-a-scheme", "real-models", "scaling-out", "performance", "gpu-check",
+                 "reliability", "testing", "results/index", "api/index"):
         assert page in pages, page
     for info in reference.scheme_infos():
         assert f"schemes/{info.label}" in pages
     for module in reference.API_MODULES:  # mkdocstrings rendered something from the docstrings
-        html = (site / "api" / module / "index.html").read_text()
+        html = (site / "api" / f"{module}.html").read_text()
         assert 'class="doc doc-' in html, module
     assert (site / "results" / "four_settings" / "gold_curves.png").exists()  # results files are served
+    # Opened as a file, every page's links lead to files: a link to a folder opened a file listing
+    for page in [site / "index.html", site / "getting-started.html", site / "schemes" / "index.html"]:
+        links = re.findall(r'href="([^"#?]+)', page.read_text())
+        local = [ln for ln in links if not re.match(r"[a-z]+:", ln)]
+        assert len(local) > 20, page
+        for link in local:
+            target = (page.parent / link).resolve()
+            assert target.is_file(), f"{page.relative_to(site)} links to {link}, not a file"
+    # Pages left out of the nav by design (scheme, API and results pages) are not listed at every build
+    assert "not included in the" not in r.stderr, r.stderr[:3000]
 
 
 def test_strict_mode_and_no_fetching_plugins_are_configured():
