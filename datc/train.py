@@ -6,10 +6,12 @@
 
 from __future__ import annotations
 
+import difflib
 import errno
 import os
 import re
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -125,9 +127,13 @@ def hydra_error_line(e: Exception) -> str:
         return f"{group}={choice}: no such option in {group}/; choose one of {', '.join(options)}"
     key = getattr(e.__cause__, "full_key", None)
     if key:
-        parent = key.rsplit(".", 1)[0] if "." in key else ""
+        parent, _, last = key.rpartition(".")
         valid = valid_keys(parent)
         hint = f"; valid keys{' of ' + parent if parent else ''}: {', '.join(valid)}" if valid else ""
+        close = difflib.get_close_matches(last, valid + (_groups() if not parent else []), n=1, cutoff=0.75)
+        if close:  # a typo of a key or a config group (crdit=datc): say which, not how to add a new key
+            valid_line = f" Valid keys{' of ' + parent if parent else ''}: {', '.join(valid)}" if valid else ""
+            return f"{key}: not a config key; did you mean `{parent + '.' if parent else ''}{close[0]}`?{valid_line}"
         return f"{key}: not a config key{hint} (add one with +{key}=...)"
     lines = [ln.strip() for ln in str(e).split("Config search path")[0].splitlines() if ln.strip()]
     line = " ".join(lines) or type(e).__name__
@@ -137,6 +143,11 @@ def hydra_error_line(e: Exception) -> str:
         line += (f"; a value with spaces, quotes or non-ASCII characters must be quoted for Hydra, inside the shell's "
                  f"quotes: '{key}=\"...\"' (with an apostrophe in the value: \"{key}=\\\"...\\\"\")")
     return line
+
+
+def _groups() -> list[str]:
+    """The config groups (``configs/<group>/``), experiment and debug included."""
+    return sorted(p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir() and p.name != "hydra")
 
 
 if __name__ == "__main__":

@@ -32,17 +32,28 @@ def test_the_site_builds_strict_with_every_page(tmp_path):
                        capture_output=True, text=True, timeout=300,
                        env={**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr[-3000:]
-    pages = {p.relative_to(site).parent.as_posix() for p in site.rglob("index.html")}
-    for page in ("getting-started", "METHOD", "architecture", "configuration", "reference/config", "metrics",
-                 "schemes", "writing-a-scheme", "real-models", "scaling-out", "performance", "gpu-check",
-                 "reliability", "testing", "results", "api"):
+    # Pages are files (use_directory_urls: false), so site/index.html is browsable from the disk
+    pages = {p.relative_to(site).with_suffix("").as_posix() for p in site.rglob("*.html")}
+    for page in ("index", "getting-started", "METHOD", "architecture", "configuration", "reference/config", "metrics",
+                 "schemes/index", "writing-a-scheme", "real-models", "scaling-out", "performance", "gpu-check",
+                 "reliability", "testing", "results/index", "api/index"):
         assert page in pages, page
     for info in reference.scheme_infos():
         assert f"schemes/{info.label}" in pages
     for module in reference.API_MODULES:  # mkdocstrings rendered something from the docstrings
-        html = (site / "api" / module / "index.html").read_text()
+        html = (site / "api" / f"{module}.html").read_text()
         assert 'class="doc doc-' in html, module
     assert (site / "results" / "four_settings" / "gold_curves.png").exists()  # results files are served
+    # Opened as a file, every page's links lead to files: a link to a folder opened a file listing
+    for page in [site / "index.html", site / "getting-started.html", site / "schemes" / "index.html"]:
+        links = re.findall(r'href="([^"#?]+)', page.read_text())
+        local = [ln for ln in links if not re.match(r"[a-z]+:", ln)]
+        assert len(local) > 20, page
+        for link in local:
+            target = (page.parent / link).resolve()
+            assert target.is_file(), f"{page.relative_to(site)} links to {link}, not a file"
+    # Pages left out of the nav by design (scheme, API and results pages) are not listed at every build
+    assert "not included in the" not in r.stderr, r.stderr[:3000]
 
 
 def test_strict_mode_and_no_fetching_plugins_are_configured():
@@ -155,7 +166,35 @@ def test_the_reference_takes_ranges_from_the_schema_and_defaults_from_the_compos
     # configs/trainer/default.yaml sets 512 where the dataclass says 256: the run gets the YAML's
     assert by_name["trainer.eval_size"].default == 512
     assert by_name["trainer.eval_size"].source == "trainer/default.yaml"
-    assert by_name["policy.gguf_file"].source == "policy/smollm2_135m_instruct.yaml"  # only it sets the field
+    # only a non-default option sets it, so the schema's comment describes it (the option's describes its own value)
+    assert by_name["policy.gguf_file"].source == "datc/config.py"
+
+
+def test_descriptions_come_from_the_default_option_or_the_schema_before_other_options():
+    # Before: reward.init read "start from the policy's weights" (reward/smollm2_rm.yaml's
+    # init: policy) where the default is scratch; trainable_layers "train the top 6 of 30 blocks"
+    # where the default 0 trains every layer.
+    by_name = {f.name: f for f in reference.config_fields()}
+    for name in ("reward.init", "reward.train.trainable_layers", "reward.train.test_prompts"):
+        assert by_name[name].source == "datc/config.py", (name, by_name[name])
+    assert by_name["reward.init"].description.startswith("scratch: ")
+    assert "0: train every layer" in by_name["reward.train.trainable_layers"].description
+    defaults = reference.default_options()
+    schema = dict(reference._schema_comments())
+    for f in by_name.values():  # a non-default option speaks only where neither the default option nor the schema does
+        group, *rest = f.source.split("/")
+        if rest and group in defaults and rest[0] != f"{defaults[group]}.yaml":
+            assert f.name not in schema, (f.name, f.source)
+
+
+def test_placeholders_in_comments_are_shown_not_taken_for_html():
+    # Before: the groups table read `experiment/.yaml` (<name> was an HTML tag to Markdown).
+    groups = {r[0]: r for r in _rendered_tables(reference.config_groups_md())[0][1:]}
+    assert "experiment/<name>.yaml" in groups["experiment/"][3], groups["experiment/"]
+    rows = {r[0]: r for table in _rendered_tables(reference.config_reference_md()) for r in table[1:]}
+    assert "<results_dir>/<run_name>.json" in rows["results_dir"][4], rows["results_dir"]
+    gcpo = next(i for i in reference.scheme_infos() if i.label == "gcpo")
+    assert "&lt;" in reference.scheme_page_md(gcpo) or "<" not in gcpo.summary
 
 
 def _rendered_tables(md: str) -> list[list[list[str]]]:
@@ -425,3 +464,12 @@ def test_the_readme_is_short_and_has_no_commit_stamps():
     assert len(readme.splitlines()) <= 210
     assert not re.search(r"\bcommit `?[0-9a-f]{7}\b", readme)
     assert "make test" in readme and "Â_{i,t} = A_i · w_{i,t}" in readme
+
+
+def test_the_reliability_page_states_its_own_row_count():
+    # It said 63 rows when its table held 65.
+    text = (DOCS / "reliability.md").read_text()
+    table = text.split("| fault | what datc does | test |", 1)[1].split("\n\n", 1)[0]
+    rows = [ln for ln in table.splitlines() if ln.startswith("| ")]
+    stated = re.search(r"\((\d+) rows\)", text)
+    assert stated and int(stated.group(1)) == len(rows), (stated and stated.group(1), len(rows))

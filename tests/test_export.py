@@ -129,3 +129,31 @@ def test_a_lora_export_then_merge_to_the_default_path_refuses_then_replaces_and_
     assert AutoModelForCausalLM.from_pretrained(merged) is not None
     assert AutoTokenizer.from_pretrained(merged).padding_side == "left"
     assert json.loads((merged / "datc_export.json").read_text())["merge"] is True
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_temporary_folder(cache_dir, tmp_path, monkeypatch, capsys):
+    # Before: a SafetensorError (or OSError) traceback; the temporary folder was removed already.
+    import errno
+
+    import transformers.modeling_utils as modeling_utils
+    from safetensors import SafetensorError
+
+    from datc.run import export
+
+    run = tmp_path / "run"
+    train(cfg_for(cache_dir, run))
+    errors = [OSError(errno.ENOSPC, "No space left on device", "model.safetensors"),
+              SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")]  # safetensors' own
+    for error in errors:
+        def full_disk(*args, error=error, **kwargs):
+            raise error
+
+        monkeypatch.setattr(modeling_utils, "safe_save_file", full_disk)
+        out = tmp_path / "exported"
+        assert export.main([str(run), "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("datc-export: no space left on device"), err
+        assert not out.exists() and not [p.name for p in tmp_path.iterdir() if p.name.startswith(".exported.")]
+    monkeypatch.setattr(modeling_utils, "safe_save_file", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("other")))
+    with pytest.raises(RuntimeError, match="other"):  # any other error keeps its traceback
+        export.main([str(run), "--out", str(tmp_path / "exported")])

@@ -120,10 +120,11 @@ def test_command_reads_the_runs_own_config_and_writes_into_the_run(cache_dir, tm
     data = png.read_bytes()
     assert len(data) > 1000 and data.startswith(PNG_MAGIC)
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
-    with pytest.raises(SystemExit, match="no config.yaml"):
-        heatmaps.main(["--run", str(tmp_path / "none")])
-    with pytest.raises(SystemExit, match="only plain fields"):
-        heatmaps.main(["--run", str(run), "policy=tiny_gpt2"])
+    for args, said in (([str(tmp_path / "none")], "no config.yaml"), ([str(run), "policy=tiny_gpt2"], "only plain fields")):
+        with pytest.raises(SystemExit) as e:
+            heatmaps.main(["--run", *args])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and err[0].startswith("datc-heatmaps: --run") and said in err[0], err
 
 
 def test_png_titles_fit_the_figure(shown):
@@ -227,3 +228,38 @@ def test_the_console_entry_points_name_the_commands():
     pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     assert '\ndatc-heatmaps = "datc.analysis.heatmaps:main"\n' in pyproject
     assert '\ndatc-credit-accuracy = "datc.analysis.credit_accuracy:main"\n' in pyproject
+
+
+def test_heatmaps_of_a_lora_run_and_an_edited_config_is_exit_2(cache_dir, tmp_path, capsys):
+    # Before: ExportError "does not match the policy's architecture" (the checkpoint of a LoRA run
+    # holds its adapters alone), and an edited config.yaml was refused with exit 1, not 2.
+    from datc.models.lora import trained_state
+
+    run = tmp_path / "lora"
+    cfg = cfg_for(cache_dir, run, "policy.lora.r=4")
+    RunDir.open(run, _resolved(cfg), "auto")
+    trained = build_session(validate(cfg))
+    assert trained.m.adapter is not None
+    with torch.no_grad():
+        for p in trained.m.policy.parameters():
+            if p.requires_grad:  # the adapters (lora_B starts at 0: the adapted policy is the base)
+                p.add_(0.05)
+    state = trained_state(trained.m.policy, trained.m.policy.state_dict())
+    assert state and all("lora_" in k for k in state)
+    save_checkpoint(run, 1, {"policy": state}, keep=1)
+
+    s, _ = run_session(run, [])
+    own = s.m.policy.state_dict()
+    for name, p in trained.m.policy.state_dict().items():  # adapters and base, as trained
+        assert torch.equal(own[name], p), name
+    heatmaps.main(["--run", str(run), "--examples", "1"])
+    page = run / "heatmaps" / "keywords-tiny_gpt2.html"
+    assert str(page) in capsys.readouterr().out and "step 1" in page.read_text()
+
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("steps: 3", "steps: 30", 1))
+    with pytest.raises(SystemExit) as e:
+        heatmaps.main(["--run", str(run), "--examples", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"datc-heatmaps: --run: {config} was edited: it differs from run.json at trainer.steps"), err

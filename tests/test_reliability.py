@@ -437,11 +437,16 @@ def test_a_read_only_run_directory(finished, tmp_path):
 @pytest.mark.parametrize("override,line", [
     ("credit=DATC", "datc-train: credit=DATC: no such option in credit/; choose one of datc, "),
     ("policy=tiny-gpt2", "datc-train: policy=tiny-gpt2: no such option in policy/; choose one of "),
-    ("trainer.step=10", "datc-train: trainer.step: not a config key; valid keys of trainer: accept_changed_inputs, adam_betas, "),
+    ("trainer.step=10", "datc-train: trainer.step: not a config key; did you mean `trainer.steps`? Valid keys of trainer: "
+     "accept_changed_inputs, adam_betas, "),
+    ("crdit=datc", "datc-train: crdit: not a config key; did you mean `credit`? Valid keys: cache_dir, credit, "),
+    ("experment=demo", "datc-train: experment: not a config key; did you mean `experiment`? "),  # a group, not a key
+    ("trainer.zzz=1", "datc-train: trainer.zzz: not a config key; valid keys of trainer: "),  # nothing close: no guess
 ])
 def test_hydra_errors_are_one_line_and_exit_2(tmp_path, override, line):
     r = subprocess.run(_cli(tmp_path / "cache", tmp_path / "r", override), capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.startswith(line) and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "+crdit" not in r.stderr and "did you mean" not in r.stderr.replace(line, "")
     assert not (tmp_path / "r").exists()
 
 
@@ -609,3 +614,56 @@ def test_sigterm_in_the_prepare_step_stops_within_seconds_keeping_the_cache(tmp_
     assert list((cache / "policy").glob("*/config.json"))  # the finished part stays cached
     assert not (cache / "reward").exists() or not list((cache / "reward").iterdir())  # no half-trained entry
     assert not run.exists() or {p.name for p in run.iterdir()} <= {"train.log", ".lock"}  # its log, no run files
+
+
+# ---- data files datasets cannot read; what a refused fresh run leaves ---------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,content,line", [
+    ("empty", b"", "datc-train: data.path: '{path}' is empty: it holds no rows"),
+    ("blank", b"\n  \n", "datc-train: data.path: '{path}' is empty: it holds no rows"),
+    ("utf16", '{"prompt": "café one"}\n'.encode("utf-16"),
+     "datc-train: data.path: '{path}' is not UTF-8 text (a UTF-16 byte-order mark at byte 0"),
+    ("utf16le", '{"prompt": "one two"}\n'.encode("utf-16-le"),
+     "datc-train: data.path: '{path}' is not UTF-8 text (a NUL byte, as in UTF-16, at byte 1"),
+    ("garbled", b'{"prompt": "one"\nnot json\n',
+     "datc-train: data.path: '{path}' is not a readable dataset (ArrowInvalid: JSON parse error: "),
+], ids=["empty", "blank", "utf16", "utf16le", "garbled"])
+def test_data_files_datasets_cannot_read_are_one_real_line_and_leave_no_directories(cache_dir, tmp_path, name,
+                                                                                     content, line):
+    # Before: "(StopIteration: no detail)" for an empty file, the generic "not a readable dataset
+    # (DatasetGenerationError: An error occurred ...)" for UTF-16 and bad JSON, datasets' own ERROR
+    # line on stderr, and that line in train.log kept the new run directory and its parents.
+    data = tmp_path / f"{name}.jsonl"
+    data.write_bytes(content)
+    run = tmp_path / "new" / "deeper" / "r"
+    r = subprocess.run(_cli(cache_dir, run, f"data.path={data}", "data.eval_split=train"), capture_output=True,
+                       text=True, timeout=300, cwd=REPO)
+    err = [ln for ln in r.stderr.splitlines() if "Setting accelerator to CPU" not in ln]
+    assert r.returncode == 2 and len(err) == 1 and err[0].startswith(line.format(path=data)), r.stderr
+    assert "no detail" not in err[0] and "DatasetGenerationError" not in err[0]
+    if name.startswith("utf16"):
+        assert f"iconv -f {name.replace('utf16', 'utf-16')} -t utf-8 {data}" in err[0]
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_refused_fresh_run_is_removed_with_its_log_and_an_earlier_directory_is_kept(tmp_path):
+    # A library's log line in train.log (datasets' "Failed to load JSON") kept the run directory
+    # this command had just created, and its new parents.
+    from datc.run.runlock import LOCK_FILE, NewDirs, remove_new_dirs
+
+    run = tmp_path / "new" / "deeper" / "r"
+    for created_here in (True, False):
+        run.mkdir(parents=True, exist_ok=True)
+        (run / LOCK_FILE).write_text("")
+        (run / "train.log").write_text("[datasets][ERROR] - Failed to load JSON from file ...\n")
+        NewDirs.top = tmp_path / "new" if created_here else None
+        try:
+            remove_new_dirs(str(run))
+        finally:
+            NewDirs.top = None
+        if created_here:
+            assert not (tmp_path / "new").exists()
+        else:  # a directory that was there before: its log may be an earlier attempt's, kept
+            assert (run / "train.log").read_text().startswith("[datasets]")

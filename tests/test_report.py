@@ -630,3 +630,173 @@ def test_a_cell_of_fewer_than_three_values_shows_its_mean_and_n_not_an_interval(
     assert _interval_text(Interval(2.670, 15.225, 2), 2) == "2.670 (n=2)"  # the step time that read 2.670 ± 15.225
     assert _interval_text(Interval(2.670, 0.5, 3), 3) == "2.670 ± 0.500"
     assert _interval_text(Interval(0.1, 0.05, 3), 4, signed=True) == "+0.100 ± 0.050 (n=3)"
+
+
+# ---- --out spelled as a link or as the working directory; a full disk; Ctrl-C -------------------
+
+
+def _outputs(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and not p.name.startswith(".")}
+
+
+def _leftovers(*dirs: Path) -> list[str]:
+    """Temporary or lock files a comparison left in ``dirs`` (the beside-lock ``.<name>.lock`` of a
+    swapped folder excepted)."""
+    return sorted(p.name for d in dirs for p in d.iterdir()
+                  if p.name.startswith(".") and (p.name.endswith((".tmp", ".old")) or p.name == "..lock"))
+
+
+def test_out_a_symlink_is_written_through_and_the_link_stays(runs_root, tmp_path, capsys):
+    # Before: the swap replaced the user's link with a local folder and ended in an OSError; the
+    # next comparison then wrote locally without a word.
+    from datc.report import main
+
+    real = tmp_path / "elsewhere" / "compare"
+    real.mkdir(parents=True)
+    (real / "README.md").write_text("kept\n")
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    for _ in range(2):
+        main([str(runs_root), "--out", str(link)])
+        assert link.is_symlink() and os.readlink(link) == str(real)
+        assert set(OUTPUTS) <= set(_outputs(real)) and (real / "README.md").read_text() == "kept\n"
+    assert str(link / "table.md") in capsys.readouterr().out  # the paths as the user gave them
+    assert _leftovers(tmp_path, real.parent, real) == []
+    broken = tmp_path / "broken"
+    broken.symlink_to(tmp_path / "nowhere" / "x")
+    with pytest.raises(SystemExit) as e:
+        main([str(runs_root), "--out", str(broken)])
+    assert e.value.code == 2 and "a broken symbolic link" in capsys.readouterr().err
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_out_the_working_directory_is_written_in_place(runs_root, tmp_path, monkeypatch):
+    # Before: `--out .` ended in OSError EBUSY (a rename of ".") and left a "..lock" file.
+    from datc.report import main
+
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "notes.txt").write_text("mine\n")
+    monkeypatch.chdir(here)
+    inode = os.stat(".").st_ino
+    main([str(runs_root), "--out", "."])
+    assert set(OUTPUTS) <= set(_outputs(here)) and (here / "notes.txt").read_text() == "mine\n"
+    assert os.stat(".").st_ino == inode and Path.cwd() == here  # the shell's folder is not swapped away
+    assert _leftovers(tmp_path, here) == [] and not (tmp_path / "..lock").exists()
+    sub = here / "sub"
+    sub.mkdir()
+    monkeypatch.chdir(sub)
+    main([str(runs_root), "--out", ".."])  # a folder above the working directory: in place too
+    assert os.stat(".").st_ino == os.stat(sub).st_ino and sub.exists()
+
+
+@pytest.mark.parametrize("where", ["beside", "in place"])
+def test_a_full_disk_is_one_line_and_keeps_the_earlier_outputs(runs_root, tmp_path, monkeypatch, capsys, where):
+    # Before: an OSError traceback (its temporary folder was removed).
+    import errno
+
+    import datc.report.cli as cli
+    from datc.report import main
+
+    out = tmp_path / "out"
+    main([str(runs_root), "--out", str(out)])
+    if where == "in place":
+        monkeypatch.chdir(out)
+    before = _outputs(out)
+    other = tmp_path / "other"
+    write_summary(other, summary("reviews", "smollm2", "grpo", 0, 0.5))
+
+    def full_disk(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(cli, "write_atomic", full_disk)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main([str(other), "--out", "." if where == "in place" else str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and "Traceback" not in "".join(err)
+    assert err[-1].startswith("datc-compare: --out ") and "no space left on device" in err[-1], err
+    assert _outputs(out) == before
+    assert _leftovers(tmp_path, out) == [] and not [p for p in out.iterdir() if p.is_dir()]
+
+
+def test_ctrl_c_is_one_line_exit_130_and_the_outputs_stay_whole(runs_root, tmp_path, monkeypatch, capsys):
+    # Before: a bare KeyboardInterrupt traceback.
+    import signal
+
+    import datc.report.cli as cli
+    from datc.report import main
+
+    out = tmp_path / "out"
+    main([str(runs_root), "--out", str(out)])
+    before = _outputs(out)
+    other = tmp_path / "other"
+    write_summary(other, summary("reviews", "smollm2", "grpo", 0, 0.5))
+    real_write, real_exchange = cli.write_atomic, cli._exchange
+
+    def ctrl_c_half_way(path, data):
+        if path.name == "runs.csv":
+            raise KeyboardInterrupt
+        real_write(path, data)
+
+    monkeypatch.setattr(cli, "write_atomic", ctrl_c_half_way)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main([str(other), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert e.value.code == 130 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == ("datc-compare: interrupted (SIGINT); nothing was written "
+                                            "(what --out held is as it was)")
+    assert _outputs(out) == before and _leftovers(tmp_path, out) == []
+
+    def ctrl_c_in_the_swap(a, b):  # SIGINT arrives while the new outputs are being put in place
+        os.kill(os.getpid(), signal.SIGINT)
+        return real_exchange(a, b)
+
+    monkeypatch.setattr(cli, "write_atomic", real_write)
+    monkeypatch.setattr(cli, "_exchange", ctrl_c_in_the_swap)
+    with pytest.raises(SystemExit) as e:
+        main([str(other), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert e.value.code == 130 and "the outputs had just been written, whole" in err
+    assert "reviews" in (out / "table.md").read_text() and "reviews" in (out / "runs.csv").read_text()
+    assert set(OUTPUTS) <= set(_outputs(out)) and _leftovers(tmp_path, out) == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+def _with_cadence(summary_path: Path, seed: int, credit: str, **trainer) -> Path:
+    path = _with_run_json(summary_path, 100, seed=seed, credit=credit)
+    run = json.loads(path.parent.joinpath("run.json").read_text())
+    run["identity"]["trainer"].update(trainer)
+    path.parent.joinpath("run.json").write_text(json.dumps(run))
+    return path
+
+
+def test_checkpoint_and_eval_cadence_do_not_split_a_setting(tmp_path, capsys):
+    # Before: runs differing only in trainer.checkpoint_every or trainer.eval_every were split
+    # into settings of their own, so identical training never paired.
+    from datc.report import main
+
+    root = tmp_path / "runs"
+    for seed in (0, 1, 2):
+        g = summary("keywords", "tiny_gpt2", "grpo", seed, 0.1 + 0.1 * seed)
+        _with_cadence(write_summary(root, g), seed, "grpo", checkpoint_every=20, eval_every=50, keep_checkpoints=2)
+        d = summary("keywords", "tiny_gpt2", "datc", seed, 0.2 + 0.1 * seed)
+        d["eval"]["curve"] = [{"step": s, "gold": 0.0 if s < 100 else 0.2 + 0.1 * seed, "rm_score": 0.0}
+                              for s in (0, 25, 50, 75, 100)]  # evaluated twice as often
+        _with_cadence(write_summary(root, d), seed, "datc", checkpoint_every=5, eval_every=25, keep_checkpoints=9)
+    out = tmp_path / "out"
+    main([str(root), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert "split" not in err
+    assert "compared keywords / tiny_gpt2: datc (seeds 0, 1, 2), grpo (seeds 0, 1, 2)" in err
+    assert ("keywords / tiny_gpt2: runs evaluated at different steps (another trainer.eval_every): gold AUC and the "
+            "curves are taken over the 3 step(s) all of them evaluated (0, 50, 100)") in err
+    rows = {r["scheme"]: r for r in json.loads((out / "report.json").read_text())["rows"]}
+    assert rows["datc"]["n_runs"] == 3 and rows["grpo"]["n_runs"] == 3
+    row = table_row((out / "table.md").read_text(), "keywords / tiny_gpt2", "datc")
+    assert "+0.100 ± 0.000" in row[DGOLD_COL]  # paired by seed: datc is grpo + 0.1 on each
+    # over the shared steps 0, 50, 100: datc's AUC is (0 + 0 + 0 + g) / 4 = g / 4 with its own 25-step
+    # points left out; grpo's curve rises linearly to g, AUC g / 2
+    datc_auc = [(0.2 + 0.1 * s) / 4 for s in (0, 1, 2)]
+    assert row[AUC_COL].strip("*").startswith(f"{sum(datc_auc) / 3:.3f} ± ")

@@ -3,7 +3,8 @@ runs/credit_accuracy/<data>-<policy>.{json,md} (or to ``--out``; the committed t
 ``--out results/credit_accuracy``).
 
 Rollouts come from the warm-started policy (early training, where credit matters most), or
-from a checkpoint; every scheme scores the *same* batches. Reported per scheme: credit accuracy
+from the model the overrides name (``policy.path``; there is no ``--run``: ``datc-heatmaps --run``
+reads a run directory); every scheme scores the *same* batches. Reported per scheme: credit accuracy
 (mean per-response Spearman between ``sign(A)·s`` and the gold per-token contribution, with a
 95% t-interval over responses, and its paired difference to ``datc``'s on the same responses) and
 the mean weight of tokens whose gold contribution agrees with the advantage's sign

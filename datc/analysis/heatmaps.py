@@ -2,7 +2,7 @@
 written to <out>/<data>-<policy>.{html,png}.
 
 The first ``--examples`` held-out prompts are sampled once (one group each) with the policy
-(the warm start, or with ``--run`` that run's latest checkpoint, plain or DeepSpeed); from each group the responses
+(the warm start, or with ``--run`` that run's latest checkpoint: plain, DeepSpeed or a LoRA run's adapters); from each group the responses
 with the highest and the lowest advantage are shown, so both signs of A appear. Every scheme
 weighs the *same* responses. One row per scheme, one cell per response token, coloured on a
 diverging scale centred at w = 1 (white; red above, blue below); the first row is the task's
@@ -282,12 +282,16 @@ def main(argv: list[str] | None = None) -> None:
     if a.examples < 1:
         ap.error("--examples must be at least 1")
     torch.set_num_threads(1)
-    from datc.analysis.inputs import run_session, session_for
+    from datc.analysis.inputs import RunRefused, run_session, session_for
     from datc.utils import atomic_write_bytes, atomic_write_text, quiet_libraries
 
     quiet_libraries()
     if a.run is not None:
-        s, ckpt = run_session(a.run, list(a.overrides))
+        try:
+            s, ckpt = run_session(a.run, list(a.overrides))
+        except RunRefused as e:  # one line, exit 2, as a usage error
+            print(f"datc-heatmaps: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
         source = f"run {a.run.resolve().name}, step {int(ckpt.name.split('_')[1])}"
         out = a.out or a.run / "heatmaps"
     else:

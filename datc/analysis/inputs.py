@@ -97,34 +97,43 @@ def credit_inputs(
 GROUPS = ("policy", "reward", "credit", "data", "trainer", "logger", "deepspeed", "experiment", "debug")
 
 
+class RunRefused(ValueError):
+    """A run directory the analysis cannot read (the message says why); its command says it in
+    one line, exit 2."""
+
+
 def run_session(run_dir: Path, overrides: list[str]) -> tuple[Session, Path]:
     """The session of a run directory: its own resolved config (``config.yaml``), with plain
     ``key=value`` overrides (not group choices: the run already made those), and the policy's
-    weights from its latest checkpoint. Returns (session, checkpoint directory)."""
+    weights from its latest checkpoint (a LoRA run's: its adapters, on the base the config
+    names). Returns (session, checkpoint directory); :class:`RunRefused` says why not."""
     from omegaconf import OmegaConf
 
-    from datc.config import validate
+    from datc.config import ConfigError, validate
+    from datc.models.lora import load_trained_state
     from datc.run.checkpoint import latest_checkpoint
-    from datc.run.export import checkpoint_state_dict, load_policy_weights
-
-    if not (run_dir / "config.yaml").exists():
-        raise SystemExit(f"--run {run_dir}: not a datc run directory (no config.yaml)")
-    ckpt = latest_checkpoint(run_dir)
-    if ckpt is None:
-        raise SystemExit(f"--run {run_dir}: no complete checkpoint under {run_dir / 'checkpoints'}")
-    groups = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") in GROUPS]
-    if groups:
-        raise SystemExit(f"--run: {' '.join(groups)}: the run's own config ({run_dir / 'config.yaml'}) sets its groups; "
-                         "only plain fields can be overridden (e.g. cache_dir=...)")
-    from datc.config import ConfigError
+    from datc.run.export import ExportError, checkpoint_state_dict, load_policy_weights
     from datc.run.rundir import read_run_config
 
+    if not (run_dir / "config.yaml").exists():
+        raise RunRefused(f"--run {run_dir}: not a datc run directory (no config.yaml)")
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise RunRefused(f"--run {run_dir}: no complete checkpoint under {run_dir / 'checkpoints'}")
+    groups = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") in GROUPS]
+    if groups:
+        raise RunRefused(f"--run: {' '.join(groups)}: the run's own config ({run_dir / 'config.yaml'}) sets its groups; "
+                         "only plain fields can be overridden (e.g. cache_dir=...)")
     try:
         own = read_run_config(run_dir)  # checked against run.json
-    except ConfigError as e:
-        raise SystemExit(f"--run: {e}") from None
-    cfg = OmegaConf.merge(OmegaConf.create(own), OmegaConf.from_dotlist(list(overrides)))
-    s = build_session(validate(cfg))
-    load_policy_weights(s.m.policy, checkpoint_state_dict(ckpt))
+        cfg = OmegaConf.merge(OmegaConf.create(own), OmegaConf.from_dotlist(list(overrides)))
+        s = build_session(validate(cfg))
+        state = checkpoint_state_dict(ckpt)
+        if s.m.adapter is not None:  # a LoRA run's checkpoint holds its adapters alone
+            load_trained_state(s.m.policy, state, str(ckpt))
+        else:
+            load_policy_weights(s.m.policy, state)
+    except (ConfigError, ExportError) as e:
+        raise RunRefused(f"--run: {e}") from None
     torch.manual_seed(s.c.seed)  # after the build, as session_for: samples never depend on a warm cache
     return s, ckpt

@@ -3,7 +3,10 @@ local files; both loaded through ``datasets``."""
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import json
+import logging
 import os
 import random
 import sys
@@ -45,16 +48,22 @@ def load_prompts(data_cfg, cache_dir: str) -> tuple[datasets.Dataset, datasets.D
         return ds["train"], ds["eval"]
     path = data_cfg.path
     hf_cache = str(Path(cache_dir) / "hf_datasets")  # a local file's Arrow cache: the project's, not ~/.cache
+    if os.path.isfile(path):
+        check_text_file(path)
     try:
-        if os.path.isfile(path):
-            ext = "json" if path.endswith((".json", ".jsonl")) else Path(path).suffix.lstrip(".")
-            ds = datasets.load_dataset(ext, data_files={data_cfg.train_split: path}, cache_dir=hf_cache)
-        else:
-            ds = datasets.load_dataset(path)  # a hub dataset: its usual cache (offline presets find it there)
+        with _datasets_errors_kept():  # said once, in our line (and never into the run's train.log)
+            if os.path.isfile(path):
+                ext = "json" if path.endswith((".json", ".jsonl")) else Path(path).suffix.lstrip(".")
+                ds = datasets.load_dataset(ext, data_files={data_cfg.train_split: path}, cache_dir=hf_cache)
+            else:
+                ds = datasets.load_dataset(path)  # a hub dataset: its usual cache (offline presets find it there)
     except Exception as e:  # datasets raises many types for "not found / offline / unreadable"
-        reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'}"
+        cause = _root_cause(e)
+        if isinstance(cause, UnicodeDecodeError):
+            raise _not_utf8(path, cause) from None
+        reason = f"{type(cause).__name__}: {str(cause).splitlines()[0]}" if str(cause) else type(cause).__name__
         if os.path.exists(path):
-            raise ConfigError(f"data.path: {path!r} is empty or not a readable dataset ({reason})") from None
+            raise ConfigError(f"data.path: {path!r} is not a readable dataset ({reason})") from None
         raise FileNotFoundError(
             f"data.path={path!r} could not be loaded ({reason}). "
             "Offline, point data.path at a local copy (a directory saved with datasets, or a .jsonl/.csv/.parquet file)."
@@ -73,9 +82,74 @@ def load_prompts(data_cfg, cache_dir: str) -> tuple[datasets.Dataset, datasets.D
     try:
         return check_prompts(train, data_cfg.prompt_field, "train"), check_prompts(evald, data_cfg.prompt_field, "eval")
     except UnicodeDecodeError as e:  # read lazily by Arrow: the first access to the text
-        raise ConfigError(f"data.path: {path!r} is not UTF-8 text ({e.reason} at byte {e.start} of a value: "
-                          f"{e.object[max(0, e.start - 8):e.start + 8]!r}); convert it, e.g. "
-                          f"iconv -f latin1 -t utf-8 {path} > {Path(path).stem}.utf8{Path(path).suffix}") from None
+        raise _not_utf8(path, e, "of a value") from None
+
+
+TEXT_SUFFIXES = (".json", ".jsonl", ".csv", ".tsv", ".txt")
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF16_LE, "utf-16"),
+         (codecs.BOM_UTF16_BE, "utf-16"))
+
+
+def check_text_file(path: str, head: int = 1 << 20) -> None:
+    """A local text data file (JSON lines, CSV, ...) refused in one line before ``datasets``
+    reads it when it holds no rows (empty or blank: ``datasets`` said only ``StopIteration``), or
+    when its first ``head`` bytes are not UTF-8 (a UTF-16 file's byte-order mark included)."""
+    if not path.endswith(TEXT_SUFFIXES):
+        return
+    with open(path, "rb") as f:
+        data = f.read(head)
+        more = bool(f.read(1))
+    if not data.strip() and not more:
+        raise ConfigError(f"data.path: {path!r} is empty: it holds no rows (a JSON lines file holds one JSON "
+                          "object per line, e.g. {\"prompt\": \"...\"})")
+    for bom, encoding in _BOMS:
+        if data.startswith(bom):
+            raise _not_utf8(path, UnicodeDecodeError("utf-8", data, 0, len(bom), f"a {encoding.upper()} byte-order mark"),
+                            encoding=encoding)
+    if b"\x00" in data[:4096]:  # valid UTF-8, but no text file holds NULs: UTF-16 without a byte-order mark
+        at = data.index(b"\x00")
+        raise _not_utf8(path, UnicodeDecodeError("utf-8", data, at, at + 1, "a NUL byte, as in UTF-16,"),
+                        encoding="utf-16le" if at % 2 else "utf-16be")
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if not (more and e.start >= len(data) - 3):  # not a character cut by the end of what was read
+            raise _not_utf8(path, e) from None
+
+
+def _not_utf8(path: str, e: UnicodeDecodeError, where: str = "", encoding: str = "latin1") -> ConfigError:
+    """The one line for a data file that is not UTF-8, with the command that converts it."""
+    return ConfigError(f"data.path: {path!r} is not UTF-8 text ({e.reason} at byte {e.start}{' ' + where if where else ''}: "
+                       f"{e.object[max(0, e.start - 8):e.start + 8]!r}); convert it, e.g. "
+                       f"iconv -f {encoding} -t utf-8 {path} > {Path(path).stem}.utf8{Path(path).suffix}")
+
+
+def _root_cause(e: BaseException) -> BaseException:
+    """What ``datasets``' generic ``DatasetGenerationError`` wraps: the first error below it that
+    says something (Arrow's ``JSON parse error ... in row 0``), or a ``UnicodeDecodeError`` at any depth."""
+    chain, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    for x in chain:
+        if isinstance(x, UnicodeDecodeError):
+            return x
+    said = [x for x in chain if str(x) and type(x).__name__ != "DatasetGenerationError"]
+    return said[0] if said else chain[0]
+
+
+@contextlib.contextmanager
+def _datasets_errors_kept():
+    """``datasets``' own log lines (an ERROR line per unreadable file) held back for the block:
+    the error it raises is said once, by the caller."""
+    log = logging.getLogger("datasets")  # its modules' loggers take their level from it
+    level = log.level
+    log.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _prompt_problem(value: Any) -> str | None:

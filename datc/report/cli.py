@@ -9,12 +9,14 @@ import errno
 import fcntl
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from datc.report.grouping import adopt_configs, grouped, split_by_config
+from datc.report.grouping import adopt_configs, align_curves, grouped, split_by_config
 from datc.report.loading import deduplicate, load_run_dirs, load_runs_csv, load_wandb
 from datc.report.plots import plot_credit_accuracy, plot_gold_curves, plot_rm_vs_gold
 from datc.report.statistics import Report, build_report
@@ -28,13 +30,19 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 def write_outputs(report: Report, out: str | Path, warnings: Sequence[str] = ()) -> list[Path]:
-    """Write every output file under ``out`` as one unit; returns the paths written.
+    """Write every output file under ``out`` as one unit; returns the paths written (under
+    ``out`` as given).
 
-    The files are rendered, then written into a temporary sibling directory (with whatever else
-    ``out`` already held), which replaces ``out`` in one rename (Linux's ``RENAME_EXCHANGE``
-    where available, else two renames), under an exclusive lock on ``.<out>.lock`` beside it:
-    two comparisons writing one ``--out`` leave the whole of one of them, never a mix."""
-    out = Path(out)
+    ``out`` is resolved first: a symbolic link is written through (the link stays the user's), and
+    ``.`` names the working directory. The files are rendered, then written into a temporary
+    sibling directory (with whatever else ``out`` already held), which replaces ``out`` in one
+    rename (Linux's ``RENAME_EXCHANGE`` where available, else two renames), under an exclusive
+    lock on ``.<name>.lock`` beside it: two comparisons writing one ``--out`` leave the whole of
+    one of them, never a mix. A folder that holds the working directory (``--out .``) or is a
+    mount point cannot be swapped: the files are staged inside it, then renamed into place one by
+    one (a lock ``.datc-compare.lock`` inside it). Ctrl-C is held off while the outputs are being
+    put in place, so they stay whole."""
+    given = Path(out)
     contents = {
         "table.md": markdown_table(report).encode(),
         "table.tex": latex_table(report).encode(),
@@ -45,11 +53,27 @@ def write_outputs(report: Report, out: str | Path, warnings: Sequence[str] = ())
         "credit_accuracy.png": plot_credit_accuracy(report),
         "rm_vs_gold.png": plot_rm_vs_gold(report),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(out.parent / f".{out.name}.lock"), atomic_dir_swap(out) as tmp:
-        for name, data in contents.items():
-            write_atomic(tmp / name, data)
-    return [out / name for name in contents]
+    if given.is_symlink() and not given.exists():
+        raise FileNotFoundError(errno.ENOENT, "a broken symbolic link", str(given))
+    target = Path(os.path.realpath(given))
+    if target.is_dir() and (_holds_cwd(target) or os.path.ismount(target)):
+        with _locked(target / IN_PLACE_LOCK):
+            write_in_place(target, contents)
+    else:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(target.parent / f".{target.name}.lock"), atomic_dir_swap(target) as tmp:
+            for name, data in contents.items():
+                write_atomic(tmp / name, data)
+    return [given / name for name in contents]
+
+
+IN_PLACE_LOCK = ".datc-compare.lock"
+PUT_IN_PLACE = "the outputs were put in place"  # a Ctrl-C held off until they were
+
+
+def _holds_cwd(path: Path) -> bool:
+    cwd = Path.cwd().resolve()
+    return path == cwd or path in cwd.parents
 
 
 @contextlib.contextmanager
@@ -63,9 +87,42 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def sigint_held() -> Iterator[None]:
+    """Ctrl-C (SIGINT) held off for the block and raised at its end: the few renames that put
+    the outputs in place are never cut half-way. Outside the main thread (no signals): a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt(PUT_IN_PLACE)
+
+
+def write_in_place(out: Path, contents: dict[str, bytes]) -> None:
+    """The files written into a temporary folder inside ``out`` (where a full disk or an error
+    stops them, ``out`` untouched), then renamed into ``out`` with Ctrl-C held off."""
+    staged = Path(tempfile.mkdtemp(dir=out, prefix=".datc-compare.", suffix=".tmp"))
+    try:
+        for name, data in contents.items():
+            write_atomic(staged / name, data)
+        follow_umask(staged)
+        with sigint_held():
+            for name in contents:
+                os.replace(staged / name, out / name)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def atomic_dir_swap(out: Path) -> Iterator[Path]:
     """A temporary sibling of ``out`` holding ``out``'s other files (hard links), that replaces
-    ``out`` when the block succeeds; removed if it fails, ``out`` untouched."""
+    ``out`` when the block succeeds (Ctrl-C held off meanwhile); removed if it fails, ``out``
+    untouched."""
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(out))
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
@@ -76,15 +133,16 @@ def atomic_dir_swap(out: Path) -> Iterator[Path]:
         yield tmp
         follow_umask(tmp)
         os.chmod(tmp, 0o777 & ~umask())
-        if not out.exists():
-            os.rename(tmp, out)
-        elif _exchange(tmp, out):
-            shutil.rmtree(tmp)  # it holds the old outputs now
-        else:
-            old = tmp.with_name(tmp.name + ".old")
-            os.rename(out, old)
-            os.rename(tmp, out)
-            shutil.rmtree(old)
+        with sigint_held():
+            if not out.exists():
+                os.rename(tmp, out)
+            elif _exchange(tmp, out):
+                shutil.rmtree(tmp)  # it holds the old outputs now
+            else:
+                old = tmp.with_name(tmp.name + ".old")
+                os.rename(out, old)
+                os.rename(tmp, out)
+                shutil.rmtree(old)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -150,6 +208,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    try:
+        _main(argv)
+    except KeyboardInterrupt as e:
+        done = e.args == (PUT_IN_PLACE,)
+        print("datc-compare: interrupted (SIGINT); " + ("the outputs had just been written, whole" if done else
+              "nothing was written (what --out held is as it was)"), file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+def _main(argv: Sequence[str] | None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
     if not args.roots and not args.wandb_project and not args.runs_csv:
@@ -174,7 +242,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         warns += tabled.warnings + adopted.warnings
     split = split_by_config(runs, args.pool)  # only configs that differ in the scheme and the seed share a setting
     unique = deduplicate(split.runs)
-    warns += split.warnings + unique.warnings
+    aligned = align_curves(unique.runs)  # runs of another eval cadence: compared over the steps they share
+    warns += split.warnings + unique.warnings + aligned.warnings
+    unique = aligned
     if unique.runs and not any(r.credit == args.baseline for r in unique.runs):
         warns.append(f"no run of the baseline scheme {args.baseline!r}: no paired differences")
     for w in warns:
@@ -185,8 +255,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"datc-compare: {grouped(unique.runs)}", file=sys.stderr)
     try:
         written = write_outputs(build_report(unique.runs, args.baseline), args.out, warns)
-    except (FileExistsError, NotADirectoryError, PermissionError) as e:
-        print(f"datc-compare: --out {args.out}: cannot write there ({e.strerror or e})", file=sys.stderr)
-        raise SystemExit(2) from e
+    except OSError as e:  # a file in the way, no permission, a full disk: one line, nothing half-written
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            why = "no space left on device (or quota exceeded)"
+        else:
+            why = f"cannot write there ({e.strerror or e})"
+        print(f"datc-compare: --out {args.out}: {why}; nothing was written (what --out held is as it was)",
+              file=sys.stderr)
+        raise SystemExit(2) from None
     for path in written:
         print(path)

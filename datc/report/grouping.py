@@ -4,7 +4,10 @@ learning rates, ...) are split into separate settings, each labelled with the va
 it apart (``tiny_gpt2 [trainer.steps=20]``), and every split is said.
 
 A run's config is the identity in its ``run.json`` (beside ``summary.json``) or its W&B config;
-a summary without either is compared by data, policy and step count only, and said.
+a summary without either is compared by data, policy and step count only, and said. Settings
+that change no number a run trains to (checkpoint and evaluation cadence:
+:data:`datc.report.loading.CADENCE_KEYS`) do not split a setting; runs evaluated at different
+steps are compared over the steps all of them evaluated (:func:`align_curves`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from datc.report.loading import LoadResult, Run
+from datc.report.loading import LoadResult, Run, gold_auc
 
 
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -104,6 +107,34 @@ def split_by_config(runs: Iterable[Run], pool: Iterable[str] = ()) -> LoadResult
         warns.append(f"{data} / {policy}: runs whose configs differ in more than the scheme and the seed "
                      f"(at {', '.join(differing[:6])}) are split into {len(configs)} settings: {'; '.join(labels)}")
     return LoadResult(out, warns)
+
+
+def align_curves(runs: Iterable[Run]) -> LoadResult:
+    """Where the runs of one setting were evaluated at different steps (another
+    ``trainer.eval_every``), each run's gold curve cut to the steps all of them evaluated, and its
+    gold AUC computed again over those, so paired AUCs and curve bands compare like with like;
+    said once per setting. Runs without a curve (read from a ``runs.csv``) are left as they are."""
+    runs = list(runs)
+    steps: dict[str, list[frozenset[int]]] = {}
+    for r in runs:
+        if r.curve:
+            steps.setdefault(r.setting, []).append(frozenset(p.step for p in r.curve))
+    common = {s: frozenset.intersection(*sets) for s, sets in steps.items() if len(set(sets)) > 1}
+    out = []
+    for r in runs:
+        if r.setting not in common or not r.curve:
+            out.append(r)
+            continue
+        curve = tuple(p for p in r.curve if p.step in common[r.setting])
+        out.append(dataclasses.replace(r, curve=curve, gold_auc=gold_auc([(p.step, p.gold) for p in curve])))
+    warns = [f"{s}: runs evaluated at different steps (another trainer.eval_every): gold AUC and the curves are "
+             f"taken over the {len(c)} step(s) all of them evaluated ({_steps(c)})" for s, c in sorted(common.items())]
+    return LoadResult(out, warns)
+
+
+def _steps(steps: frozenset[int]) -> str:
+    shown = sorted(steps)
+    return ", ".join(map(str, shown)) if len(shown) <= 6 else f"{', '.join(map(str, shown[:3]))}, ..., {shown[-1]}"
 
 
 def grouped(runs: Iterable[Run]) -> str:

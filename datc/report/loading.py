@@ -245,11 +245,23 @@ def load_runs_csv(paths: Sequence[str | Path]) -> LoadResult:
 
 
 IGNORED_IN_COMPARISON = ("credit", "seed")  # what a comparison may vary (datc.report.grouping)
+# Settings of the identity that change no number a run trains to: how often (and how many)
+# checkpoints are written, and how often held-out gold is evaluated (in a forked RNG, so the
+# training draws are the same). The last evaluation is at the final step whatever the cadence,
+# so the final figures are equal; the curve is sampled at other steps, so where the runs of a
+# setting were evaluated at different steps, the gold AUC and the curves are taken over the
+# steps all of them evaluated (datc.report.grouping.align_curves).
+CADENCE_KEYS = ("trainer.checkpoint_every", "trainer.keep_checkpoints", "trainer.eval_every")
 
 
 def comparison_config(identity: dict[str, Any]) -> dict[str, Any]:
-    """The part of a run's identity that must be equal for runs to be compared."""
-    return {k: v for k, v in identity.items() if k not in IGNORED_IN_COMPARISON}
+    """The part of a run's identity that must be equal for runs to be compared: all of it but the
+    scheme, the seed and the :data:`CADENCE_KEYS`."""
+    out = {k: v for k, v in identity.items() if k not in IGNORED_IN_COMPARISON}
+    if isinstance(out.get("trainer"), dict):
+        cadence = {k.split(".", 1)[1] for k in CADENCE_KEYS}
+        out["trainer"] = {k: v for k, v in out["trainer"].items() if k not in cadence}
+    return out
 
 
 def _run_config(run_json: Path) -> dict[str, Any] | None:

@@ -197,8 +197,35 @@ def main(argv: list[str] | None = None) -> int:
     except (ExportError, ConfigError, ModelLoadError, FileNotFoundError) as e:
         print(f"datc-export: {e}", file=sys.stderr)
         return 2
+    except Exception as e:
+        if not _disk_full(e):
+            raise
+        # the export's temporary folder is already removed (datc.run.atomic.atomic_dir)
+        print(f"datc-export: no space left on device (or quota exceeded) writing the export"
+              f"{f' ({e.filename})' if getattr(e, 'filename', None) else ''}; nothing was written: "
+              "free space and run the same command again", file=sys.stderr)
+        return 2
     print(out)
     return 0
+
+
+# How a full disk reads: an OSError's errno, or the text of a library's own error (safetensors:
+# "I/O error: No space left on device (os error 28)"; torch: "unexpected pos" / "write failed").
+_FULL = ("No space left on device", "Disk quota exceeded", "os error 28", "os error 122")
+
+
+def _disk_full(e: BaseException) -> bool:
+    import errno
+
+    for _ in range(8):  # the error and what caused it
+        if e is None:
+            return False
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(t in str(e) for t in _FULL):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 if __name__ == "__main__":

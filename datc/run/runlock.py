@@ -124,15 +124,19 @@ def release_run_locks() -> None:
         _HELD.pop().release()
 
 
-def remove_stray(path: str | Path) -> None:
+def remove_stray(path: str | Path, own_log: bool = False) -> None:
     """Remove ``path`` if a refused command left it holding nothing of a run (only an unheld
-    ``.lock`` and empty log files): a refused command leaves no directories behind."""
+    ``.lock`` and empty log files): a refused command leaves no directories behind. ``own_log``:
+    this command created ``path``, so its ``train.log`` holds only this command's lines (said on
+    stderr too), whatever their number."""
     path = Path(path)
     try:
         names = {p.name: p for p in path.iterdir()}
     except OSError:
         return
-    if not set(names) <= {LOCK_FILE, "train.log"} or any(p.stat().st_size for n, p in names.items() if n != LOCK_FILE):
+    if not set(names) <= {LOCK_FILE, "train.log"}:
+        return
+    if not own_log and any(p.stat().st_size for n, p in names.items() if n != LOCK_FILE):
         return
     if LOCK_FILE in names:
         try:
@@ -163,9 +167,10 @@ class NewDirs(Callback):
 def remove_new_dirs(run_dir: str) -> None:
     """A refused command leaves no directory behind: the run directory if it holds nothing of
     a run, then the parents this command created, while they are empty."""
-    remove_stray(run_dir)
     top = NewDirs.top
-    d = Path(run_dir).absolute().parent
+    own = Path(run_dir).absolute()
+    remove_stray(run_dir, own_log=top is not None and top in (own, *own.parents))
+    d = own.parent
     while top is not None and top in (d, *d.parents) and not Path(run_dir).exists():
         try:
             d.rmdir()

@@ -5,7 +5,9 @@ Where each fact comes from:
 
 - **a config field's description**: its YAML comment in ``configs/`` (the files where values are
   set). A group's default option (``configs/train.yaml``'s defaults list) speaks first, then the
-  group's other options; experiment and debug files hold deltas, so their comments come last.
+  field's comment in the typed schema (it describes the default a field the option leaves unset
+  takes), then the group's other options (their comments describe their own values);
+  experiment and debug files hold deltas, so their comments come last.
 - **a field's type, default and valid range**: the typed schema, :mod:`datc.config` (the code
   that enforces them): ``CHOICES``, ``POSITIVE``, ``NON_NEGATIVE`` and the ``must ...`` messages of
   ``validate``. The default is the composed ``configs/train.yaml``'s value after validation.
@@ -106,10 +108,34 @@ def config_groups_md() -> str:
     return "\n".join(lines)
 
 
-def _comment_sources() -> list[tuple[int, str, str, str]]:
-    """(rank, file, dotted field, comment) for every commented key of ``configs/``; a lower rank
-    speaks first (the group's default option 0, its other options 1, deltas 2)."""
+def _schema_comments() -> list[tuple[str, str]]:
+    """(dotted field, its ``# comment`` in the typed schema, :mod:`datc.config`) for every
+    commented field: what a field means at its schema default, for a field the group's default
+    option does not set."""
+    from datc.config import TrainConfig
+
     out = []
+
+    def walk(cls: type, prefix: str) -> None:
+        comments = _dataclass_comments(cls)
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            tp = hints.get(f.name, f.type)
+            if dataclasses.is_dataclass(tp):
+                walk(tp, f"{prefix}{f.name}.")
+            elif comments.get(f.name):
+                out.append((f"{prefix}{f.name}", comments[f.name]))
+
+    walk(TrainConfig, "")
+    return out
+
+
+def _comment_sources() -> list[tuple[int, str, str, str]]:
+    """(rank, file, dotted field, comment) for every commented key of ``configs/`` and of the
+    schema; a lower rank speaks first: the group's default option 0, the schema 1 (it describes
+    the default a field takes where that option does not set it), the group's other options 2
+    (they describe their own values: ``init: policy``), deltas 3."""
+    out = [(1, "datc/config.py", key, comment) for key, comment in _schema_comments()]
     defaults = default_options()
     for path in sorted(CONFIGS.rglob("*.yaml")):
         rel = path.relative_to(CONFIGS)
@@ -118,11 +144,11 @@ def _comment_sources() -> list[tuple[int, str, str, str]]:
         is_global, comments = yaml_comments(path)
         group = "" if len(rel.parts) == 1 or is_global else rel.parts[0]
         if rel.parts[0] in ("experiment", "debug"):
-            rank = 2
+            rank = 3
         elif not group or defaults.get(group) == rel.stem:
             rank = 0
         else:
-            rank = 1
+            rank = 2
         for key, comment in comments.items():
             out.append((rank, str(rel), f"{group}.{key}" if group else key, comment))
     return sorted(out)
@@ -241,9 +267,16 @@ def _value(v: Any) -> str:
 def _cell(text: str) -> str:
     """``text`` as one Markdown table cell: a ``|`` outside a code span escaped (``\\|``), one
     inside a code span left alone (Python-Markdown's tables keep a code span whole, and would show
-    the backslash there), line breaks as spaces."""
-    parts = text.replace("\n", " ").split("`")
+    the backslash there), line breaks as spaces; and :func:`_text`'s ``<`` escape."""
+    parts = _text(text.replace("\n", " ")).split("`")
     return "`".join(p if i % 2 else p.replace("|", "\\|") for i, p in enumerate(parts))
+
+
+def _text(text: str) -> str:
+    """``text`` with each ``<`` outside a code span written ``&lt;``: a comment's placeholder
+    (``experiment/<name>.yaml``, ``<think>``) would otherwise be read as an HTML tag and vanish."""
+    parts = text.split("`")
+    return "`".join(p if i % 2 else p.replace("<", "&lt;") for i, p in enumerate(parts))
 
 
 def _code(text: str) -> str:
@@ -261,7 +294,8 @@ def config_reference_md() -> str:
         "# Configuration reference",
         "",
         "Generated at build time from the typed schema (`datc/config.py`: fields, types, valid",
-        "ranges) and the YAML comments of `configs/` (descriptions); see",
+        "ranges) and the YAML comments of `configs/` (descriptions; the schema's own comment for a field",
+        "the group's default option does not set); see",
         "[Configuration](../configuration.md) for how the two divide the work. *Default* is the",
         "value `datc-train` runs with no overrides (`configs/train.yaml` composed and validated).",
         "The credit group's fields are each scheme's: see [Credit schemes](../schemes/index.md).",
@@ -426,7 +460,7 @@ def scheme_page_md(s: SchemeInfo) -> str:
     """One scheme's page on the fixed skeleton: idea, fields, needs and normalization, tests,
     results."""
     sch = s.scheme
-    lines = [f"# `{s.label}`", "", s.summary, "", "```bash", f"datc-train credit={s.label}", "```", "", "## Idea", ""]
+    lines = [f"# `{s.label}`", "", _text(s.summary), "", "```bash", f"datc-train credit={s.label}", "```", "", "## Idea", ""]
     if s.key and s.key != s.label:
         lines += [f"A configuration of the registered scheme [`{s.key}`]({s.key}.md) (`scheme: {s.key}` in "
                   f"`{s.config_file}`); it differs from it in the fields below whose value differs.", ""]
