@@ -84,7 +84,7 @@ def _killed_after_step_2(cache, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_resume_refuses_when_the_reward_model_or_the_data_changed(own_cache, tmp_path, capfd):
+def test_a_resume_refuses_when_the_reward_model_or_the_data_changed(own_cache, tmp_path, caplog):
     from safetensors.torch import load_file, save_file
 
     from datc.training.trainer import train
@@ -116,9 +116,21 @@ def test_a_resume_refuses_when_the_reward_model_or_the_data_changed(own_cache, t
     with pytest.raises(ConfigError, match=f"data: {data} changed content"):
         train(cfg_for(cache, run, *OVERRIDES))
 
-    capfd.readouterr()
-    summary = train(cfg_for(cache, run, *OVERRIDES, "trainer.accept_changed_inputs=true"))  # deliberate
-    assert "resuming" in capfd.readouterr().err and summary["steps"] == 4
+    # fingerprints that cannot be read prove nothing: the resume refuses as for a change
+    (run / "inputs.json").unlink()
+    with pytest.raises(ConfigError, match=r"^trainer.accept_changed_inputs: .* cannot be checked: its inputs.json is missing"):
+        train(cfg_for(cache, run, *OVERRIDES))
+    (run / "inputs.json").write_text('{"inputs": {"policy": ')
+    with pytest.raises(ConfigError, match=r"cannot be checked: its inputs.json is damaged, so nothing says the models"):
+        train(cfg_for(cache, run, *OVERRIDES))
+
+    with caplog.at_level("WARNING", logger="datc.training.lifecycle"):
+        summary = train(cfg_for(cache, run, *OVERRIDES, "trainer.accept_changed_inputs=true"))  # deliberate
+    assert any("resuming" in r.getMessage() and "could not be checked" in r.getMessage() for r in caplog.records)
+    assert summary["steps"] == 4  # the acceptance is on record: run.json and the summary
+    said = ["inputs.json is damaged: the inputs could not be checked"]
+    assert summary["accepted_input_changes"] == said
+    assert json.loads((run / "run.json").read_text())["accepted_input_changes"] == said
     recorded = json.loads((run / "inputs.json").read_text())  # now the new inputs
     assert changes(recorded, fingerprints({k: v["path"] for k, v in recorded["inputs"].items()})) == []
 

@@ -196,6 +196,20 @@ class RunDir:
         with contextlib.suppress(OSError):
             (self.path / ".hydra").rmdir()
 
+    def record_accepted_inputs(self, what: str) -> None:
+        """Add one accepted input change (``trainer.accept_changed_inputs``) to ``run.json``."""
+        run_json = self.path / "run.json"
+        data = json.loads(run_json.read_text())
+        data.setdefault("accepted_input_changes", []).append(what)
+        atomic_write_json(run_json, data)
+
+    def accepted_inputs(self) -> list[str]:
+        """The input changes this run was resumed with (``run.json``), oldest first."""
+        try:
+            return list(json.loads((self.path / "run.json").read_text()).get("accepted_input_changes", []))
+        except (OSError, ValueError):
+            return []
+
     def read_summary(self) -> dict[str, Any] | None:
         """The finished run's summary; None if there is none, or if it is damaged (then it is
         recomputed from the run's files when the run is reopened)."""

@@ -8,6 +8,7 @@ rank writes its own shards and RNG state into the checkpoints.
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,11 @@ from datc.data.prepare import Assets
 from datc.math.metrics import mean_of
 from datc.run.checkpoint import latest_loadable_checkpoint
 from datc.run.fingerprint import changes, fingerprints
-from datc.run.rundir import RunDir, metrics_gaps, warn
+from datc.run.rundir import RunDir, metrics_gaps
 from datc.training.session import Session
 from datc.utils import atomic_write_json, rng_state, set_rng_state
+
+log = logging.getLogger(__name__)
 
 
 def resolved_config(cfg: DictConfig | dict) -> dict[str, Any]:
@@ -90,27 +93,32 @@ def _check_inputs(c: TrainConfig, run: RunDir, assets: Assets) -> None:
     now = fingerprints({"policy": assets.policy_path, "reward": assets.reward_path, "tokenizer": tok,
                         "data": assets.data_path})
     path = run.path / INPUTS_FILE
-    if run.resumable and path.exists():
+    if run.resumable:
+        diff, unverifiable = None, None
         try:
             before = json.loads(path.read_text())
             diff = changes(before, now) if isinstance(before, dict) else None
+        except FileNotFoundError:
+            unverifiable = "is missing"
         except (ValueError, UnicodeDecodeError, KeyError, TypeError):
-            diff = None
+            pass
         if diff is None:
-            warn(f"{path} is damaged; the inputs' fingerprints are recorded again from the files as they are now")
+            unverifiable = unverifiable or "is damaged"
         elif not diff:
             return
-        elif not c.trainer.accept_changed_inputs:
-            more = f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""
+        if not c.trainer.accept_changed_inputs:
+            more = f" (and {len(diff) - 1} more)" if diff and len(diff) > 1 else ""
+            why = (f"was started with other inputs: {diff[0]}{more}" if unverifiable is None else
+                   f"cannot be checked: its {INPUTS_FILE} {unverifiable}, so nothing says the models, tokenizer and "
+                   "data are the ones it started with")
             raise ConfigError(
-                f"trainer.accept_changed_inputs: {run.path} was started with other inputs: {diff[0]}{more}; "
-                "restore them to resume this run, start it under another run_name, or resume with "
-                "trainer.accept_changed_inputs=true if the change is deliberate"
-            )
-        else:
-            warn(f"trainer.accept_changed_inputs: resuming {run.path} with changed inputs: {'; '.join(diff[:5])}")
-    elif run.resumable:
-        warn(f"{path} is missing (a run started before inputs were fingerprinted); recording them now")
+                f"trainer.accept_changed_inputs: {run.path} {why}; restore them to resume this run, start it under "
+                "another run_name, or resume with trainer.accept_changed_inputs=true if the inputs are deliberate "
+                "(they are recorded again, and the acceptance in run.json and the summary)")
+        said = (f"{INPUTS_FILE} {unverifiable}: the inputs could not be checked" if unverifiable is not None else
+                "changed inputs: " + "; ".join(diff[:5]))
+        log.warning("trainer.accept_changed_inputs: resuming %s with %s; recorded as they are now", run.path, said)
+        run.record_accepted_inputs(said)
     atomic_write_json(path, now)
 
 
@@ -163,6 +171,8 @@ def summarize(c: TrainConfig, run: RunDir, assets: Assets, elapsed: float) -> di
     golds = [(r["step"], r["eval/gold"]) for r in evals if r.get("eval/gold") is not None]
     if gaps:
         out["metrics_missing"] = gaps
+    if accepted := run.accepted_inputs():  # resumed with trainer.accept_changed_inputs=true
+        out["accepted_input_changes"] = accepted
     if len(golds) > 1 and not gaps:  # normalized area under the gold curve (trapezoid rule, per step)
         area = sum((s1 - s0) * (g0 + g1) / 2 for (s0, g0), (s1, g1) in zip(golds, golds[1:], strict=False))
         out["eval"]["gold_auc"] = area / (golds[-1][0] - golds[0][0])
