@@ -200,6 +200,11 @@ def _parser() -> argparse.ArgumentParser:
         "asset draws; pair them apart by giving each draw its own seeds); repeatable",
     )
     p.add_argument(
+        "--tuned", metavar="ROOT",
+        help="read a tuned sweep (METHOD §6; docs/tuned.md) instead of ROOTs: the configuration chosen per "
+        "setting and scheme, its selection score, and the evaluation table of tuned beside default",
+    )
+    p.add_argument(
         "--baseline",
         default="grpo",
         help="credit scheme the others are paired against (default: grpo)",
@@ -220,6 +225,12 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _main(argv: Sequence[str] | None) -> None:
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.tuned:  # datc/report/tuning.py
+        if args.roots or args.runs_csv or args.wandb_project:
+            parser.error("--tuned reads the runs of its own ROOT: give no other ROOT, --runs-csv or --wandb-project")
+        from datc.report.tuning import compare_tuned
+
+        return print(*compare_tuned(args.tuned, args.out, args.baseline, write_outputs), sep="\n")
     if not args.roots and not args.wandb_project and not args.runs_csv:
         parser.error("give at least one ROOT, --runs-csv or --wandb-project")
     loaded = load_run_dirs(args.roots)

@@ -71,6 +71,8 @@ class Run:
     # its identity less the scheme and the seed (datc.report.grouping); None: unknown
     config: dict[str, Any] | None = field(default=None, compare=False, hash=False)
     variant: str = ""  # what sets it apart from other configs of its (data, policy), e.g. "trainer.steps=20"
+    # METHOD §6: the first step whose rollout batch collapsed in length (summary's length_collapse.step); None: none or unknown
+    collapse_step: int | None = None
 
     @property
     def policy_label(self) -> str:
@@ -97,6 +99,7 @@ CSV_FIELDS = (
     "wall_time_s",
     "git_commit",
     "source",
+    "collapse_step",
 )
 
 
@@ -167,6 +170,7 @@ def run_from_summary(summary: Any, source: str, mtime: float, default_name: str)
         curve=tuple(curve),
         source=source,
         mtime=mtime,
+        collapse_step=_int(_dict(s.get("length_collapse")).get("step")),
     )
 
 
@@ -239,7 +243,7 @@ def load_runs_csv(paths: Sequence[str | Path]) -> LoadResult:
                 credit_accuracy=None if credit in UNIFORM_CREDIT else num(row, "credit_accuracy"),
                 step_s=num(row, "step_s"), wall_time_s=num(row, "wall_time_s"),
                 git_commit=row.get("git_commit") or None, curve=(), source=row.get("source") or str(path),
-                mtime=0.0,
+                mtime=0.0, collapse_step=None if (c := num(row, "collapse_step")) is None else int(c),
             ))
     return LoadResult(runs, warns)
 

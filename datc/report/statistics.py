@@ -60,6 +60,7 @@ class Row:
     seeds: tuple[int, ...]
     cells: dict[str, Interval]
     vs_baseline: dict[str, PairedDifference]
+    collapsed: tuple[int | str, ...] = ()  # seeds (run names where a seed is unknown) of its length-collapsed runs (METHOD §6)
 
     @property
     def setting(self) -> str:
@@ -198,6 +199,11 @@ def group_runs(runs: Iterable[Run]) -> dict[tuple[str, str, str], list[Run]]:
     }
 
 
+def collapsed_seeds(runs: Iterable[Run]) -> tuple[int | str, ...]:
+    """The seeds (run names where a seed is unknown) of ``runs`` that collapsed in length."""
+    return tuple(r.seed if r.seed is not None else r.run_name for r in runs if r.collapse_step is not None)
+
+
 def build_report(runs: Sequence[Run], baseline: str = "grpo") -> Report:
     """Aggregate ``runs`` (one per setting, scheme and seed) into table rows and verdicts."""
     groups = group_runs(runs)
@@ -221,6 +227,7 @@ def build_report(runs: Sequence[Run], baseline: str = "grpo") -> Report:
                     seeds=tuple(r.seed for r in rs if r.seed is not None),
                     cells={m.key: t_interval(r.value(m.key) for r in rs) for m in METRICS},
                     vs_baseline=vs,
+                    collapsed=collapsed_seeds(rs),
                 )
             )
         treat = groups.get((data, policy, TREATMENT))

@@ -68,16 +68,25 @@ def table_cells(report: Report) -> tuple[list[str], list[list[Cell]]]:
             else:
                 pd = row.vs_baseline[m.key]
                 cells.append(Cell(_interval_text(pd.diff, row.n_runs, signed=True), pd.significant and pd.diff.n >= MIN_INTERVAL_N))
-        cells.append(Cell(str(row.n_runs)))
+        cells.append(Cell(str(row.n_runs) + collapse_note(row.collapsed)))
         body.append(cells)
     return header, body
+
+
+def collapse_note(collapsed: Sequence[int | str]) -> str:
+    """`` (k collapsed: seeds ...)`` after a count of runs, where some collapsed in length (METHOD §6)."""
+    if not collapsed:
+        return ""
+    return f" ({len(collapsed)} collapsed: seed{'s' if len(collapsed) > 1 else ''} {', '.join(map(str, collapsed))})"
 
 
 LEGEND = (
     "Cells: mean ± half-width of the 95% Student-t interval over seeds (below 3 values the mean "
     "and its (n=k) alone; (n=k) also where the value is missing from some runs). Δ: paired by seed, scheme minus baseline, "
     "mean ± 95% t half-width; bold where the interval excludes zero. Credit accuracy is "
-    "undefined for uniform weights (GRPO): n/a."
+    "undefined for uniform weights (GRPO): n/a. (k collapsed: seeds ...) after n seeds: k of the row's runs had a length "
+    "collapse (METHOD §6: mean response length below half of its step-0 value, or more than half of a batch "
+    "ending at its first token); their values are in the row's means, so read them with that mark."
 )
 
 
@@ -182,6 +191,7 @@ def report_json(report: Report, warnings: Sequence[str]) -> str:
             "n_runs": r.n_runs,
             "seeds": list(r.seeds),
             "metrics": {k: asdict(iv) for k, iv in r.cells.items()},
+            "length_collapsed": list(r.collapsed),
             "vs_baseline": {
                 k: {**asdict(pd.diff), "seeds": list(pd.seeds), "significant": pd.significant}
                 for k, pd in r.vs_baseline.items()

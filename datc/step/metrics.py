@@ -38,6 +38,8 @@ def step_metrics(s, ro: Rollout, rw: Rewarded, cr: Credited, stats: dict[str, fl
         **rw.rule_metrics,
         "rollout/response_len": float(ro.response_mask.float().sum(-1).mean()),
         "rollout/truncated_frac": float(ro.truncated.float().mean()),
+        # responses whose first token ended them (the length collapse of METHOD §6, datc.math.collapse)
+        "rollout/first_token_end_frac": float(((ro.response_mask.sum(-1) == 1) & ~ro.truncated).float().mean()),
         "rollout/entropy": rollout_entropy,
         "credit/skipped_frac": float((~rw.credited).float().mean()),  # responses left out of the credit (A = 0)
         **{(k if "/" in k else f"loss/{k}"): v for k, v in stats.items()},  # rollout/sampler_*: the engine's gap

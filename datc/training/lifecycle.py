@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from datc.backends.distributed import Dist
 from datc.config import ConfigError, TrainConfig
 from datc.data.prepare import Assets
+from datc.math.collapse import collapse_record
 from datc.math.metrics import mean_of
 from datc.run.checkpoint import latest_loadable_checkpoint
 from datc.run.fingerprint import changes, fingerprints
@@ -179,6 +180,8 @@ def summarize(c: TrainConfig, run: RunDir, assets: Assets, elapsed: float) -> di
     if trains and not gaps:
         keys = [k for k in trains[0] if k.startswith(("perf/", "credit/"))]
         out["train_mean"] = {k: mean_of([r.get(k) for r in trains]) for k in keys}
+    if trains:  # METHOD §6: the first step whose batch collapsed in length (None: never), for the tables
+        out["length_collapse"] = collapse_record(trains)
     return out
 
 

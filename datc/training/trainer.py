@@ -21,6 +21,7 @@ from datc.backends.distributed import Dist
 from datc.backends.micro_batch import RECORD_FILE
 from datc.backends.plugins import init as init_distributed
 from datc.config import TrainConfig, validate
+from datc.math.collapse import FLAG_KEY, CollapseWatch
 from datc.math.numerics import NonFiniteReport
 from datc.run.export import save_final_policy
 from datc.run.logger import RunLogger
@@ -96,6 +97,8 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
         if start > 0:
             note(f"resumed {run.path} from its checkpoint of step {start} of {t.steps}")
     completions = None  # of the last step before an eval (W&B's table)
+    prior = run.read_metrics() if start > 0 and dist.is_main else []  # a resumed run's step 0 (rank 0 logs)
+    collapse = CollapseWatch.from_rows(r for r in prior if r.get("step", 0) <= start)  # METHOD §6's length collapse
 
     def do_eval(step: int) -> None:
         with s.autocast():  # every rank evaluates (ZeRO-3 gathers need all of them); rank 0 logs
@@ -115,6 +118,9 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
             completions = result.completions
         step = it + 1
         elapsed += metrics["perf/step_s"]
+        metrics[FLAG_KEY], first_collapse = collapse.update(step, metrics)
+        if first_collapse and dist.is_main:
+            log.warning(collapse.warning(step))
         logger.log(metrics, step)
         _merged_nonfinite(dist, result.nonfinite).check(t.max_nonfinite_frac, step)  # after the step is logged
         if step % t.eval_every == 0 or step == t.steps:

@@ -1,0 +1,233 @@
+"""The tuned comparison of METHOD §6 in resumable batches, one setting at a time.
+
+    python -m scripts.tuned_sweep --policy tiny_gpt2 --data keywords --schemes grpo,datc --stage lr
+    python -m scripts.tuned_sweep --policy tiny_gpt2 --data keywords --schemes grpo,datc --stage knob
+    python -m scripts.tuned_sweep --policy tiny_gpt2 --data keywords --schemes grpo,datc --stage eval
+    datc-compare --tuned runs/tuned --out results/tuned
+
+Stages (``--stage all`` runs them in order):
+
+- ``lr``: every scheme at its knob's default, the learning rate x0.5, x1, x2 of the setting's
+  default, on the selection draw and seeds (one ``datc-train -m`` grid per group of schemes);
+- ``knob``: at each scheme's chosen rate, its knob x0.5 and x2 (``tau`` for the schemes that share
+  the weight step under its softmax, a peer's own knob otherwise: :func:`datc.report.tuning.knob_for`);
+- ``eval``: each scheme's chosen configuration and its default one on the evaluation draws and
+  seeds, which the selection never saw.
+
+The grids are Hydra's basic sweeper (``-m`` with comma lists): each run's directory is named by
+its config (``${datc.config_id:}``), so a killed batch run again skips the runs that finished and
+resumes the one that was cut (``trainer.resume=auto``). The choice between stages is read from the
+finished runs by :func:`datc.report.tuning.read_setting`, the same code ``datc-compare --tuned``
+reports with; a stage whose inputs are incomplete is refused in one line (exit 2) naming what is
+missing. Every setting's protocol is kept in ``<root>/<data>-<policy>/tuning.json``; a later batch
+with another protocol in the same folder is refused. Extra ``key=value`` arguments go to every
+run (e.g. ``trainer.threads=1``, ``cache_dir=...``, ``debug=fast`` for a smoke test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from datc.report.tuning import (
+    EVAL_DIR,
+    KNOB_FACTORS,
+    LR_FACTORS,
+    MANIFEST,
+    SELECT_DIR,
+    TuningError,
+    grid,
+    knob_for,
+    read_setting,
+)
+
+STAGES = ("lr", "knob", "eval")
+RUN_NAME = "run_name=${data.name}-${policy.name}-${credit.name}-p${prepare_seed}-s${seed}-${datc.config_id:}"
+RESERVED = ("seed", "prepare_seed", "credit", "trainer.lr", "policy", "data", "experiment", "run_name", "run_dir", "hydra.sweep")
+
+
+class Refused(Exception):
+    """A batch that cannot run as asked: one line."""
+
+
+def seeds(text: str) -> list[int]:
+    """``100,101`` or ``200-205``."""
+    out: list[int] = []
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        out += list(range(int(a), int(b) + 1)) if b else [int(a)]
+    return out
+
+
+def _num(x: float) -> str:
+    return repr(float(x))
+
+
+def scheme_spec(scheme: str, experiment: str, policy: str, data: str, extra: list[str]) -> dict[str, Any]:
+    """The scheme's defaults in this setting (composed as the runs will be) and its two grids."""
+    from hydra import compose, initialize_config_dir
+
+    from datc.credit import CREDIT_SCHEMES
+    from datc.paths import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"experiment={experiment}", f"policy={policy}", f"data={data}",
+                                                      f"credit={scheme}", *extra])
+    credit = dict(cfg.credit)
+    output = CREDIT_SCHEMES.get(str(credit.get("scheme", credit["name"]))).output
+    knob = knob_for(credit, output)
+    lr = float(cfg.trainer.lr)
+    return {"lr": lr, "lr_grid": grid(lr, LR_FACTORS), "knob": f"credit.{knob}" if knob else None,
+            "knob_default": float(credit[knob]) if knob else None,
+            "knob_grid": grid(float(credit[knob]), KNOB_FACTORS) if knob else [], "output": output}
+
+
+def write_manifest(folder: Path, new: dict[str, Any]) -> dict[str, Any]:
+    """The setting's protocol, merged with the one its folder holds (schemes may be added; nothing
+    else may change)."""
+    path = folder / MANIFEST
+    if path.exists():
+        old = json.loads(path.read_text())
+        for key in ("setting", "experiment", "overrides", "selection", "evaluation"):
+            if old.get(key) != new[key]:
+                raise Refused(f"{path} holds another protocol ({key}: {old.get(key)} here, {new[key]} asked); "
+                              "a tuned sweep keeps its protocol: use another --root")
+        for name, spec in new["schemes"].items():
+            if name in old["schemes"] and old["schemes"][name] != spec:
+                raise Refused(f"{path}: scheme {name}'s defaults or grids changed since its first batch "
+                              f"({old['schemes'][name]} there, {spec} now); use another --root")
+        new = {**old, "schemes": {**old["schemes"], **new["schemes"]}}
+    from datc.run.atomic import atomic_write_json
+
+    atomic_write_json(path, new)
+    return new
+
+
+def _base(m: dict[str, Any], folder: Path, where: str) -> list[str]:
+    s = m["setting"]
+    return [f"experiment={m['experiment']}", f"hydra.sweeper.params.policy={s['policy']}",
+            f"hydra.sweeper.params.data={s['data']}", RUN_NAME, f"hydra.sweep.dir={folder / where}", *m["overrides"]]
+
+
+def _sel(m: dict[str, Any]) -> list[str]:
+    return [f"prepare_seed={m['selection']['prepare_seed']}", "seed=" + ",".join(map(str, m["selection"]["seeds"]))]
+
+
+def stage_commands(stage: str, m: dict[str, Any], folder: Path, schemes: list[str]) -> list[list[str]]:
+    """The ``datc-train -m`` override lists of one stage for ``schemes``."""
+    specs = {s: m["schemes"][s] for s in schemes}
+    if stage == "lr":
+        groups: dict[tuple[float, ...], list[str]] = {}
+        for s, spec in specs.items():
+            groups.setdefault(tuple(spec["lr_grid"]), []).append(s)
+        return [[*_base(m, folder, SELECT_DIR), "credit=" + ",".join(ss), "trainer.lr=" + ",".join(map(_num, lrs)), *_sel(m)]
+                for lrs, ss in groups.items()]
+    st = read_setting(folder)
+    cmds = []
+    if stage == "knob":
+        for s, spec in specs.items():
+            if not spec["knob"]:
+                continue
+            lr = _chosen(st, s, "lr")
+            values = [k for k in spec["knob_grid"] if k != spec["knob_default"]]
+            cmds.append([*_base(m, folder, SELECT_DIR), f"credit={s}", f"trainer.lr={_num(lr)}",
+                         f"{spec['knob']}=" + ",".join(map(_num, values)), *_sel(m)])
+        return cmds
+    tuned = []
+    for s, spec in specs.items():
+        lr, knob = _chosen(st, s, "lr"), _chosen(st, s, "knob") if spec["knob"] else None
+        if lr != spec["lr"] or knob != spec["knob_default"]:
+            tuned.append([f"credit={s}", f"trainer.lr={_num(lr)}", *([f"{spec['knob']}={_num(knob)}"] if spec["knob"] else [])])
+    for draw, ss in m["evaluation"]["seeds"].items():
+        at = [f"prepare_seed={draw}", "seed=" + ",".join(map(str, ss))]
+        cmds.append([*_base(m, folder, EVAL_DIR), "credit=" + ",".join(specs), *at])  # the default configurations
+        cmds += [[*_base(m, folder, EVAL_DIR), *t, *at] for t in tuned]
+    return cmds
+
+
+def _chosen(st, scheme: str, what: str) -> float:
+    sc = st.schemes[scheme]
+    value = sc.lr if what == "lr" else sc.knob
+    if value is None:
+        n = sum(len(c.seeds) for c in sc.candidates)
+        step = "rate" if what == "lr" else "knob"
+        raise Refused(f"{st.setting}, {scheme}: the {step} search is not complete ({n} selection run(s) finished); "
+                      f"run --stage {'lr' if what == 'lr' else 'knob'} first (it resumes where it stopped)")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m scripts.tuned_sweep", description=__doc__.split("\n\n")[0])
+    p.add_argument("--policy", required=True, help="policy config (e.g. tiny_gpt2)")
+    p.add_argument("--data", required=True, help="data config (e.g. keywords)")
+    p.add_argument("--schemes", required=True, help="comma-separated credit configs, the baseline among them")
+    p.add_argument("--stage", choices=[*STAGES, "all"], required=True)
+    p.add_argument("--root", default="runs/tuned", help="the sweep's root; one folder per setting below it")
+    p.add_argument("--experiment", default="four_settings")
+    p.add_argument("--select-draw", type=int, default=0, help="prepare_seed of the selection runs")
+    p.add_argument("--select-seeds", type=seeds, default=seeds("100,101"))
+    p.add_argument("--eval-draws", default="0,1,2", help="prepare_seeds of the evaluation, the seeds split evenly among them")
+    p.add_argument("--eval-seeds", type=seeds, default=seeds("200-205"))
+    p.add_argument("--dry-run", action="store_true", help="print the commands only")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="passed to every run")
+    return p
+
+
+def protocol(args: argparse.Namespace) -> dict[str, Any]:
+    draws = [int(d) for d in args.eval_draws.split(",")]
+    if len(args.select_seeds) < 2:
+        raise Refused("--select-seeds: METHOD §6 selects on at least 2 seeds")
+    if len(args.eval_seeds) % len(draws) or len(set(args.eval_seeds)) != len(args.eval_seeds):
+        raise Refused(f"--eval-seeds: {len(args.eval_seeds)} distinct seeds do not split evenly over draws {draws}")
+    if shared := sorted(set(args.select_seeds) & set(args.eval_seeds)):
+        raise Refused(f"--eval-seeds shares seed(s) {', '.join(map(str, shared))} with --select-seeds "
+                      "(METHOD §6: evaluate on fresh seeds)")
+    if bad := [o for o in args.overrides if "=" not in o or o.split("=")[0].lstrip("+~").startswith(RESERVED)]:
+        raise Refused(f"override {bad[0]!r}: not KEY=VALUE, or sets what the sweep sets ({', '.join(RESERVED)})")
+    per = len(args.eval_seeds) // len(draws)
+    extra = [o for o in args.overrides if not o.startswith("hydra")]
+    schemes = [s for s in args.schemes.split(",") if s]
+    return {
+        "protocol": "METHOD §6", "setting": {"data": args.data, "policy": args.policy}, "experiment": args.experiment,
+        "overrides": list(args.overrides),
+        "selection": {"prepare_seed": args.select_draw, "seeds": args.select_seeds},
+        "evaluation": {"seeds": {str(d): args.eval_seeds[i * per:(i + 1) * per] for i, d in enumerate(draws)}},
+        "schemes": {s: scheme_spec(s, args.experiment, args.policy, args.data, extra) for s in schemes},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    folder = Path(args.root) / f"{args.data}-{args.policy}"
+    try:
+        new = protocol(args)
+        if len(args.eval_seeds) < 6:
+            print(f"tuned_sweep: warning: {len(args.eval_seeds)} evaluation seeds; METHOD §6 asks for at least 6 pairs",
+                  file=sys.stderr)
+        if not args.dry_run:
+            folder.mkdir(parents=True, exist_ok=True)
+        m = write_manifest(folder, new) if not args.dry_run else new
+        for stage in STAGES if args.stage == "all" else (args.stage,):
+            if args.dry_run and stage != "lr":
+                print(f"# stage {stage}: its commands depend on the finished runs of the stage before")
+                continue
+            for overrides in stage_commands(stage, m, folder, list(new["schemes"])):
+                cmd = [sys.executable, "-m", "datc.train", "-m", *overrides]
+                print("datc-train -m " + " ".join(shlex.quote(o) for o in overrides), flush=True)
+                if not args.dry_run and (rc := subprocess.run(cmd).returncode):
+                    print(f"tuned_sweep: a run of stage {stage} failed (exit {rc}); run the stage again to resume",
+                          file=sys.stderr)
+                    return rc
+    except (Refused, TuningError) as e:
+        print(f"tuned_sweep: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""datc-compare --tuned (datc/report/tuning.py): the coordinate search's choice on hand-made run
+summaries, the evaluation table on evaluation seeds only, and the refusal of an evaluation that
+shares a seed with its selection."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from datc.report import main
+from datc.report.tuning import MANIFEST, knob_for, read_setting
+
+LR = 5e-4
+SELECT, EVAL = [100, 101], {"0": [200, 201], "1": [202, 203]}
+SPECS = {
+    "grpo": {"lr": LR, "lr_grid": [LR / 2, LR, 2 * LR], "knob": None, "knob_default": None, "knob_grid": []},
+    "datc": {"lr": LR, "lr_grid": [LR / 2, LR, 2 * LR], "knob": "credit.tau", "knob_default": 1.0,
+             "knob_grid": [0.5, 1.0, 2.0]},
+}
+
+
+def write_run(folder: Path, credit: str, seed: int, lr: float, gold: float, tau: float | None = None,
+              draw: int = 0, collapse_step: int | None = None) -> None:
+    name = f"keywords-tiny_gpt2-{credit}-p{draw}-s{seed}-lr{lr:g}-tau{tau}"
+    d = folder / name
+    d.mkdir(parents=True)
+    cred = {"name": credit, **({} if tau is None else {"tau": tau, "lam": 1.0})}
+    ident = {"seed": seed, "prepare_seed": draw, "trainer": {"lr": lr, "steps": 80}, "credit": cred,
+             "data": {"name": "keywords"}, "policy": {"name": "tiny_gpt2"}}
+    (d / "run.json").write_text(json.dumps({"run_id": name, "identity": ident}))
+    summary = {"run_name": name, "seed": seed, "credit": credit, "data": "keywords", "policy": "tiny_gpt2",
+               "steps": 80, "eval": {"final": {"eval/gold": gold, "eval/rm_score": gold, "eval/kl": 0.1}},
+               "length_collapse": {"step": collapse_step}}
+    (d / "summary.json").write_text(json.dumps(summary))
+
+
+def sweep(root: Path) -> Path:
+    """One setting: grpo's rate search, datc's rate then tau search, and both evaluated."""
+    folder = root / "keywords-tiny_gpt2"
+    folder.mkdir(parents=True)
+    (folder / MANIFEST).write_text(json.dumps({
+        "setting": {"data": "keywords", "policy": "tiny_gpt2"},
+        "selection": {"prepare_seed": 0, "seeds": SELECT}, "evaluation": {"seeds": EVAL}, "schemes": SPECS}))
+    sel, ev = folder / "select", folder / "eval"
+    for i, seed in enumerate(SELECT):
+        # grpo: x1 and x2 tie at the top (0.30): the tie keeps the default
+        for lr, g in ((LR / 2, 0.10), (LR, 0.30), (2 * LR, 0.30)):
+            write_run(sel, "grpo", seed, lr, g)
+        # datc, rate at tau 1: x2 best (0.50); then tau at x2: 0.5 best (0.60 +- 0.02)
+        for lr, g in ((LR / 2, 0.20), (LR, 0.40), (2 * LR, 0.50)):
+            write_run(sel, "datc", seed, lr, g, tau=1.0)
+        write_run(sel, "datc", seed, 2 * LR, 0.58 + 0.04 * i, tau=0.5)
+        write_run(sel, "datc", seed, 2 * LR, 0.10, tau=2.0)
+        # off the coordinate path (tau 0.5 at the default rate): never chosen, however good
+        write_run(sel, "datc", seed, LR, 0.99, tau=0.5)
+    for draw, seeds in EVAL.items():
+        for seed in seeds:
+            write_run(ev, "grpo", seed, LR, 0.2 + 0.01 * (seed % 3), draw=int(draw))
+            write_run(ev, "datc", seed, 2 * LR, 0.5 + 0.01 * (seed % 3), tau=0.5, draw=int(draw),
+                      collapse_step=7 if seed == 203 else None)
+            write_run(ev, "datc", seed, LR, 0.3 + 0.01 * (seed % 3), tau=1.0, draw=int(draw))
+    return folder
+
+
+def test_the_coordinate_search_chooses_rate_then_knob_on_the_selection_seeds(tmp_path):
+    st = read_setting(sweep(tmp_path))
+    grpo, datc = st.schemes["grpo"], st.schemes["datc"]
+    assert (grpo.lr, grpo.knob) == (LR, None)  # a tie keeps the default rate
+    assert (datc.lr, datc.knob) == (2 * LR, 0.5)  # not the better off-path point (LR, tau 0.5)
+    assert datc.chosen.score.mean == pytest.approx(0.60) and datc.chosen.seeds == (100, 101)
+    assert datc.default_candidate.score.mean == pytest.approx(0.40)
+    # the evaluation runs: the chosen configuration's and the default's, on evaluation seeds only
+    assert sorted(r.seed for r in datc.tuned) == [200, 201, 202, 203]
+    assert sorted(r.seed for r in datc.default) == [200, 201, 202, 203]
+    assert all(r.final_gold < 0.6 for r in datc.tuned)
+
+
+def test_the_table_reports_choice_selection_score_and_evaluation_apart(tmp_path, capsys):
+    sweep(tmp_path / "runs")
+    out = tmp_path / "out"
+    main(["--tuned", str(tmp_path / "runs"), "--out", str(out)])
+    md = (out / "tuned.md").read_text()
+    row = next(ln for ln in md.splitlines() if ln.startswith("| datc | lr"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "lr 0.001 (×2), credit.tau 0.5"
+    assert cells[2] == "0.600 (seeds 100, 101)" and cells[3] == "0.400 (seeds 100, 101)"
+    # evaluation: datc tuned - grpo tuned is +0.300 on every seed; default - default +0.100
+    assert cells[4].startswith("0.512 ± ")  # the evaluation seeds alone and cells[5] == "**+0.300 ± 0.000**"
+    assert cells[7] == "**+0.100 ± 0.000**"
+    assert cells[8] == "4 (1 collapsed: seed 203) / 4"  # the collapsed run is named, not folded in silently
+    assert "Selection: draw 0, seeds 100, 101. Evaluation" in md
+    assert "| datc | lr 0.0005 (×1), credit.tau 0.5 | off the search path (not eligible) | 0.990" in md
+    report = json.loads((out / "evaluation" / "report.json").read_text())
+    assert {tuple(r["seeds"]) for r in report["rows"]} == {(200, 201, 202, 203)}  # no selection seed
+    assert "1 collapsed" in (out / "evaluation" / "table.md").read_text()
+    assert json.loads((out / "tuned.json").read_text())["settings"][0]["schemes"]["datc"]["chosen"] == {"lr": 2 * LR, "knob": 0.5}
+
+
+def test_an_evaluation_that_shares_a_seed_with_its_selection_is_refused(tmp_path, capsys):
+    folder = sweep(tmp_path / "runs")
+    write_run(folder / "eval", "grpo", 101, LR, 0.3)
+    with pytest.raises(SystemExit) as e:
+        main(["--tuned", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "shares seed(s) 101 with its selection" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_incomplete_grid_chooses_nothing(tmp_path):
+    folder = sweep(tmp_path)
+    for d in (folder / "select").glob("*datc-p0-s101-lr0.001-tau2.0"):
+        (d / "summary.json").unlink()  # one seed of tau 2 unfinished
+    st = read_setting(folder)
+    assert st.schemes["datc"].lr == 2 * LR and st.schemes["datc"].knob is None and st.schemes["datc"].tuned == []
+    assert any("no summary.json" in w for w in st.warnings)
+
+
+def test_the_knob_follows_the_scheme_declarations():
+    assert knob_for({"name": "datc", "normalizer": "softmax", "tau": 1.0}, "scores") == "tau"
+    assert knob_for({"name": "gcpo", "normalizer": "rank_power", "alpha": 2.15}, "scores") == "alpha"
+    assert knob_for({"name": "grail", "std": 0.5}, "weights") == "std"
+    assert knob_for({"name": "grpo"}, "weights") is None
