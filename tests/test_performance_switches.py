@@ -94,6 +94,13 @@ def _run(cache_dir, sw: Switch, setting: str):
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if sw.slow else []) for n, sw in SWITCHES.items()])
 def test_a_performance_switch_leaves_the_step_unchanged(cache_dir, name):
+    """Replaces test_gradient_checkpointing.py::test_a_training_step_with_checkpointing_equals_the_plain_one,
+    test_head_chunk.py::test_a_training_step_with_the_chunked_head_equals_the_whole_one,
+    test_static_decode.py::test_a_training_step_decoding_statically_gives_the_dynamic_steps_metrics,
+    test_trunk.py::test_a_training_step_with_the_shared_trunk_matches_one_without and
+    test_lora.py::test_a_training_step_with_the_shared_trunk_matches_one_without_under_lora, with
+    their assertions (and, for all, the same metric keys, a non-zero gradient and the same
+    response lengths on both sides)."""
     sw = SWITCHES[name]
     plan_off, m_off, p_off, g_off = _run(cache_dir, sw, sw.off)
     plan_on, m_on, p_on, g_on = _run(cache_dir, sw, sw.on)
