@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,46 @@ def assert_same_metrics(a, b, rel: float = 1e-6, abs: float = 1e-9) -> None:
 def cache_dir(tmp_path_factory):
     """One prepare cache for the session's end-to-end tests (assets are keyed by their config)."""
     return str(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="session")
+def prepared_cache(cache_dir):
+    """The session's cache with the testbed's ``debug=fast`` assets (warm-started tiny GPT-2 and
+    its reward model) prepared in this process, so processes started on it only read them."""
+    from datc.config import validate
+    from datc.data.prepare import ensure_assets
+
+    ensure_assets(validate(cfg_for(cache_dir, "unused")))
+    return cache_dir
+
+
+@dataclass(frozen=True)
+class Sweep:
+    dir: Path  # hydra.sweep.dir: one run directory per job
+    cmd: list[str]  # the command without its hydra.sweep.dir
+    env: dict[str, str]
+
+
+@pytest.fixture(scope="session")
+def finished_sweep(prepared_cache, tmp_path_factory) -> Sweep:
+    """A finished multirun sweep of four jobs, ``datc-train -m debug=fast seed=0,1 credit=grpo,datc``
+    in its own process (the cache through ``DATC_CACHE``), run once per session: the sweep tests
+    read it, or rerun its command on a copy."""
+    env = {**os.environ, "DATC_CACHE": str(prepared_cache)}
+    cmd = [sys.executable, "-m", "datc.train", "-m", "debug=fast", "seed=0,1", "credit=grpo,datc"]
+    sweep = tmp_path_factory.mktemp("sweep") / "sweep"
+    r = subprocess.run([*cmd, f"hydra.sweep.dir={sweep}"], capture_output=True, text=True, timeout=900, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return Sweep(sweep, cmd, env)
+
+
+@pytest.fixture(scope="session")
+def same_batch_runs(prepared_cache, tmp_path_factory):
+    """The same-global-batch cases of tests/distributed/same_batch.py, run once per session:
+    ``.one(name)`` the one-process reference, ``.two(name)`` the 2-process DeepSpeed run."""
+    from tests.distributed.same_batch import SameBatchRuns
+
+    return SameBatchRuns(prepared_cache, tmp_path_factory.mktemp("same_batch"))
 
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None

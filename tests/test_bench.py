@@ -217,7 +217,7 @@ def test_notes_template_gives_the_notes_of_the_committed_runs():
 
 
 @pytest.mark.slow
-def test_datc_side_steps_are_the_trainers_own(tmp_path):
+def test_datc_side_steps_are_the_trainers_own(cache_dir, tmp_path):
     """``datc_side.step`` with ``min_new_tokens`` is ``train_step`` with every sampling call given
     ``min_new_tokens`` (here two calls per step), and ``datc_side.learn`` on a rollout is
     ``train_step`` with that rollout as its sample: the same metrics, timings aside."""
@@ -231,7 +231,7 @@ def test_datc_side_steps_are_the_trainers_own(tmp_path):
     from tests.conftest import cfg_for
 
     def session(credit, *overrides, ops=None):
-        return build_session(validate(cfg_for(tmp_path / "cache", tmp_path / "unused", f"credit={credit}", *overrides)),
+        return build_session(validate(cfg_for(cache_dir, tmp_path / "unused", f"credit={credit}", *overrides)),
                              ops=ops)
 
     def timeless(m):

@@ -32,9 +32,9 @@ def test_all_padding_rows_aggregate_to_a_finite_zero(mode):
     assert math.isfinite(out.item())
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("degenerate_cache")
+@pytest.fixture
+def cache(cache_dir):
+    return cache_dir  # the session's (assets are keyed by their config)
 
 
 def _session(cache, tmp_path, *overrides, ops=None):

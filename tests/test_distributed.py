@@ -6,7 +6,6 @@ starts the 2-process run."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from argparse import Namespace
@@ -17,11 +16,11 @@ import torch
 
 from datc.backends.launch import build
 from tests.conftest import assert_same_metrics, copy_as_killed
+from tests.distributed.same_batch import CASES, TWO_ONLY, env, free_port
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKER = ROOT / "tests" / "distributed" / "same_batch_worker.py"
 # Sums over ranks are reduced in another order than in one process: fp32 rounding only.
 LOSS_RTOL, PARAM_ATOL = 1e-4, 1e-5
 # Under bf16 autocast the two reduce bf16 products in another order: the largest parameter gap
@@ -31,90 +30,58 @@ PARAM_ATOL_BF16 = 4e-5
 
 
 def _env(cache_dir) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "DATC_CACHE": str(cache_dir), "PYTHONPATH": str(ROOT)}
+    return env(cache_dir)
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("cache")
-    # Prepare once, in this process, so the workers only read the cache.
-    from hydra import compose, initialize_config_dir
-
-    from datc.config import validate
-    from datc.data.prepare import ensure_assets
-    from datc.paths import CONFIG_DIR
-
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        for credit in ("grpo", "datc"):
-            ensure_assets(validate(compose(config_name="train", overrides=["debug=fast", f"cache_dir={path}", f"credit={credit}"])))
-    return path
-
-
-COMMON = ["debug=fast", "trainer.steps=3", "trainer.batch_size=16", "trainer.mini_batch_size=16",
-          "trainer.micro_batch_size=4", "trainer.num_generations=4"]
-
-
-def _worker(cache_dir, out, nproc, overrides, port):
-    if nproc == 1:
-        cmd = [sys.executable, str(WORKER), str(out), *overrides]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={port}",
-               str(WORKER), str(out), *overrides]
-    proc = subprocess.run(cmd, env=_env(cache_dir), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return torch.load(out)
-
-
-@pytest.mark.parametrize(("stage", "credit", "dtype"), [
-    ("zero2", "grpo", "float32"), ("zero2", "datc", "float32"), ("zero3", "grpo", "float32"),
-    ("zero3", "datc", "float32"), ("zero3", "datc", "bfloat16"),  # bf16: torch autocast, fp32 master weights
-    ("zero2", "entropy_top", "float32"), ("zero2", "delta", "float32"),  # "global" = the global batch
-])
-def test_two_processes_match_one_on_the_same_global_batch(cache_dir, tmp_path, stage, credit, dtype):
-    port = 29500 + hash((stage, credit, dtype)) % 400
-    overrides = [*COMMON, f"cache_dir={cache_dir}", f"credit={credit}", f"policy.dtype={dtype}"]
-    # ZeRO-3 with two ranks forwards whole prompts (every rank must make the same calls): it turns
-    # trainer.share_prompts off by itself, and the one process is told to match
-    one = _worker(cache_dir, tmp_path / "one.pt", 1, [*overrides, f"trainer.share_prompts={str(stage != 'zero3').lower()}"],
-                  port)
-    two = _worker(cache_dir, tmp_path / "two.pt", 2, [*overrides, f"deepspeed={stage}"], port)
+def assert_two_match_one(one, two, atol=PARAM_ATOL):
+    """The 2-process run's per-step losses, grad norms, KL and scores within ``LOSS_RTOL`` of the
+    one-process run's, its final parameters within ``atol``; the steps did train."""
     assert two["world_size"] == 2 and one["world_size"] == 1
-    assert two["share_prompts"] is (stage != "zero3") and one["share_prompts"] is two["share_prompts"]
     for a, b in zip(one["steps"], two["steps"], strict=True):
         for k in a:
             assert b[k] == pytest.approx(a[k], rel=LOSS_RTOL, abs=1e-7), (k, a, b)
     assert one["params"].keys() == two["params"].keys()
     for name, p in one["params"].items():
-        atol = PARAM_ATOL_BF16 if dtype == "bfloat16" else PARAM_ATOL
         torch.testing.assert_close(two["params"][name], p, atol=atol, rtol=0, msg=name)
     assert any(s["loss/grad_norm"] > 0 for s in one["steps"])
 
 
+@pytest.mark.parametrize("case", [n for n in CASES if not n.startswith("lora-") and n not in TWO_ONLY])
+def test_two_processes_match_one_on_the_same_global_batch(same_batch_runs, case):
+    """ZeRO-2 and ZeRO-3, grpo and datc, fp32 and bf16, and the schemes that read the whole
+    batch (entropy_top, delta): a 2-process run equals one process on the same global batch."""
+    stage, _, dtype, _, _ = CASES[case]
+    one, two = same_batch_runs.one(case), same_batch_runs.two(case)
+    assert two["share_prompts"] is (stage != "zero3") and one["share_prompts"] is two["share_prompts"]
+    assert_two_match_one(one, two, PARAM_ATOL_BF16 if dtype == "bfloat16" else PARAM_ATOL)
+
+
 @pytest.mark.parametrize("credit", ["grpo", "datc"])
-def test_zero3_sampling_with_gathered_parameters_equals_synced_gathers(cache_dir, tmp_path, credit):
+def test_zero3_sampling_with_gathered_parameters_equals_synced_gathers(same_batch_runs, credit):
     # deepspeed.gather_for_generation: the policy's parameters gathered once per sampling call
-    # (no per-token all-gathers, no rank waiting on the others' responses) against ZeRO's
-    # per-module gathers with synced_gpus: the same samples, so the same steps, bit for bit.
-    port = 29500 + hash(("gather", credit)) % 400
-    overrides = [*COMMON, f"cache_dir={cache_dir}", f"credit={credit}", "deepspeed=zero3"]
-    runs = {mode: _worker(cache_dir, tmp_path / f"{mode}.pt", 2, [*overrides, f"deepspeed.gather_for_generation={mode}"],
-                          port) for mode in ("gather", "synced")}
+    # (no per-token all-gathers, no rank waiting on the others' responses; `auto` on CPU, the
+    # zero3-*-float32 runs) against ZeRO's per-module gathers with synced_gpus: the same
+    # samples, so the same steps, bit for bit.
+    runs = {"gather": same_batch_runs.two(f"zero3-{credit}-float32"), "synced": same_batch_runs.two(f"zero3-{credit}-synced")}
     assert runs["gather"]["gather_generation"] is True and runs["synced"]["gather_generation"] is False
     assert runs["gather"]["steps"] == runs["synced"]["steps"]
     for name, p in runs["synced"]["params"].items():
         assert torch.equal(runs["gather"]["params"][name], p), name
 
 
-def _launch_cmd(*overrides, nproc=2):
-    return build(Namespace(nproc=nproc, hostfile=None, num_nodes=None, master_addr=None, master_port=29777, threads=None,
+def _launch_cmd(*overrides, nproc=2, port=29777):
+    """``datc-launch``'s command line on this CPU machine (the runs started with it pass a free port,
+    so two suites on one machine do not meet on 29777)."""
+    return build(Namespace(nproc=nproc, hostfile=None, num_nodes=None, master_addr=None, master_port=port, threads=None,
                            dry_run=False, overrides=list(overrides)), cpu_count=2, environ={}, cuda=False)
 
 
-def test_zero3_save_and_resume_equals_an_uninterrupted_run(cache_dir, tmp_path):
+def test_zero3_save_and_resume_equals_an_uninterrupted_run(prepared_cache, tmp_path):
+    cache_dir = prepared_cache  # the testbed prepared in this process: the ranks only read it
     overrides = ["debug=fast", "deepspeed=zero3", "credit=datc", "trainer.steps=4", "trainer.checkpoint_every=2",
                  f"cache_dir={cache_dir}", "trainer.keep_checkpoints=3"]
     full = tmp_path / "full"
-    launch = _launch_cmd(*overrides, f"run_dir={full}")
+    launch = _launch_cmd(*overrides, f"run_dir={full}", port=free_port())
     assert launch.argv[1:4] == ["-m", "deepspeed.launcher.runner", "--log_level"]
     proc = subprocess.run(launch.argv, env={**_env(cache_dir), **launch.env}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -144,15 +111,19 @@ def test_zero3_save_and_resume_equals_an_uninterrupted_run(cache_dir, tmp_path):
     # The same run, "killed" after its step-2 checkpoint: what it had written then, and no more.
     resumed = tmp_path / "resumed"  # "killed" after its step-2 checkpoint
     copy_as_killed(full, resumed, 2, 3)
-    launch = _launch_cmd(*overrides, f"run_dir={resumed}")
+    launch = _launch_cmd(*overrides, f"run_dir={resumed}", port=free_port())
     proc = subprocess.run(launch.argv, env={**_env(cache_dir), **launch.env}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert_same_metrics(full, resumed)
 
 
 def _warm_policy(cache_dir) -> str:
-    [path] = (Path(cache_dir) / "policy").glob("tiny_gpt2-keywords-*")
-    return str(path)
+    """The warm-started policy these runs start from (the cache may hold other draws too)."""
+    from datc.config import validate
+    from datc.data.prepare import ensure_assets
+    from tests.conftest import cfg_for
+
+    return ensure_assets(validate(cfg_for(cache_dir, "unused"))).policy_path
 
 
 def test_launch_command_lines():
@@ -196,7 +167,8 @@ def test_slurm_launcher_config_composes_one_task_per_gpu():
     assert launcher.max_num_timeout > 0  # a timed-out job is requeued and resumes from its checkpoint
 
 
-def test_a_sweep_runs_through_the_submitit_launcher(cache_dir, tmp_path):
+def test_a_sweep_runs_through_the_submitit_launcher(prepared_cache, tmp_path):
+    cache_dir = prepared_cache
     # The local executor of the same plugin as hydra/launcher=slurm: each sweep point a submitit job.
     proc = subprocess.run([sys.executable, "-m", "datc.train", "-m", "hydra/launcher=submitit_local", "seed=0,1",
                            "debug=fast", "trainer.steps=1", f"cache_dir={cache_dir}", f"hydra.sweep.dir={tmp_path}"],
@@ -246,7 +218,7 @@ def test_deepspeed_config_is_derived_from_the_trainer():
     (3, ["deepspeed=zero2"], "trainer.batch_size"),  # 8 prompts do not split over 3 ranks
     (2, ["deepspeed=zero2", "trainer.mini_batch_size=8", "trainer.batch_size=64", "trainer.micro_batch_size=8",
          "trainer.num_generations=4"], None),
-    (2, ["deepspeed=none"], "deepspeed"),
+    (2, ["deepspeed=none"], "backend: 2 processes were started but the plain backend"),
     (2, ["deepspeed=zero2", "trainer.micro_batch_size=16", "trainer.mini_batch_size=48", "trainer.batch_size=48"],
      "trainer.micro_batch_size"),
 ])
@@ -278,19 +250,17 @@ def test_an_engine_checkpoint_from_another_setup_is_refused_before_loading(tmp_p
     ckpt = tmp_path / "step_0000002"
     ckpt.mkdir()
     torch.save({"step": 2, "elapsed": 1.0}, ckpt / "state.pt")  # written without DeepSpeed
-    with pytest.raises(ConfigError, match="^deepspeed: .* without DeepSpeed"):
+    with pytest.raises(ConfigError, match="^backend: .* written by the plain backend; resume it with the backend that wrote it"):
         load_engine_checkpoint(ckpt, engine=None, rank=0, world_size=2)
     torch.save({"step": 2, "elapsed": 1.0, "deepspeed": True, "world_size": 2}, ckpt / "state.pt")
-    with pytest.raises(ConfigError, match="^deepspeed: .* 2 processes, this run has 1"):
+    with pytest.raises(ConfigError, match="^backend: .* 2 processes, this run has 1"):
         load_engine_checkpoint(ckpt, engine=None, rank=0, world_size=1)  # the engine is never touched
 
 
 def test_the_collectives_over_two_gloo_ranks(tmp_path):
     # Dist's reductions without DeepSpeed: sum, max (the vLLM gap's largest over ranks; a
     # maximum of negatives is the least negative, not 0), tensors, gathers of unequal sizes.
-    from datc.backends.distributed import _free_port
-
-    port = str(_free_port())
+    port = str(free_port())
     worker = str(ROOT / "tests" / "distributed" / "collectives_worker.py")
     procs = [subprocess.Popen([sys.executable, worker, str(r), port, str(tmp_path)], env=_env(tmp_path)) for r in (0, 1)]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]

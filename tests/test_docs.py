@@ -118,14 +118,14 @@ def test_the_metric_pattern_matcher():
 
 
 @pytest.fixture(scope="module")
-def step_and_eval_keys(tmp_path_factory):
+def step_and_eval_keys(cache_dir, tmp_path_factory):
     """The keys one real training step and one evaluation log (credit=datc, a reward rule, on the
     testbed with debug=fast): what a run actually writes, f-string keys included."""
     from datc.training.trainer import train
     from tests.conftest import cfg_for
 
     d = tmp_path_factory.mktemp("metrics_run")
-    cfg = cfg_for(d / "cache", d / "run", "credit=datc", "trainer.steps=1", "reward.rules=[{name: length, weight: 0.0}]")
+    cfg = cfg_for(cache_dir, d / "run", "credit=datc", "trainer.steps=1", "reward.rules=[{name: length, weight: 0.0}]")
     train(cfg)
     rows = [json.loads(x) for x in (d / "run" / "metrics.jsonl").read_text().splitlines()]
     return {k for r in rows for k in r if k != "step"}

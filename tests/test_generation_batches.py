@@ -34,8 +34,8 @@ def test_joined_rollouts_compute_what_their_parts_did(policy, tok):
 
 
 @pytest.mark.slow
-def test_a_step_samples_in_calls_of_generation_batch_size(tmp_path):
-    c = validate(cfg_for(tmp_path / "cache", tmp_path / "unused", "trainer.batch_size=16",
+def test_a_step_samples_in_calls_of_generation_batch_size(cache_dir, tmp_path):
+    c = validate(cfg_for(cache_dir, tmp_path / "unused", "trainer.batch_size=16",
                          "trainer.mini_batch_size=16", "trainer.micro_batch_size=16",
                          "trainer.generation_batch_size=8"))
     calls = []

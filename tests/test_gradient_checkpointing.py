@@ -1,9 +1,9 @@
 """``trainer.gradient_checkpointing``: the update's decoder blocks recompute their activations in
-the backward: the same gradients, fewer bytes kept for the backward, the policy left as it was."""
+the backward: the same gradients, fewer bytes kept for the backward, the policy left as it was.
+A training step with it equals the plain one: tests/test_performance_switches.py."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from datc.engines.rollout import sample_groups
@@ -50,25 +50,3 @@ def test_the_blocks_are_restored_and_a_cached_block_is_not_checkpointed(policy, 
     with checkpointed_layers(policy):
         lp, _ = p.token_logps(policy, ro, slice(0, 2), None)
     torch.testing.assert_close(lp, p.token_logps(policy, ro, slice(0, 2), None)[0])
-
-
-@pytest.mark.slow
-def test_a_training_step_with_checkpointing_equals_the_plain_one(tmp_path):
-    from datc.config import validate
-    from datc.step import train_step
-    from datc.training.session import build_session
-    from tests.conftest import cfg_for
-
-    out = {}
-    for on in ("false", "true"):
-        c = validate(cfg_for(tmp_path / "cache", tmp_path / "unused", "credit=datc", "trainer.warmup_steps=0",
-                             f"trainer.gradient_checkpointing={on}", "trainer.share_prompts=false"))
-        s = build_session(c)
-        assert s.plan.grad_checkpoint is (on == "true") and not s.plan.update_passes.share
-        torch.manual_seed(7)
-        out[on] = (train_step(s, 0).metrics, {n: q.detach().clone() for n, q in s.m.policy.named_parameters()})
-    (m0, p0), (m1, p1) = out["false"], out["true"]
-    assert {k: v for k, v in m0.items() if not k.startswith("perf/")} == {k: v for k, v in m1.items()
-                                                                          if not k.startswith("perf/")}
-    for n, q in p0.items():
-        assert torch.equal(p1[n], q), n

@@ -1,6 +1,7 @@
 """``trainer.lm_head_chunk``: the update's log-probs through the LM head a few positions at a time
 (each chunk checkpointed, no (rows, T, V) logits held) equal the whole-logits path: values,
-entropies and gradients, in float64 on hand-made tensors and on both testbed families."""
+entropies and gradients, in float64 on hand-made tensors and on both testbed families. A training
+step with it equals the whole-logits step: tests/test_performance_switches.py."""
 
 from __future__ import annotations
 
@@ -66,29 +67,3 @@ def test_the_plan_turns_the_chunk_off_where_the_update_cannot_apply_the_head(pol
     policy.config.model_type = "gemma2"  # soft-capped logits
     chunk, why = head_chunk_for(16, policy)
     assert chunk is None and "gemma2" in why
-
-
-@pytest.mark.slow
-def test_a_training_step_with_the_chunked_head_equals_the_whole_one(tmp_path):
-    from datc.config import validate
-    from datc.step import train_step
-    from datc.training.session import build_session
-    from tests.conftest import cfg_for
-
-    out = {}
-    for chunk in ("null", "3"):
-        c = validate(cfg_for(tmp_path / "cache", tmp_path / "unused", "credit=datc", "trainer.warmup_steps=0",
-                             f"trainer.lm_head_chunk={chunk}", "trainer.micro_batch_size=4"))
-        s = build_session(c)
-        assert s.plan.head_chunk == (None if chunk == "null" else 3)
-        torch.manual_seed(7)
-        # the gradient of the step's one update (Adam turns rounding on a near-zero gradient entry
-        # into a step of about lr, so the gradients are compared, not the updated parameters)
-        out[chunk] = (train_step(s, 0).metrics, {n: p.grad.clone() for n, p in s.m.policy.named_parameters()})
-    (m0, g0), (m1, g1) = out["null"], out["3"]
-    for k, v in m0.items():
-        if not k.startswith("perf/"):
-            assert m1[k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
-    assert m0["loss/grad_norm"] > 0
-    for n, g in g0.items():
-        torch.testing.assert_close(g1[n], g, rtol=1e-4, atol=1e-7)

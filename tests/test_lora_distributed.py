@@ -12,41 +12,26 @@ import pytest
 import torch
 
 from tests.conftest import assert_same_metrics, copy_as_killed
+from tests.distributed.same_batch import LORA, free_port
 from tests.test_distributed import (
-    COMMON,
-    LOSS_RTOL,
-    PARAM_ATOL,
     _env,
     _launch_cmd,
-    _worker,
-    cache_dir,  # noqa: F401  the module's prepared cache
+    assert_two_match_one,
 )
 
 pytestmark = pytest.mark.slow
 
-LORA = ["policy.lora.r=4"]
+
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_two_lora_processes_match_one_on_the_same_global_batch(same_batch_runs, stage):
+    one, two = same_batch_runs.one(f"lora-{stage}"), same_batch_runs.two(f"lora-{stage}")
+    assert [n for n in one["params"] if "lora_" in n]  # the adapters are compared
+    assert_two_match_one(one, two)
 
 
 @pytest.mark.parametrize("stage", ["zero2", "zero3"])
-def test_two_lora_processes_match_one_on_the_same_global_batch(cache_dir, tmp_path, stage):  # noqa: F811
-    port = 29900 + hash(("lora", stage)) % 90
-    overrides = [*COMMON, f"cache_dir={cache_dir}", "credit=datc", *LORA]
-    one = _worker(cache_dir, tmp_path / "one.pt", 1, [*overrides, f"trainer.share_prompts={str(stage != 'zero3').lower()}"],
-                  port)
-    two = _worker(cache_dir, tmp_path / "two.pt", 2, [*overrides, f"deepspeed={stage}"], port)
-    for a, b in zip(one["steps"], two["steps"], strict=True):
-        for k in a:
-            assert b[k] == pytest.approx(a[k], rel=LOSS_RTOL, abs=1e-7), (k, a, b)
-    assert one["params"].keys() == two["params"].keys()
-    adapters = [n for n in one["params"] if "lora_" in n]
-    assert adapters
-    for name, p in one["params"].items():
-        torch.testing.assert_close(two["params"][name], p, atol=PARAM_ATOL, rtol=0, msg=name)
-    assert any(one["steps"][i]["loss/grad_norm"] > 0 for i in range(len(one["steps"])))
-
-
-@pytest.mark.parametrize("stage", ["zero2", "zero3"])
-def test_a_lora_run_under_deepspeed_saves_adapters_and_resumes_as_uninterrupted(cache_dir, tmp_path, stage):  # noqa: F811
+def test_a_lora_run_under_deepspeed_saves_adapters_and_resumes_as_uninterrupted(prepared_cache, tmp_path, stage):
+    cache_dir = prepared_cache  # the testbed prepared in this process: the ranks only read it
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -56,7 +41,7 @@ def test_a_lora_run_under_deepspeed_saves_adapters_and_resumes_as_uninterrupted(
     overrides = ["debug=fast", f"deepspeed={stage}", "credit=datc", "trainer.steps=4", "trainer.checkpoint_every=2",
                  f"cache_dir={cache_dir}", "trainer.keep_checkpoints=3", *LORA]
     full = tmp_path / "full"
-    launch = _launch_cmd(*overrides, f"run_dir={full}")
+    launch = _launch_cmd(*overrides, f"run_dir={full}", port=free_port())
     proc = subprocess.run(launch.argv, env={**_env(cache_dir), **launch.env}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ckpt = full / "checkpoints" / "step_0000002"
@@ -82,7 +67,7 @@ def test_a_lora_run_under_deepspeed_saves_adapters_and_resumes_as_uninterrupted(
 
     resumed = tmp_path / "resumed"  # "killed" after its step-2 checkpoint
     copy_as_killed(full, resumed, 2, 3)
-    launch = _launch_cmd(*overrides, f"run_dir={resumed}")
+    launch = _launch_cmd(*overrides, f"run_dir={resumed}", port=free_port())
     proc = subprocess.run(launch.argv, env={**_env(cache_dir), **launch.env}, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert_same_metrics(full, resumed)

@@ -81,17 +81,17 @@ def test_mismatched_tokenizers_are_refused(tmp_path, tok):
 
 
 @pytest.mark.slow
-def test_wandb_offline_run_writes_locally(tmp_path, monkeypatch):
+def test_wandb_offline_run_writes_locally(cache_dir, tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc with a key
     run = tmp_path / "run"
-    train(cfg_for(tmp_path / "cache", run, "logger=wandb"))
+    train(cfg_for(cache_dir, run, "logger=wandb"))
     assert list((run / "wandb").glob("offline-run-*")), "no offline W&B run was written"
     assert (run / "summary.json").exists()
 
 
 @pytest.mark.slow
-def test_wandb_failure_mid_run_is_reported_once_and_training_goes_on(tmp_path, monkeypatch, capsys):
+def test_wandb_failure_mid_run_is_reported_once_and_training_goes_on(cache_dir, tmp_path, monkeypatch, capsys):
     import wandb
 
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -108,7 +108,7 @@ def test_wandb_failure_mid_run_is_reported_once_and_training_goes_on(tmp_path, m
 
     monkeypatch.setattr(wandb, "init", flaky_init)
     run = tmp_path / "run"
-    summary = train(cfg_for(tmp_path / "cache", run, "logger=wandb"))
+    summary = train(cfg_for(cache_dir, run, "logger=wandb"))
     err = capsys.readouterr().err
     assert err.count("W&B logging failed") == 1
     rows = [json.loads(x) for x in open(run / "metrics.jsonl")]
@@ -117,12 +117,9 @@ def test_wandb_failure_mid_run_is_reported_once_and_training_goes_on(tmp_path, m
 
 
 @pytest.mark.slow
-def test_multirun_sweep_writes_one_directory_per_job(tmp_path):
-    env = {**os.environ, "DATC_CACHE": str(tmp_path / "cache")}
-    r = subprocess.run([sys.executable, "-m", "datc.train", "-m", "debug=fast", "seed=0,1", "credit=grpo,datc",
-                        f"hydra.sweep.dir={tmp_path}/sweep"], capture_output=True, text=True, timeout=900, env=env)
-    assert r.returncode == 0, r.stderr[-2000:]
-    done = sorted(p.parent.name for p in (tmp_path / "sweep").glob("*/summary.json"))
+def test_multirun_sweep_writes_one_directory_per_job(finished_sweep):
+    # the session's sweep (tests/conftest.py): `datc-train -m seed=0,1 credit=grpo,datc`
+    done = sorted(p.parent.name for p in finished_sweep.dir.glob("*/summary.json"))
     # readable parts, then the config hash (datc.run.naming): one per job, as the jobs' configs differ
     assert [n.rsplit("-", 1)[0] for n in done] == ["keywords-tiny_gpt2-datc-s0", "keywords-tiny_gpt2-datc-s1",
                                                    "keywords-tiny_gpt2-grpo-s0", "keywords-tiny_gpt2-grpo-s1"]
@@ -162,7 +159,7 @@ def test_empty_or_malformed_data_files_are_clear_config_errors(tmp_path, content
 
 
 @pytest.mark.slow
-def test_wandb_unavailable_at_start_is_reported_once_and_training_goes_on(tmp_path, monkeypatch, capsys):
+def test_wandb_unavailable_at_start_is_reported_once_and_training_goes_on(cache_dir, tmp_path, monkeypatch, capsys):
     import wandb
 
     def refuse(*args, **kwargs):
@@ -170,7 +167,7 @@ def test_wandb_unavailable_at_start_is_reported_once_and_training_goes_on(tmp_pa
 
     monkeypatch.setattr(wandb, "init", refuse)
     run = tmp_path / "run"
-    train(cfg_for(tmp_path / "cache", run, "logger=wandb"))
+    train(cfg_for(cache_dir, run, "logger=wandb"))
     assert capsys.readouterr().err.count("W&B logging failed") == 1
     assert [json.loads(x)["step"] for x in open(run / "metrics.jsonl") if "loss/total" in x] == [1, 2, 3]
 

@@ -149,12 +149,10 @@ def test_max_nonfinite_frac_is_range_checked(tmp_path, value):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def nf_cache(tmp_path_factory):
-    """A cache prepared once (warm-started policy and reward model) for every run below."""
-    cache = tmp_path_factory.mktemp("nf_cache")
-    train(cfg_for(cache, tmp_path_factory.mktemp("nf_warm") / "run", "trainer.steps=1"))
-    return cache
+@pytest.fixture
+def nf_cache(prepared_cache):
+    """The session's cache, prepared once (warm-started policy and reward model), for every run below."""
+    return prepared_cache
 
 
 def _train_rows(run_dir):

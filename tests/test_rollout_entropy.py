@@ -16,9 +16,9 @@ from datc.training.session import build_session
 from tests.conftest import cfg_for
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("entropy_cache")
+@pytest.fixture
+def cache(cache_dir):
+    return cache_dir  # the session's (assets are keyed by their config)
 
 
 def _step(cache, tmp_path, *overrides):

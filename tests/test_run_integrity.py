@@ -62,22 +62,24 @@ def test_a_large_file_is_hashed_at_its_edges_and_its_time_counts(tmp_path, monke
 
 
 @pytest.fixture(scope="module")
-def own_cache(cache_dir, tmp_path_factory):
-    """A copy of the session's cache, so its files can be changed."""
-    from datc.training.trainer import train
-
-    train(cfg_for(cache_dir, tmp_path_factory.mktemp("warm") / "r", "trainer.steps=1"))  # fills cache_dir
+def own_cache(prepared_cache, tmp_path_factory):
+    """A copy of the session's prepared cache, so its files can be changed."""
     out = tmp_path_factory.mktemp("own") / "cache"
-    shutil.copytree(cache_dir, out)
+    shutil.copytree(prepared_cache, out)
     return out
 
 
-def _killed_after_step_2(cache, tmp_path):
-    """A 4-step run as a kill after its step-2 checkpoint leaves it."""
+def _killed_after_step_2(cache, tmp_path, finished_run=None):
+    """A 4-step run as a kill after its step-2 checkpoint leaves it: trained here, or a copy of
+    ``finished_run`` (the same command's finished run) with what the kill would not have written
+    removed."""
     from datc.training.trainer import train
 
     run = tmp_path / "run"
-    train(cfg_for(cache, run, *OVERRIDES))
+    if finished_run is None:
+        train(cfg_for(cache, run, *OVERRIDES))
+    else:
+        shutil.copytree(finished_run, run)
     for p in ("summary.json", "final", "checkpoints/step_0000004"):
         shutil.rmtree(run / p) if (run / p).is_dir() else (run / p).unlink()
     return run
@@ -143,7 +145,7 @@ def test_a_resume_with_unchanged_inputs_equals_an_uninterrupted_run(own_cache, t
     cache = tmp_path / "cache"
     shutil.copytree(own_cache, cache)
     full = train(cfg_for(cache, tmp_path / "full", *OVERRIDES))
-    run = _killed_after_step_2(cache, tmp_path)
+    run = _killed_after_step_2(cache, tmp_path, tmp_path / "full")
     for p in Path(cache).rglob("*"):  # every file touched (as a copy or `cp -r` of the cache would)
         if p.is_file():
             os.utime(p)
@@ -220,12 +222,13 @@ def test_garbage_in_a_finished_runs_metrics_is_said(own_cache, finished, tmp_pat
 
 
 @pytest.mark.slow
-def test_a_resumed_run_says_from_which_step_and_logs_each_step_without_a_bar(own_cache, tmp_path, capfd, caplog):
+def test_a_resumed_run_says_from_which_step_and_logs_each_step_without_a_bar(own_cache, finished, tmp_path, capfd,
+                                                                            caplog):
     import logging
 
     from datc.training.trainer import train
 
-    run = _killed_after_step_2(own_cache, tmp_path)
+    run = _killed_after_step_2(own_cache, tmp_path, finished[0])
     capfd.readouterr()
     with caplog.at_level(logging.INFO, logger="datc.training.trainer"):
         train(cfg_for(own_cache, run, *OVERRIDES))  # debug=fast: trainer.progress=false

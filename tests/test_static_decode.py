@@ -3,7 +3,8 @@ datc.engines.rollout.sample_tokens, on both testbed families: the same sampled i
 stream and the same logits to float rounding, with kept logits, min_new_tokens, top-p,
 temperature, shared prompts and EOS early stop; the run loop's bookkeeping when the step is
 replayed (a CPU stand-in for the CUDA graph: the same Python step, called again); and where it
-falls back to the dynamic loop."""
+falls back to the dynamic loop. A training step decoding statically gives the dynamic step's
+metrics: tests/test_performance_switches.py."""
 
 from __future__ import annotations
 
@@ -209,38 +210,6 @@ def test_models_it_cannot_take_decode_dynamically_after_one_log_line(policy, tok
     del policy._can_compile_fullgraph
     next(policy.parameters()).ds_id = 0  # a ZeRO-3 partitioned parameter
     assert "partitioned" in static_reason(policy)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("credit", ["grpo", "datc"])
-def test_a_training_step_decoding_statically_gives_the_dynamic_steps_metrics(cache_dir, tmp_path, credit):
-    """trainer.decode=static through the session's plan and sampler seam: checking every step
-    (decode_sync_every=1), the static step draws the dynamic loop's random numbers, so the
-    step samples the same responses. GRPO reads nothing else of the sampler: the same metrics
-    bit for bit; DATC's credit reads the sampler's kept logits: to float rounding."""
-    from datc.config import validate
-    from datc.step import train_step
-    from datc.training.session import build_session
-    from tests.conftest import cfg_for
-
-    metrics, plans = {}, {}
-    for decode in ("dynamic", "static"):
-        c = validate(cfg_for(cache_dir, tmp_path / decode, f"credit={credit}", f"trainer.decode={decode}",
-                             "trainer.decode_sync_every=1"))
-        s = build_session(c)
-        plans[decode] = s.plan.describe()["decode"]
-        torch.manual_seed(0)
-        metrics[decode] = [train_step(s, it).metrics for it in range(2)]
-    assert plans == {"dynamic": "dynamic", "static": "static"}
-    for a, b in zip(*metrics.values(), strict=True):
-        keys = sorted(k for k in a if not k.startswith("perf/"))
-        assert keys == sorted(k for k in b if not k.startswith("perf/")) and "rollout/response_len" in keys
-        if credit == "grpo":
-            assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
-        else:
-            assert a["rollout/response_len"] == b["rollout/response_len"]
-            for k in keys:
-                assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6, nan_ok=True), k
 
 
 def test_a_sliding_window_model_decodes_dynamically_after_one_log_line(tok, caplog, monkeypatch):

@@ -7,12 +7,12 @@ import math
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 import torch
 
-from datc.config import ConfigError
+from datc.config import ConfigError, validate
+from datc.data.prepare import ensure_assets
 from datc.models.build import load_pretrained
 from datc.run.checkpoint import latest_checkpoint, load_checkpoint
 from datc.training.trainer import train
@@ -26,9 +26,11 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("policy", ["tiny_gpt2", "tiny_llama"])
 def test_training_changes_every_parameter_and_writes_its_files(cache_dir, tmp_path, policy):
     run_dir = tmp_path / "run"
-    summary = train(cfg_for(cache_dir, run_dir, f"policy={policy}", "credit=datc"))
-    # Every trainable parameter moved away from the warm start.
-    warm = load_pretrained("causal_lm", summary_policy_path(cache_dir, policy), "policy.path")
+    cfg = cfg_for(cache_dir, run_dir, f"policy={policy}", "credit=datc")
+    summary = train(cfg)
+    # Every trainable parameter moved away from the warm start (the run's own: the session's cache
+    # holds other configs' draws too).
+    warm = load_pretrained("causal_lm", ensure_assets(validate(cfg)).policy_path, "policy.path")
     final = load_checkpoint(latest_checkpoint(run_dir))["policy"]
     unchanged = [n for n, p in warm.named_parameters() if p.requires_grad and torch.equal(p, final[n])]
     assert not unchanged, f"parameters that did not change: {unchanged}"
@@ -41,12 +43,6 @@ def test_training_changes_every_parameter_and_writes_its_files(cache_dir, tmp_pa
     assert all(k.split("/")[0] in {"reward", "rollout", "loss", "credit", "perf", "eval", "step"} for r in rows for k in r)
 
 
-def summary_policy_path(cache_dir, policy):
-    (path,) = [p for p in (os.path.join(cache_dir, "policy", d) for d in os.listdir(os.path.join(cache_dir, "policy")))
-               if os.path.basename(p).startswith(policy)]
-    return path
-
-
 def test_same_command_gives_same_metrics(tmp_path):
     # The first run fills an empty cache (the prepare step draws random numbers), the second
     # finds it full: the runs must still be identical.
@@ -57,9 +53,9 @@ def test_same_command_gives_same_metrics(tmp_path):
 
 
 def test_killed_run_resumes_to_the_same_metrics(cache_dir, tmp_path):
-    # 12 training prompts, 2 per step: the prompt data's epoch ends every 6 steps, so the resumed
-    # part crosses an epoch boundary.
-    overrides = ["trainer.steps=12", "trainer.checkpoint_every=2", "trainer.eval_every=4", "data.train_size=12"]
+    # 6 training prompts, 2 per step: the prompt data's epoch ends every 3 steps, so the resumed
+    # part (steps 3 to 6) crosses an epoch boundary; an eval (step 4) falls between checkpoints.
+    overrides = ["trainer.steps=6", "trainer.checkpoint_every=2", "trainer.eval_every=4", "data.train_size=6"]
     train(cfg_for(cache_dir, tmp_path / "full", *overrides))
 
     killed = tmp_path / "killed"
@@ -68,7 +64,7 @@ def test_killed_run_resumes_to_the_same_metrics(cache_dir, tmp_path):
     train(cfg_for(cache_dir, killed, *overrides))  # trainer.resume=auto is the default
     assert comparable(metric_rows(killed)) == comparable(metric_rows(tmp_path / "full"))
     steps = [r["step"] for r in metric_rows(killed) if "loss/total" in r]
-    assert steps == list(range(1, 13))  # no step redone or skipped
+    assert steps == list(range(1, 7))  # no step redone or skipped
 
 
 def test_a_directory_holding_another_run_is_refused(cache_dir, tmp_path):
@@ -120,10 +116,10 @@ def test_a_half_written_checkpoint_is_never_loaded(tmp_path):
     assert not list((tmp_path / "checkpoints").glob(".step_*.tmp"))
 
 
-def test_an_interrupted_sweep_reruns_only_what_is_missing(cache_dir, tmp_path):
-    env = {**os.environ, "DATC_CACHE": str(cache_dir)}
-    cmd = [sys.executable, "-m", "datc.train", "-m", "debug=fast", "seed=0,1", f"hydra.sweep.dir={tmp_path}/sweep"]
-    assert subprocess.run(cmd, capture_output=True, timeout=900, env=env).returncode == 0
+def test_an_interrupted_sweep_reruns_only_what_is_missing(finished_sweep, tmp_path):
+    # a copy of the session's finished sweep (tests/conftest.py), its command run again on the copy
+    shutil.copytree(finished_sweep.dir, tmp_path / "sweep")
+    cmd, env = [*finished_sweep.cmd, f"hydra.sweep.dir={tmp_path}/sweep"], finished_sweep.env
     [done] = (tmp_path / "sweep").glob("keywords-tiny_gpt2-grpo-s0-*")
     [lost] = (tmp_path / "sweep").glob("keywords-tiny_gpt2-grpo-s1-*")
     kept_mtime = (done / "metrics.jsonl").stat().st_mtime_ns

@@ -1,8 +1,8 @@
 """The reference and the reward model's shared trunk (:mod:`datc.forward.trunk`): found only where the
 two models are equal block for block; one reference pass gives the reference's log-probs and,
 through the reward model's own top blocks, its scores and input gradients, equal to the plain
-passes' to rounding, without running the reward model's lower blocks; and a training step with
-it matches one without."""
+passes' to rounding, without running the reward model's lower blocks; a training step with it
+matches one without (tests/test_performance_switches.py, with and without LoRA)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_the_top_blocks_are_restored_after_an_error(tok):
     assert rm.base_model.layers is layers and [blk.self_attn.layer_idx for blk in layers] == idx
 
 
-def test_the_trunk_is_off_without_shared_prompts_or_a_reference(tmp_path):
+def test_the_trunk_is_off_without_shared_prompts_or_a_reference(cache_dir):
     """The trunk runs in the reference's shared-prompt layout and needs the reference's pass:
     plain prompt forwards (``trainer.share_prompts: false``) or no KL term turn it off."""
     from datc.config import validate
@@ -88,7 +88,7 @@ def test_the_trunk_is_off_without_shared_prompts_or_a_reference(tmp_path):
     depth = {}
     for name, extra in (("on", []), ("no shared prompts", ["trainer.share_prompts=false"]),
                         ("no reference", ["trainer.beta=0.0"])):
-        s = build_session(validate(cfg_for(tmp_path / "cache", tmp_path / "run", *base, *extra)))
+        s = build_session(validate(cfg_for(cache_dir, "unused", *base, *extra)))
         depth[name] = s.plan.trunk
     assert depth == {"on": 1, "no shared prompts": 0, "no reference": 0}
 
@@ -128,24 +128,3 @@ def test_one_reference_pass_gives_the_plain_log_probs_scores_and_gradients(tok, 
     torch.testing.assert_close(part.grad[rows], plain.grad[rows], rtol=1e-4, atol=1e-5)
     assert part.grad[~rows].eq(0).all()
     torch.testing.assert_close(part.scores, plain.scores, rtol=1e-5, atol=1e-5)
-
-
-def test_a_training_step_with_the_shared_trunk_matches_one_without(tmp_path):
-    from datc.config import validate
-    from datc.step import train_step
-    from datc.training.session import build_session
-    from tests.conftest import cfg_for
-
-    overrides = ["policy=tiny_llama", "+reward.init=policy", "+reward.train.trainable_layers=1", "trainer.beta=0.04",
-                 "credit=datc", "trainer.eval_every=100"]
-    metrics, depth = [], []
-    for share in (True, False):
-        s = build_session(validate(cfg_for(tmp_path / "cache", tmp_path / f"run{share}", *overrides,
-                                           f"trainer.share_trunk={share}")))
-        depth.append(s.plan.trunk)
-        torch.manual_seed(0)  # the same samples
-        metrics.append(train_step(s, 0).metrics)
-    assert depth == [1, 0]  # tiny_llama: 2 blocks, the top one trained
-    for k in ("reward/rm_score", "reward/advantage_abs", "loss/kl", "loss/total", "loss/grad_norm"):
-        assert k in metrics[0], k
-        assert metrics[0][k] == pytest.approx(metrics[1][k], rel=1e-4, abs=1e-6), k

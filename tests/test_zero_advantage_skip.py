@@ -29,9 +29,9 @@ TIED, NAN_ROW, SAME = slice(0, 4), 4, slice(8, 12)
 ZERO_ADV = 4 + 1 + 4  # responses with A = 0 in that batch
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("skip_cache")
+@pytest.fixture
+def cache(cache_dir):
+    return cache_dir  # the session's (assets are keyed by their config)
 
 
 @pytest.fixture

@@ -25,8 +25,8 @@ def _one_step(cache_dir, tmp_path, *overrides):
     return metrics, params, grads
 
 
-def test_lambda_zero_equals_grpo_bit_for_bit(tmp_path):
-    cache = tmp_path / "cache"
+def test_lambda_zero_equals_grpo_bit_for_bit(cache_dir, tmp_path):
+    cache = cache_dir  # the session's (assets are keyed by their config)
     m_grpo, p_grpo, g_grpo = _one_step(cache, tmp_path, "credit=grpo")
     m_datc, p_datc, g_datc = _one_step(cache, tmp_path, "credit=datc", "credit.lam=0")
     assert m_datc["credit/weight_std"] == 0.0 and m_datc["credit/weight_mean"] == 1.0

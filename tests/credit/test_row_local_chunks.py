@@ -49,8 +49,8 @@ def test_the_datc_family_is_row_local():
 
 
 @pytest.mark.parametrize("name", [n for n in CHUNKED if n != "datc_shuffled"])  # shuffled: other draws per chunk
-def test_chunked_credit_equals_the_whole_batch(tmp_path, name):
-    cache = tmp_path / "cache"
+def test_chunked_credit_equals_the_whole_batch(cache_dir, tmp_path, name):
+    cache = cache_dir  # the session's (assets are keyed by their config)
     m_whole, p_whole = _one_step(cache, tmp_path, name, False)
     m_chunk, p_chunk = _one_step(cache, tmp_path, name, True)
     assert m_whole["credit/weight_std"] > 0  # non-uniform credit: the comparison can fail

@@ -57,11 +57,11 @@ def test_target_that_is_not_a_scheme_is_a_clear_error(user_dir):
 
 
 @pytest.mark.slow
-def test_user_scheme_trains_from_the_command_line(user_dir, tmp_path):
+def test_user_scheme_trains_from_the_command_line(user_dir, prepared_cache, tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{user_dir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     run = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "datc.train", f"hydra.searchpath=[file://{user_dir}/my_configs]",
-                        "credit=entropy_weighted", "debug=fast", f"cache_dir={tmp_path}/cache", f"run_dir={run}"],
+                        "credit=entropy_weighted", "debug=fast", f"cache_dir={prepared_cache}", f"run_dir={run}"],
                        capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(x) for x in open(run / "metrics.jsonl")]

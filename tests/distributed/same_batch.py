@@ -1,0 +1,109 @@
+"""The same-global-batch comparisons of tests/test_distributed.py and tests/test_lora_distributed.py,
+run once per test session: every 2-process DeepSpeed configuration in one ``torchrun`` launch (one
+process group, the interpreters and DeepSpeed started once, not once per case), every one-process
+plain reference in this process. A case is (stage, credit, dtype, extra overrides); the reference
+is the same configuration without DeepSpeed, told to match ZeRO-3's whole-prompt forwards
+(``trainer.share_prompts=false``) where the two-process run is ZeRO-3."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = ROOT / "tests" / "distributed" / "same_batch_worker.py"
+
+COMMON = ["debug=fast", "trainer.steps=3", "trainer.batch_size=16", "trainer.mini_batch_size=16",
+          "trainer.micro_batch_size=4", "trainer.num_generations=4"]
+LORA = ["policy.lora.r=4"]
+
+# name -> (stage, credit, dtype, extra overrides of both runs, extra overrides of the 2-process run only)
+CASES: dict[str, tuple[str, str, str, list[str], list[str]]] = {
+    # the full policy (tests/test_distributed.py); bf16: torch autocast, fp32 master weights
+    "zero2-grpo-float32": ("zero2", "grpo", "float32", [], []),
+    "zero2-datc-float32": ("zero2", "datc", "float32", [], []),
+    "zero3-grpo-float32": ("zero3", "grpo", "float32", [], []),
+    "zero3-datc-float32": ("zero3", "datc", "float32", [], []),
+    "zero3-datc-bfloat16": ("zero3", "datc", "bfloat16", [], []),
+    "zero2-entropy_top-float32": ("zero2", "entropy_top", "float32", [], []),  # "global" = the global batch
+    "zero2-delta-float32": ("zero2", "delta", "float32", [], []),
+    # ZeRO-3 sampling with ZeRO's per-module gathers (synced_gpus) instead of the parameters
+    # gathered once per call (what `auto` does on CPU: the zero3-*-float32 runs above)
+    "zero3-grpo-synced": ("zero3", "grpo", "float32", [], ["deepspeed.gather_for_generation=synced"]),
+    "zero3-datc-synced": ("zero3", "datc", "float32", [], ["deepspeed.gather_for_generation=synced"]),
+    # LoRA policies (tests/test_lora_distributed.py)
+    "lora-zero2": ("zero2", "datc", "float32", LORA, []),
+    "lora-zero3": ("zero3", "datc", "float32", LORA, []),
+}
+TWO_ONLY = {"zero3-grpo-synced", "zero3-datc-synced"}  # compared with another 2-process run, not with one process
+
+
+def overrides(name: str, cache_dir, nproc: int) -> list[str]:
+    stage, credit, dtype, both, two_only = CASES[name]
+    base = [*COMMON, f"cache_dir={cache_dir}", f"credit={credit}", f"policy.dtype={dtype}", *both]
+    if nproc == 1:  # ZeRO-3 with two ranks forwards whole prompts (every rank must make the same calls)
+        return [*base, f"trainer.share_prompts={str(stage != 'zero3').lower()}"]
+    return [*base, f"deepspeed={stage}", *two_only]
+
+
+def env(cache_dir) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "DATC_CACHE": str(cache_dir), "PYTHONPATH": str(ROOT)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_process(cache_dir) -> dict[str, dict]:
+    """Every case's one-process plain reference, run in this process, one after the other."""
+    from tests.distributed.same_batch_worker import run_all
+
+    threads = torch.get_num_threads()
+    try:
+        return run_all({n: overrides(n, cache_dir, 1) for n in CASES if n not in TWO_ONLY})
+    finally:
+        torch.set_num_threads(threads)
+
+
+def two_processes(cache_dir, out_dir: Path) -> dict[str, dict]:
+    """Every case's 2-process DeepSpeed run, all in one ``torchrun`` launch."""
+    spec, out = out_dir / "spec.json", out_dir / "two.pt"
+    spec.write_text(json.dumps({n: overrides(n, cache_dir, 2) for n in CASES}))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+           str(WORKER), str(out), str(spec)]
+    proc = subprocess.run(cmd, env=env(cache_dir), capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return torch.load(out)
+
+
+class SameBatchRuns:
+    """The cases' results, each side computed on first use and kept for the session (a failure
+    too: the tests after the first one that asked report it again, without rerunning)."""
+
+    def __init__(self, cache_dir, out_dir: Path) -> None:
+        self.cache_dir, self.out_dir = cache_dir, out_dir
+        self._done: dict[str, dict[str, dict] | BaseException] = {}
+
+    def _side(self, side: str) -> dict[str, dict]:
+        if side not in self._done:
+            try:
+                self._done[side] = one_process(self.cache_dir) if side == "one" else two_processes(self.cache_dir, self.out_dir)
+            except Exception as e:  # noqa: BLE001  kept and raised again for every case
+                self._done[side] = e
+        if isinstance(self._done[side], BaseException):
+            raise self._done[side]
+        return self._done[side]
+
+    def one(self, name: str) -> dict:
+        return self._side("one")[name]
+
+    def two(self, name: str) -> dict:
+        return self._side("two")[name]
