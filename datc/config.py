@@ -285,8 +285,7 @@ def to_schema(cfg: DictConfig | dict) -> TrainConfig:
     OmegaConf.set_struct(raw, False)
     raw.pop("hydra", None)
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), raw)
-        return OmegaConf.to_object(merged)
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), raw))
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "config"
         msg = str(e).splitlines()[0]
@@ -294,6 +293,7 @@ def to_schema(cfg: DictConfig | dict) -> TrainConfig:
             parent = key.rsplit(".", 1)[0] if "." in key else ""
             valid = valid_keys(parent)
             msg += f"; valid keys{' of ' + parent if parent else ''}: {', '.join(valid)}"
+        msg = f"a list, not one value: write {key}=[{getattr(e, 'value', '...')}]" if "is not a ListConfig" in msg else msg
         raise ConfigError(f"{key}: {msg}") from None
 
 

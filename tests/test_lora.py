@@ -267,3 +267,19 @@ def test_the_memory_plan_counts_the_adapters_and_drops_the_reference():
     assert one["items"]["policy_weights"] == 2 * phi + 4 * phi_a  # bf16 base + fp32 adapters
     assert one["items"]["optimizer"] == 12 * phi_a and one["items"]["grads"] == 4 * phi_a
     assert one["total"] < full["total"] - 20 * GIB
+
+
+def test_a_string_for_target_modules_says_to_write_a_list_and_alpha_at_its_default_is_the_same_run():
+    from hydra import compose, initialize_config_dir
+
+    from datc.config import ConfigError, validate
+    from datc.paths import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        with pytest.raises(ConfigError, match=r"^policy.lora.target_modules: a list, not one value: write "
+                                              r"policy.lora.target_modules=\[c_attn\]$"):
+            validate(compose(config_name="train", overrides=["policy.lora.r=8", "policy.lora.target_modules=c_attn"]))
+        names = {o: compose(config_name="train", overrides=["policy.lora.r=8", *o]).run_name
+                 for o in ((), ("policy.lora.alpha=16",), ("policy.lora.alpha=8",))}
+    assert names[()] == names[("policy.lora.alpha=16",)] != names[("policy.lora.alpha=8",)]  # 16 = 2 r: the default
+

@@ -82,6 +82,9 @@ def identity(cfg: dict[str, Any]) -> dict[str, Any]:
     if isinstance(ident.get("policy"), dict) and not (ident["policy"].get("lora") or {}).get("r"):
         # LoRA off (policy.lora.r: 0): a full-policy run keeps the identity it had before the option
         ident["policy"] = {k: v for k, v in ident["policy"].items() if k != "lora"}
+    elif isinstance(ident.get("policy"), dict) and (lora := ident["policy"].get("lora")).get("alpha") == 2 * lora["r"]:
+        # alpha written out at its default (2 r) is the same run as alpha: null
+        ident["policy"] = {**ident["policy"], "lora": {**lora, "alpha": None}}
     return ident
 
 
