@@ -259,13 +259,10 @@ def _cuda_memory() -> dict[str, float]:
 def plan_memory(family: str, overrides: list[str], stage: str, counts: dict[str, int], policy_bytes: int = 4) -> dict[str, Any]:
     """The memory plan's estimate (datc-memory-plan) for this case's shape on one GPU (``counts``: the
     parameters of the models built, equal to ``memory_plan.param_count`` of their arch blocks);
-    ``none``: plain PyTorch; ``fsdp2``: the ZeRO-3 row (parameters, gradients and optimizer state
-    sharded, the chunked head and checkpointing off; the frozen models are counted as ZeRO-3's, sharded,
-    where FSDP2 replicates them: on one GPU the same). ``policy_bytes``: the trained policy's bytes per
-    parameter (4, fp32)."""
+    ``none``: plain PyTorch. ``policy_bytes``: the trained policy's bytes per parameter (4, fp32)."""
     from datc.backends import memory_plan as mp_
     c = mp_.compose(FAMILIES[family][0], overrides)
-    st = None if stage == "none" else 3 if stage in ("zero3", "fsdp2") else 2
+    st = None if stage == "none" else 3 if stage == "zero3" else 2
     if c.trainer.micro_batch_size == "auto":  # as the session resolves it (datc.backends.micro_batch)
         import torch
 
