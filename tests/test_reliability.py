@@ -439,7 +439,7 @@ def test_a_read_only_run_directory(finished, tmp_path):
     ("policy=tiny-gpt2", "datc-train: policy=tiny-gpt2: no such option in policy/; choose one of "),
     ("trainer.step=10", "datc-train: trainer.step: not a config key; did you mean `trainer.steps`? Valid keys of trainer: "
      "accept_changed_inputs, adam_betas, "),
-    ("crdit=datc", "datc-train: crdit: not a config key; did you mean `credit`? Valid keys: cache_dir, credit, "),
+    ("crdit=datc", "datc-train: crdit: not a config key; did you mean `credit`? Valid keys: backend, cache_dir, credit, "),
     ("experment=demo", "datc-train: experment: not a config key; did you mean `experiment`? "),  # a group, not a key
     ("trainer.zzz=1", "datc-train: trainer.zzz: not a config key; valid keys of trainer: "),  # nothing close: no guess
 ])

@@ -152,7 +152,7 @@ def assign_credit(s, it: int, ro: Rollout, rw: Rewarded, plan: StepPlan) -> Cred
     if len(keep) < B:  # the left-out rows' old log-probs and entropies (off-policy)
         rest["old_logps"] = rest["entropy"] = None
         if not plan.on_policy:
-            rest = on_rows((~rw.credited).nonzero().squeeze(-1), B, lambda rows: _left_out_pass(s, ro, plan, rows), rest)
+            rest |= on_rows((~rw.credited).nonzero().squeeze(-1), B, lambda rows: _left_out_pass(s, ro, plan, rows), rest)
     out = on_rows(keep, B, lambda rows: _computed(s, it, ro, rw, plan, rows), rest)
     if len(keep) < B and plan.on_policy:
         out["old_logps"] = out["entropy"] = None

@@ -140,7 +140,13 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
     if dist.is_main:
         summary = finish(c, run, s.assets, elapsed)
         logger.finish(dict(summary["eval"]["final"]))
-    return dist.broadcast(summary)
+    summary = dist.broadcast(summary)
+    # The ranks meet before they leave the process group, so none tears its side down while another
+    # is still in its last collective (a rank of a resumed FSDP2 run aborted now and then with
+    # "terminate called without an active exception"). Only here, on the way out of a whole run:
+    # after a lost rank, a barrier could wait for the collective timeout.
+    dist.barrier()
+    return summary
 
 
 def _merged_nonfinite(dist: Dist, report: NonFiniteReport) -> NonFiniteReport:
