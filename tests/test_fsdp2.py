@@ -7,6 +7,7 @@ keep one backend per run, said before any model loads."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from argparse import Namespace
@@ -17,9 +18,10 @@ import torch
 
 from datc.backends.launch import build
 from tests.conftest import assert_same_metrics, copy_as_killed
+from tests.distributed.same_batch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKER = ROOT / "tests" / "distributed" / "cases_worker.py"
+WORKER = ROOT / "tests" / "distributed" / "same_batch_worker.py"
 COMMON = ["debug=fast", "trainer.steps=3", "trainer.batch_size=16", "trainer.mini_batch_size=16",
           "trainer.micro_batch_size=4", "trainer.num_generations=4"]
 # The two processes reduce sums (losses, gradients) in another order than one: fp32 rounding. The
@@ -44,16 +46,16 @@ def _env(cache_dir) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "DATC_CACHE": str(cache_dir), "PYTHONPATH": str(ROOT)}
 
 
-def _run_cases(cache_dir, out: Path, nproc: int, cases: list[list[str]], port: int) -> list[dict]:
-    argv = []
-    for i, overrides in enumerate(cases):
-        argv += ([] if i == 0 else ["::"]) + [*COMMON, f"cache_dir={cache_dir}", *overrides]
+def _run_cases(cache_dir, out: Path, nproc: int, cases: dict[str, list[str]], port: int) -> dict[str, dict]:
+    """Every case in one interpreter (``tests/distributed/same_batch_worker.py``, as the DeepSpeed cases)."""
+    spec = out.with_suffix(".json")
+    spec.write_text(json.dumps({n: [*COMMON, f"cache_dir={cache_dir}", *o] for n, o in cases.items()}))
     head = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                                                   f"--master_port={port}"]
-    proc = subprocess.run([*head, str(WORKER), str(out), *argv], env=_env(cache_dir), capture_output=True, text=True,
+    proc = subprocess.run([*head, str(WORKER), str(out), str(spec)], env=_env(cache_dir), capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return [torch.load(f"{out}_{i}.pt") for i in range(len(cases))]
+    return torch.load(out)
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +64,9 @@ def runs(cache_dir, tmp_path_factory):
     collective, so they forward whole prompts, and the one process is told to match) and on two
     FSDP2 processes, one interpreter per side."""
     tmp = tmp_path_factory.mktemp("fsdp2")
-    names = list(CASES)
-    one = _run_cases(cache_dir, tmp / "one", 1, [[*CASES[n], "trainer.share_prompts=false"] for n in names], 0)
-    two = _run_cases(cache_dir, tmp / "two", 2, [[*CASES[n], "backend=fsdp2"] for n in names], 29640)
-    return {n: (a, b) for n, a, b in zip(names, one, two, strict=True)}
+    one = _run_cases(cache_dir, tmp / "one.pt", 1, {n: [*o, "trainer.share_prompts=false"] for n, o in CASES.items()}, 0)
+    two = _run_cases(cache_dir, tmp / "two.pt", 2, {n: [*o, "backend=fsdp2"] for n, o in CASES.items()}, free_port())
+    return {n: (one[n], two[n]) for n in CASES}
 
 
 @pytest.mark.slow
