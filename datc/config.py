@@ -155,6 +155,7 @@ class LoggerConfig:
     tags: list[str] = field(default_factory=list)
     mode: str = "auto"
     log_samples: int = 8
+    init_timeout_s: float = 30.0
 
 
 @dataclass

@@ -91,6 +91,33 @@ def test_wandb_offline_run_writes_locally(cache_dir, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+def test_an_unreachable_wandb_server_is_one_line_and_the_run_logs_offline(cache_dir, tmp_path, monkeypatch, capsys):
+    # A key, mode=online, and a server address nothing listens on (the real wandb.init: it
+    # retries until init_timeout, then raises CommError): the run goes on offline under its own
+    # run id, so `wandb sync` uploads it later; the start waits about the timeout, not W&B's 90 s.
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: connections are refused
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+    run = tmp_path / "run"
+    start = time.monotonic()
+    train(cfg_for(cache_dir, run, "logger=wandb", "logger.mode=online", "logger.init_timeout_s=1"))
+    took = time.monotonic() - start
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("W&B")]
+    assert len(lines) == 1 and "the server did not answer within 1 s" in lines[0] and "logging offline" in lines[0], err[-2000:]
+    assert "W&B logging failed" not in err
+    run_id = json.loads((run / "run.json").read_text())["wandb_id"]
+    assert list((run / "wandb").glob(f"offline-run-*-{run_id}")), sorted(p.name for p in (run / "wandb").iterdir())
+    assert [json.loads(x)["step"] for x in open(run / "metrics.jsonl") if "loss/total" in x] == [1, 2, 3]
+    assert took < 80, took  # W&B's default init_timeout alone is 90 s
+
+
+@pytest.mark.slow
 def test_wandb_failure_mid_run_is_reported_once_and_training_goes_on(cache_dir, tmp_path, monkeypatch, capsys):
     import wandb
 

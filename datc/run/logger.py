@@ -40,6 +40,10 @@ def _has_wandb_key() -> bool:
     return netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore")
 
 
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or ["no detail"])[0][:200]
+
+
 class RunLogger:
     def __init__(self, run_dir: Path, metrics_file: Path, cfg: LoggerConfig, run_name: str, run_id: str, config: dict[str, Any]) -> None:
         """``run_id``: W&B's id for this run directory (``RunDir.wandb_id``), so a resumed run
@@ -51,17 +55,31 @@ class RunLogger:
             self._start_wandb(run_dir, cfg, run_name, run_id, config)
 
     def _start_wandb(self, run_dir: Path, cfg: LoggerConfig, run_name: str, run_id: str, config: dict[str, Any]) -> None:
+        """Online, offline or disabled as ``cfg.mode`` says. An online start that cannot reach the
+        server within ``cfg.init_timeout_s`` (W&B retries until then) goes on offline under the
+        same run id, one line saying so, so ``wandb sync`` uploads it later into the same run."""
         mode = cfg.mode if cfg.mode != "auto" else ("online" if _has_wandb_key() else "offline")
         try:
             import wandb
 
-            self._wandb = wandb.init(
-                project=cfg.project, entity=cfg.entity, group=cfg.group, job_type=job_type(config),
-                tags=[*cfg.tags, *run_tags(config)], name=run_name, id=run_id, resume="allow", dir=str(run_dir),
-                config=config, mode=mode,
-            )
+            def start(mode: str):
+                return wandb.init(
+                    project=cfg.project, entity=cfg.entity, group=cfg.group, job_type=job_type(config),
+                    tags=[*cfg.tags, *run_tags(config)], name=run_name, id=run_id, resume="allow", dir=str(run_dir),
+                    config=config, mode=mode, settings=wandb.Settings(init_timeout=float(cfg.init_timeout_s)),
+                )
+
+            why = "no API key"
+            try:
+                self._wandb = start(mode)
+            except Exception as e:  # noqa: BLE001  wandb.errors.CommError and what the network raises
+                if mode != "online":
+                    raise
+                why = f"the server did not answer within {cfg.init_timeout_s:g} s ({type(e).__name__}: {_first_line(e)})"
+                wandb.teardown()  # the failed start keeps the run id "in use" in this process
+                self._wandb, mode = start("offline"), "offline"
             if mode == "offline":
-                print(f"W&B: no API key, logging offline to {self._wandb.dir}; upload with `wandb sync {Path(self._wandb.dir).parent}`",
+                print(f"W&B: {why}, logging offline to {self._wandb.dir}; upload with `wandb sync {Path(self._wandb.dir).parent}`",
                       file=sys.stderr)
         except Exception as e:  # a logging backend must not take the run down with it
             self._report(e)
