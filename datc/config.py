@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from datc.errors import ConfigError  # noqa: F401  (raised here; importable from datc.config as before)
+from datc.paths import default_cache_dir
 
 
 @dataclass
@@ -207,7 +208,7 @@ class TrainConfig:
     prepare_seed: int = 0
     run_name: str = "run"
     run_dir: str = "runs/run"
-    cache_dir: str = ".cache/datc"
+    cache_dir: str = field(default_factory=default_cache_dir)
     results_dir: str | None = None
 
 
@@ -358,15 +359,12 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
         raise ConfigError(f"trainer.top_p: must be in (0, 1], got {t.top_p}")
     if len(t.adam_betas) != 2 or not all(0 <= b < 1 for b in t.adam_betas):
         raise ConfigError(f"trainer.adam_betas: must be two values in [0, 1), got {t.adam_betas}")
+    from datc.backends.checks import check_backend
+    from datc.engines.checks import check_engine
     from datc.models.lora import check_lora
 
-    check_lora(c)
-    from datc.engines.checks import check_engine
-
-    check_engine(c)
-    from datc.backends.checks import check_backend
-
-    check_backend(c)
+    for check in (check_lora, check_engine, check_backend):  # in this order: each names its own fields
+        check(c)
     if c.data.task is None and c.data.path is None:
         raise ConfigError("data.path: a real prompt dataset needs a path (hub name or local files) when data.task is null")
     from datc.tasks import TASKS

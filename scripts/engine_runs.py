@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from datc.paths import default_cache_dir
+
 TESTBED = ["policy.arch.n_head=2", "rollout.enforce_eager=true"]  # 32-wide heads: vLLM's CPU attention
 # The real preset, shortened to what fits a shared 2-core machine: 2 steps, 16 held-out prompts
 REAL = ["experiment=real_smollm2", "trainer.steps=2", "trainer.eval_every=2", "trainer.checkpoint_every=2",
@@ -104,7 +106,7 @@ def sync_check(out: Path, cache: str) -> dict:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("results/engines"))
-    ap.add_argument("--cache", default=os.environ.get("DATC_CACHE", ".cache/datc"))
+    ap.add_argument("--cache", default=default_cache_dir())
     ap.add_argument("--only", default="sync,gaps,paired")
     ap.add_argument("--keep-runs", action="store_true", help="read back finished runs instead of re-running them")
     # smollm2_bf16 (the real preset under bf16 autocast) is not in the default list: on the 2 shared

@@ -132,3 +132,28 @@ def test_cli_unknown_group_option_lists_the_choices(tmp_path):
     assert r.returncode == 2
     assert r.stderr.startswith("datc-train: credit=nope: no such option in credit/") and "grpo" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_the_default_cache_is_the_env_then_a_checkouts_own_then_the_users(tmp_path, monkeypatch):
+    # DATC_CACHE wins; else an existing ./.cache/datc (the earlier default: a checkout's cache
+    # keeps working); else the user's cache folder, so a run from any folder finds one cache.
+    from datc.paths import default_cache_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DATC_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_cache_dir() == str(tmp_path / "home" / ".cache" / "datc")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == str(tmp_path / "xdg" / "datc")
+    (tmp_path / ".cache" / "datc").mkdir(parents=True)
+    assert default_cache_dir() == ".cache/datc"
+    monkeypatch.setenv("DATC_CACHE", str(tmp_path / "mine"))
+    assert default_cache_dir() == str(tmp_path / "mine")
+    # and the composed config reads it (configs/train.yaml: ${datc.cache_dir:})
+    (tmp_path / ".cache" / "datc").rmdir()
+    monkeypatch.delenv("DATC_CACHE")
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="train")
+    assert cfg.cache_dir == str(tmp_path / "xdg" / "datc")
+    assert validate(cfg).cache_dir == str(tmp_path / "xdg" / "datc")

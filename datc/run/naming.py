@@ -49,3 +49,7 @@ def _resolve_config_id(*, _root_: DictConfig) -> str:
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("datc.config_id"):
         OmegaConf.register_new_resolver("datc.config_id", _resolve_config_id)
+    if not OmegaConf.has_resolver("datc.cache_dir"):
+        from datc.paths import default_cache_dir
+
+        OmegaConf.register_new_resolver("datc.cache_dir", default_cache_dir)
