@@ -283,3 +283,28 @@ def test_a_string_for_target_modules_says_to_write_a_list_and_alpha_at_its_defau
                  for o in ((), ("policy.lora.alpha=16",), ("policy.lora.alpha=8",))}
     assert names[()] == names[("policy.lora.alpha=16",)] != names[("policy.lora.alpha=8",)]  # 16 = 2 r: the default
 
+
+
+def test_a_testbed_lora_config_checks_without_transformers_warning_about_special_ids(capfd, caplog):
+    # The adapters' target check builds the testbed policy on the meta device: with GPT-2's
+    # default special ids (50256) outside its stand-in vocabulary transformers warned twice per run.
+    import logging
+
+    from hydra import compose, initialize_config_dir
+
+    from datc.config import validate
+    from datc.paths import CONFIG_DIR
+
+    from transformers.utils import logging as hf_logging
+
+    caplog.set_level(logging.WARNING)
+    hf_logging.set_verbosity_warning()  # as a command line has it when the config is checked
+    try:
+        for policy in ("tiny_gpt2", "tiny_llama"):
+            with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+                validate(compose(config_name="train", overrides=[f"policy={policy}", "policy.lora.r=4"]))
+    finally:
+        hf_logging.set_verbosity_error()  # tests/conftest.py's quiet_libraries()
+    out = capfd.readouterr()
+    said = out.out + out.err + caplog.text
+    assert "token_id must be" not in said, said

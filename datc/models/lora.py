@@ -103,7 +103,9 @@ def _meta_policy(c) -> nn.Module | None:
     arch = dict(c.policy.arch)
     if "model_type" in arch:
         mt = arch.pop("model_type")
-        arch.setdefault("vocab_size", 64)  # the testbed's comes from its tokenizer; names do not depend on it
+        # the testbed's vocabulary comes from its tokenizer; module names do not depend on it (nor
+        # on the special ids, given inside it so transformers does not warn about GPT-2's 50256)
+        arch = {"vocab_size": 64, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, **arch}
         conf = AutoConfig.for_model(mt, **arch)
     elif c.policy.path is not None and os.path.isfile(os.path.join(str(c.policy.path), "config.json")):
         conf = AutoConfig.from_pretrained(str(c.policy.path))
