@@ -291,11 +291,10 @@ def test_a_testbed_lora_config_checks_without_transformers_warning_about_special
     import logging
 
     from hydra import compose, initialize_config_dir
+    from transformers.utils import logging as hf_logging
 
     from datc.config import validate
     from datc.paths import CONFIG_DIR
-
-    from transformers.utils import logging as hf_logging
 
     caplog.set_level(logging.WARNING)
     hf_logging.set_verbosity_warning()  # as a command line has it when the config is checked
