@@ -3,10 +3,12 @@ resumes after a kill exactly, and refuses to overwrite another run."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +19,8 @@ from datc.models.build import load_pretrained
 from datc.run.checkpoint import latest_checkpoint, load_checkpoint
 from datc.training.trainer import train
 from tests.conftest import cfg_for, comparable, kill_at_checkpoint, metric_rows, train_cmd
+
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.slow
 
@@ -50,6 +54,14 @@ def test_same_command_gives_same_metrics(tmp_path):
     b = train(cfg_for(tmp_path / "cache", tmp_path / "b"))
     assert comparable(metric_rows(tmp_path / "a")) == comparable(metric_rows(tmp_path / "b"))
     assert a["eval"]["final"] == b["eval"]["final"]
+    # The cold run is the numerics' fingerprint (scripts/numerics_fingerprint.py): the code under
+    # test computes what the code of the committed demo figure computed, or the figure is stale.
+    from scripts.numerics_fingerprint import differences, fingerprint
+
+    made = json.loads((ROOT / "results" / "demo" / "numerics.json").read_text())
+    diff = differences(fingerprint(tmp_path / "a" / "metrics.jsonl"), made["fingerprint"])
+    assert not diff, (f"the numerics changed since the demo figure in results/demo/ was made (commit {made['commit'][:7]}): "
+                      f"run `make demo-results` and commit its figures, README lines included; {diff[:4]}")
 
 
 def test_killed_run_resumes_to_the_same_metrics(cache_dir, tmp_path):
