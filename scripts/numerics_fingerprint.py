@@ -21,7 +21,6 @@ import math
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 KEYS = ("loss/total", "loss/grad_norm", "reward/rm_score", "rollout/response_len", "eval/gold", "eval/rm_score")
 RTOL = 1e-5  # float rounding of another build of the same kernels; a numerics change moves these by far more
