@@ -46,6 +46,9 @@ from datc.utils import atomic_write_json, keep_freed_memory, quiet_libraries, se
 log = logging.getLogger(__name__)
 
 
+SAMPLER_GAP = "rollout/sampler_logp_diff_mean"  # shown on the step line as sampler_gap
+
+
 def train(cfg: DictConfig | dict, run_dir: str | Path | None = None, ops: StepOps | None = None) -> dict[str, Any]:
     """Run one experiment; return its summary (also written to ``<run_dir>/summary.json``).
 
@@ -129,6 +132,8 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
         if step % t.checkpoint_every == 0 or step == t.steps or stopping:
             save(s, run, step, elapsed)
         shown = {k.split("/")[1]: f"{metrics[k]:.3f}" for k in ("reward/gold", "reward/rm_score", "loss/kl") if k in metrics}
+        if SAMPLER_GAP in metrics:  # an engine with its own sampler: its gap to the trainer, in nats
+            shown["sampler_gap"] = f"{metrics[SAMPLER_GAP]:.2g}"
         bar.set_postfix(shown)
         if dist.is_main and not t.progress:  # no bar: one log line per step (train.log and stderr)
             log.info("step %d/%d: %s, %.2fs", step, t.steps, ", ".join(f"{k} {v}" for k, v in shown.items()),
