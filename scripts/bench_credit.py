@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import platform
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 import torch
 
 from datc.analysis.credit_cost import paired_steps
+from datc.run.provenance import provenance
 from datc.utils import peak_rss_mb
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,16 +142,14 @@ def main() -> None:
     topk = topk_agreement(tb.pop("sessions")["datc"])
     real = bench_real_shape(a.repeats)
     result = {
-        "command": "python scripts/bench_credit.py " + " ".join(sys.argv[1:]),
-        "machine": {"python": platform.python_version(), "torch": torch.__version__, "threads": 1,
-                    "cpu": platform.processor() or platform.machine()},
+        **provenance("python scripts/bench_credit.py " + " ".join(sys.argv[1:]), threads=1),
         "testbed": tb, "real_shape": real, "top_k_testbed": topk,
     }
     OUT.mkdir(parents=True, exist_ok=True)
     atomic_write_json(OUT / "credit.json", result)
     r, med = real["ratio_to_lm_head"], tb["median_seconds"]
     lines = [
-        "# DATC cost", "", f"Command: `{result['command']}` (torch {torch.__version__}, 1 thread).", "",
+        "# DATC cost", "", f"Command: `{result['command']}` (torch {result['machine']['torch']}, 1 thread).", "",
         "## Testbed training step, medians over interleaved steps", "",
         "| phase | grpo (s) | datc (s) |", "|---|---|---|",
         *[f"| {k.split('/')[1][:-2]} | {med['grpo'][k]:.4f} | {med['datc'][k]:.4f} |" for k in med["grpo"]],

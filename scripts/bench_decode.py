@@ -32,6 +32,7 @@ def main() -> None:
     from datc.engines.rollout import encode_prompts
     from datc.models.build import build_causal_lm
     from datc.paths import CONFIG_DIR
+    from datc.run.provenance import provenance
     from datc.tasks import TASKS
     from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
     from scripts.gpu.decode_bench import time_modes
@@ -57,7 +58,7 @@ def main() -> None:
     cmd = "python -m scripts.bench_decode " + " ".join(sys.argv[1:])
     shape = {"rows": ids.shape[0], "prompt_width": ids.shape[1], "max_new_tokens": a.max_new_tokens,
              "threads": a.threads, "repeats": a.repeats}
-    atomic_write_json(ROOT / "results/bench/decode_cpu.json", {"command": cmd, "shape": shape, "results": results})
+    atomic_write_json(ROOT / "results/bench/decode_cpu.json", {**provenance(cmd), "shape": shape, "results": results})
     lines = ["# Decode loops on CPU", "", f"Command: `{cmd}`  ",
              f"{shape['rows']} rows ({a.prompts} prompts x {a.generations}, shared prompts), prompt width "
              f"{shape['prompt_width']}, {a.max_new_tokens} tokens forced, {a.threads} torch thread(s); medians of "

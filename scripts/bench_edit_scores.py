@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,6 +26,7 @@ import torch
 
 from datc.forward.attribution import rm_edit_scorer
 from datc.rewards.model import build_rm_inputs, score
+from datc.run.provenance import load_average, provenance
 from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +67,7 @@ def main() -> None:
     w = rmask.nonzero()
     rows, pos = w[:, 0].repeat_interleave(K), w[:, 1].repeat_interleave(K)
     new = torch.randint(100, vocab, rows.shape, generator=g)
-    load0 = os.getloadavg()
+    load0 = load_average()
     cases, out = {}, {}
     for name, fn, chunk in [*((f"prefix_cached_{c}", score, c) for c in a.chunks), ("whole_rows_512", whole, 512)]:
         t0 = time.perf_counter()
@@ -80,15 +78,13 @@ def main() -> None:
         c["ms_per_edit"] = round(1000 * c["seconds"] / len(rows), 1)
         c["speedup_vs_whole"] = round(base / c["seconds"], 2)
         c["max_abs_score_diff_vs_whole"] = float((out[name] - out["whole_rows_512"]).abs().max())
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    result = {"command": " ".join(["python scripts/bench_edit_scores.py", *sys.argv[1:]]), "model": Path(model).name, "rows": B, "prompt": P,
-              "response": T, "k": K, "edits": len(rows), "threads": 1, "machine": platform.processor() or platform.machine(),
-              "cpus": os.cpu_count(), "torch": torch.__version__, "commit": commit,
-              "load_average_before_after": [round(load0[0], 2), round(os.getloadavg()[0], 2)], "cases": cases}
+    result = {**provenance(" ".join(["python scripts/bench_edit_scores.py", *sys.argv[1:]])),
+              "model": Path(model).name, "rows": B, "prompt": P, "response": T, "k": K, "edits": len(rows), "threads": 1,
+              "load_average_before_after": [load0[0], load_average()[0]], "cases": cases}
     a.out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(a.out / "edit_scores.json", result)
     lines = [f"# Reward-model scores of single-token edits: prefix-cached vs whole rows ({result['model']})", "",
-             f"`{result['command']}` at commit {commit}, one torch thread on a {result['cpus']}-core CPU, "
+             f"`{result['command']}` at commit {result['commit']}, one torch thread on a {result['machine']['cpus']}-core CPU, "
              f"load average {result['load_average_before_after'][0]} before, {result['load_average_before_after'][1]} after; "
              f"{B} responses of {P} prompt + {T} response tokens, K = {K} edits per position: {len(rows)} edits.", "",
              "| path | edits per forward | seconds | ms per edit | speedup vs whole rows | max score diff |",

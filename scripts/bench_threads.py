@@ -23,6 +23,7 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
     from datc.analysis.inputs import session_for
+    from datc.run.provenance import provenance
     from datc.step import train_step
     from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
 
@@ -38,7 +39,7 @@ def main() -> None:
     res = {n: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v), "cv": statistics.stdev(v) / statistics.mean(v)}
            for n, v in times.items()}
     cmd = "python scripts/bench_threads.py " + " ".join(sys.argv[1:])
-    atomic_write_json(ROOT / "results/bench/threads.json", {"command": cmd, "steps": a.steps, "threads": res, "all": times})
+    atomic_write_json(ROOT / "results/bench/threads.json", {**provenance(cmd), "steps": a.steps, "threads": res, "all": times})
     lines = ["# Step time against torch threads", "", f"Command: `{cmd}`", "",
              "| threads | median s | min s | max s | coefficient of variation |", "|---|---|---|---|---|",
              *[f"| {n} | {r['median_s']:.4f} | {r['min_s']:.4f} | {r['max_s']:.4f} | {r['cv']:.2f} |" for n, r in res.items()]]

@@ -22,16 +22,13 @@ import time
 from pathlib import Path
 
 from datc.paths import default_cache_dir
+from datc.run.provenance import load_average, provenance
 
 TESTBED = ["policy.arch.n_head=2", "rollout.enforce_eager=true"]  # 32-wide heads: vLLM's CPU attention
 # The real preset, shortened to what fits a shared 2-core machine: 2 steps, 16 held-out prompts
 REAL = ["experiment=real_smollm2", "trainer.steps=2", "trainer.eval_every=2", "trainer.checkpoint_every=2",
         "trainer.eval_size=16", "trainer.eval_batch_size=16"]
 PHASES = ("rollout_s", "reward_s", "credit_s", "update_s", "step_s")
-
-
-def _load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def _train(run_dir: Path, cache: str, overrides: list[str], keep: bool = False) -> dict:
@@ -43,12 +40,12 @@ def _train(run_dir: Path, cache: str, overrides: list[str], keep: bool = False) 
         return {"overrides": overrides, "wall_s": None, "load_before": None, "load_after": None, "rows": rows}
     shutil.rmtree(run_dir, ignore_errors=True)  # a re-measurement replaces its own run directory
     cmd = [sys.executable, "-m", "datc.train", f"cache_dir={cache}", f"run_dir={run_dir}", *overrides]
-    before, t0 = _load(), time.time()
+    before, t0 = load_average(), time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
     rows = [json.loads(x) for x in open(run_dir / "metrics.jsonl")]
-    return {"overrides": overrides, "wall_s": round(time.time() - t0, 1), "load_before": before, "load_after": _load(),
+    return {"overrides": overrides, "wall_s": round(time.time() - t0, 1), "load_before": before, "load_after": load_average(),
             "rows": rows}
 
 
@@ -116,17 +113,14 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     parts = set(args.only.split(","))
     runs = Path("runs") / "engines"  # the run directories (git-ignored); the figures go to --out
-    import torch
-    import transformers
-    import vllm
+    import vllm  # noqa: F401 (every part needs it: missing, the command stops here)
 
     fig_path = args.out / "figures.json"
     figures = json.loads(fig_path.read_text()) if fig_path.exists() else {}
-    figures["machine"] = {"python": platform.python_version(), "torch": torch.__version__,
-                          "transformers": transformers.__version__, "vllm": vllm.__version__,
-                          "cpus": os.cpu_count(), "platform": platform.platform()}
+    command = "python -m scripts.engine_runs " + " ".join(sys.argv[1:] if argv is None else argv)
+    figures.update(provenance(command, "transformers", "vllm", platform=platform.platform()))
     if "sync" in parts:
-        figures["sync"] = {**sync_check(args.out, args.cache), "load": _load()}
+        figures["sync"] = {**sync_check(args.out, args.cache), "load": load_average()}
     if "gaps" in parts:
         gaps = figures.get("gaps", {})
         for name, ov in [("testbed_fp32", ["debug=fast", "rollout=vllm", *TESTBED, "trainer.steps=6"]),

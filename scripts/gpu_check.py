@@ -56,10 +56,10 @@ import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from datc.run.provenance import package_version, provenance
 from scripts.gpu.cases import FAMILIES, _child, set_environment
 
 set_environment()  # before torch is imported (here, in the fork server and in the cases)
@@ -181,12 +181,7 @@ class Runner:
 def env_report() -> dict[str, Any]:
     import torch
 
-    pkgs = {}
-    for name in PACKAGES:
-        try:
-            pkgs[name] = version(name)
-        except PackageNotFoundError:
-            pkgs[name] = None
+    pkgs = {name: package_version(name) for name in PACKAGES}
     gpu = None
     try:
         gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
@@ -483,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     runner = Runner(work, deadline, a.start_method, preload)
     cases = build_cases(a, scale, work)
     report: dict[str, Any] = {
-        "command": "python -m scripts.gpu_check " + " ".join(argv if argv is not None else sys.argv[1:]),
+        **provenance("python -m scripts.gpu_check " + " ".join(argv if argv is not None else sys.argv[1:])),
         "tiny": a.tiny, "budget_s": budget, "wall_s": 0.0, "env": env, "scale": asdict(scale),
         "peak_flops_bf16": PEAK_BF16, "start_method": a.start_method, "ds_optimizer": a.ds_optimizer,
         "prompt_tokens": {}, "cases": {c.name: {"status": "pending"} for c in cases},

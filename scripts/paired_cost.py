@@ -11,8 +11,6 @@ credit / update) and this process's peak RSS.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 from pathlib import Path
 
@@ -29,21 +27,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args(args)
     from datc.analysis.credit_cost import paired_steps
+    from datc.run.provenance import load_average, provenance
     from datc.utils import atomic_write_json, atomic_write_text, peak_rss_mb, quiet_libraries
 
     quiet_libraries()
-    load_before = os.getloadavg()
+    load_before = load_average()
     tb = paired_steps(a.steps, a.overrides)
     c = tb.pop("sessions")["datc"].c
     med = tb["median_seconds"]
-    result = {"command": "python scripts/paired_cost.py " + " ".join(args), "setting": f"{c.data.name}-{c.policy.name}",
+    result = {**provenance("python scripts/paired_cost.py " + " ".join(args)), "setting": f"{c.data.name}-{c.policy.name}",
               "batch": f"{c.trainer.batch_size} responses x {c.trainer.max_new_tokens} tokens",
-              "threads": torch.get_num_threads(), "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
-              "load_average_before_after": [load_before, os.getloadavg()], "peak_rss_mb": peak_rss_mb(), **tb}
+              "threads": torch.get_num_threads(), "load_average_before_after": [load_before, load_average()],
+              "peak_rss_mb": peak_rss_mb(), **tb}
+    before, after = result["load_average_before_after"]
     atomic_write_json(a.out / f"cost-{result['setting']}.json", result)
     lines = [f"# DATC cost on {result['setting']} ({result['batch']})", "",
-             f"Command: `{result['command']}`; {a.steps} paired steps after 2 warm-up pairs, torch {torch.__version__}, "
-             f"{result['threads']} threads, load average {load_before[0]:.1f} before / {os.getloadavg()[0]:.1f} after "
+             f"Command: `{result['command']}`; {a.steps} paired steps after 2 warm-up pairs, torch {result['machine']['torch']}, "
+             f"{result['threads']} threads, load average {before[0]:.1f} before / {after[0]:.1f} after "
              "(a shared 2-core machine: absolute times are inflated, the paired ratio less so).", "",
              "| phase | grpo (s) | datc (s) |", "|---|---|---|",
              *[f"| {k.split('/')[1][:-2]} | {med['grpo'][k]:.2f} | {med['datc'][k]:.2f} |" for k in med["grpo"]], "",

@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     from datc.models.build import load_pretrained
     from datc.models.chat import prompt_encoder
     from datc.paths import CONFIG_DIR
+    from datc.run.provenance import provenance
     from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
 
     quiet_libraries()
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     ent, pi, ln, tr = torch.cat(ents), torch.cat(pis), torch.cat(lens).float(), torch.cat(trunc).float()
     sample = tok.decode(ro.response_ids[0][ro.response_mask[0]])
     result = {
-        "command": "python scripts/rollout_stats.py " + " ".join(args),
+        **provenance("python scripts/rollout_stats.py " + " ".join(args)),
         "setting": f"{c.data.name}-{c.policy.name}", "responses": int(ln.numel()), "tokens": int(ent.numel()),
         "vocab": int(ro.logits.shape[-1]), "max_new_tokens": t.max_new_tokens, "temperature": t.temperature,
         "entropy_nats": {**quantiles(ent), "frac_above_1": float((ent > 1).float().mean()),

@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     from datc.credit.base import RM_EDIT_SCORES
     from datc.credit.diagnostics import credit_accuracy_rows
     from datc.credit.schemes.rm_counterfactual import counterfactual_contributions
+    from datc.run.provenance import provenance
     from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
 
     quiet_libraries()
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = {n: torch.cat(v) for n, v in acc.items()}
     rows_cf = {n: torch.cat(v) for n, v in acc_cf.items() if v}
     result = {
-        "command": " ".join([COMMAND, *args]),
+        **provenance(" ".join([COMMAND, *args])),
         "setting": f"{c.data.name}-{c.policy.name}", "batches": a.batches,
         "responses_per_batch": t.batch_size,
         "rm_within_group_corr": (s.assets.rm_report or {}).get("heldout_within_group_corr"),

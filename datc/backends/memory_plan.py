@@ -331,6 +331,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides applied to every preset")
     a = ap.parse_args(argv)
     from datc.run.atomic import atomic_write_json, atomic_write_text
+    from datc.run.provenance import provenance
 
     overrides = [f"credit={a.credit}", *a.overrides]
     cache: dict = {}
@@ -339,7 +340,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     text = render(plans, command, a.gpu_gib, a.reserve_gib)
     out = Path(a.out)
     atomic_write_text(out / "presets.md", text)
-    atomic_write_json(out / "presets.json", {"command": command, "gpu_gib": a.gpu_gib, "reserve_gib": a.reserve_gib,
+    atomic_write_json(out / "presets.json", {**provenance(command), "gpu_gib": a.gpu_gib, "reserve_gib": a.reserve_gib,
                                              "unit": "bytes per GPU", "plans": plans})
     print(text)
     return plans

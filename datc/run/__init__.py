@@ -1,2 +1,3 @@
 """A run's files: its directory, lock, checkpoints, input fingerprints, names, logging, signals and
-exports. No model code beyond what a checkpoint or an export loads."""
+exports, and the provenance every results file records. No model code beyond what a checkpoint or
+an export loads."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from datc.math.collapse import collapse_record
 from datc.math.metrics import mean_of
 from datc.run.checkpoint import latest_loadable_checkpoint
 from datc.run.fingerprint import changes, fingerprints
+from datc.run.provenance import git_commit
 from datc.run.rundir import RunDir, metrics_gaps
 from datc.training.session import Session
 from datc.utils import atomic_write_json, rng_state, set_rng_state
@@ -37,19 +37,7 @@ def resolved_config(cfg: DictConfig | dict) -> dict[str, Any]:
     return out
 
 
-def _git_commit() -> str | None:
-    """The commit of the code this process loaded (``+dirty`` if the tree had changes then)."""
-    try:
-        cwd = Path(__file__).parent
-        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=cwd).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                               timeout=5, cwd=cwd).stdout.strip()
-        return (head + ("+dirty" if dirty else "")) or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-GIT_COMMIT = _git_commit()  # read at import: a sweep's later runs report the code they ran
+GIT_COMMIT = git_commit()  # read at import (+dirty if the tree had changes): a sweep's later runs report the code they ran
 
 
 def open_run(dist: Dist, path: str | Path, resolved: dict[str, Any], resume: str) -> tuple[RunDir, dict | None]:

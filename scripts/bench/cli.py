@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,18 +13,12 @@ from typing import Any
 import torch
 
 import scripts.bench
+from datc.run.provenance import load_average, provenance
 from scripts.bench.datc_side import datc_session
 from scripts.bench.measure import measure, memory_child, peak_memory, profile_datc, scaling
 from scripts.bench.render import write_markdown
 from scripts.bench.same_loss import same_loss_check
-from scripts.bench.scales import CONTESTANTS, GRPO_TARGET, OUT, ROOT, SCALES
-
-
-def _git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
+from scripts.bench.scales import CONTESTANTS, GRPO_TARGET, OUT, SCALES
 
 
 def main() -> None:
@@ -82,11 +73,11 @@ def main() -> None:
     if a.memory_child:
         print(json.dumps(memory_child(a.memory_child, overrides, a.memory_steps, **work)))
         return
-    import transformers
-    import trl
+    import transformers  # noqa: F401 (imported before the clock starts: wall_s leaves their import out)
+    import trl  # noqa: F401
 
     t_start = time.time()
-    load_start = os.getloadavg()
+    load_start = load_average()
     sl = same_loss_check(overrides, a.tol, sc.perturb, **work)
     print("same loss:", json.dumps(sl), file=sys.stderr)
     if not sl["ok"]:
@@ -100,11 +91,7 @@ def main() -> None:
     tokens = (f"{t.max_new_tokens} tokens each (forced with min_new_tokens on both sides)" if force
               else f"up to {t.max_new_tokens} tokens")
     res: dict[str, Any] = {
-        "command": " ".join(["python -m scripts.bench", *sys.argv[1:]]),
-        "commit": _git("rev-parse", "--short", "HEAD") + ("+dirty" if _git("status", "--porcelain", "--untracked-files=no") else ""),
-        "date": datetime.date.today().isoformat(), "threads": a.threads,
-        "machine": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-                    "trl": trl.__version__, "cpus": os.cpu_count(), "cpu": platform.processor() or platform.machine()},
+        **provenance(" ".join(["python -m scripts.bench", *sys.argv[1:]]), "transformers", "trl"), "threads": a.threads,
         "work": (f"{t.batch_size // t.num_generations} prompts x {t.num_generations} responses, {tokens}, "
                  f"temperature {t.temperature}, top-p {t.top_p}, beta {t.beta}, clip {t.epsilon_low}/{t.epsilon_high}, "
                  f"{t.loss_agg} (TRL dapo), AdamW lr {t.lr}, one optimizer step per rollout{micro}; policy {s.c.policy.name}, "
@@ -128,7 +115,7 @@ def main() -> None:
                           f"(`{res['command']}`)\n\n## cProfile, cumulative\n\n{prof['cprofile_cumulative']}\n\n"
                           f"## torch ops, self CPU time\n\n{prof['torch_ops']}\n")
     res["wall_s"] = round(time.time() - t_start, 1)
-    res["load_average_1_5_15min"] = {"start": load_start, "end": os.getloadavg()}
+    res["load_average_1_5_15min"] = {"start": load_start, "end": load_average()}
     atomic_write_json(out / f"{sc.stem}.json", res)
     write_markdown(out)  # this scale's markdown, and the other's where it has results (the side-by-side section)
     print((out / f"{sc.stem}.md").read_text())
