@@ -143,6 +143,18 @@ def test_heads_the_cpu_backend_cannot_run_are_one_line_before_any_model(tmp_path
     assert not (tmp_path / "c").exists()  # nothing prepared
 
 
+def test_a_kv_cache_smaller_than_one_sequence_is_one_line_before_any_model(tmp_path):
+    # vLLM itself refuses it only once the engine starts, in its own traceback
+    with pytest.raises(ConfigError) as e:
+        validate(cfg_for(tmp_path / "c", tmp_path / "r", *VLLM, "rollout.kv_cache_memory_bytes=1024"))
+    msg = str(e.value)
+    assert msg.startswith("rollout.kv_cache_memory_bytes: 1024 bytes hold less than one sequence") and "\n" not in msg, msg
+    need = int(re.search(r": (\d+) bytes\); give at least", msg).group(1))
+    assert need == 2 * 128 * 1024  # 48 tokens: one block of 128 and the one held back; 2 x 2 layers x 32 x 4 bytes a token
+    validate(cfg_for(tmp_path / "c", tmp_path / "r", *VLLM, f"rollout.kv_cache_memory_bytes={need}"))
+    assert not (tmp_path / "c").exists()  # nothing prepared
+
+
 def test_an_architecture_vllm_does_not_run_is_one_line(tmp_path):
     model = tmp_path / "model"
     model.mkdir()

