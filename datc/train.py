@@ -32,6 +32,7 @@ def _run(cfg: DictConfig) -> float | None:
         remove_new_dirs(run_dir)
         print(f"datc-train: {e}", file=sys.stderr)
         sys.exit(2)
+    from datc.engines.base import EngineError
     from datc.math.numerics import NonFiniteError
     from datc.models.build import ModelLoadError
     from datc.run.signals import Interrupted
@@ -58,6 +59,13 @@ def _run(cfg: DictConfig) -> float | None:
               f"{'the last good checkpoint ' + last.name + ' is kept' if last else 'no checkpoint was written yet'}: "
               "free space and run the same command again to resume", file=sys.stderr)
         sys.exit(2)
+    except EngineError as e:  # mid-run: the checkpoints stay, the same command resumes
+        from datc.run.checkpoint import latest_checkpoint
+
+        last = latest_checkpoint(run_dir)
+        print(f"datc-train: {e}; {'the last checkpoint ' + last.name + ' is kept' if last else 'no checkpoint was written yet'}: "
+              "run the same command again to resume", file=sys.stderr)
+        sys.exit(1)
     except Exception as e:
         if (lost := lost_peer_line(e, run_dir)) is not None:  # another rank of this run ended: one line
             print(lost, file=sys.stderr)

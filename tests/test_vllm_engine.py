@@ -118,6 +118,41 @@ def test_a_run_logs_the_gap_and_a_killed_one_resumes_to_the_same_metrics(tmp_pat
     assert comparable(metric_rows(killed)) == comparable(metric_rows(tmp_path / "full"))
     assert [r["step"] for r in metric_rows(killed) if "loss/total" in r] == list(range(1, 7))
 
+    # The engine failing mid-run (an error raised inside vLLM at its 4th sampling call, injected
+    # through sitecustomize): one line naming the kept checkpoint, exit 1, and the same command
+    # then resumes to the uninterrupted run's metrics.
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(FAIL_AT_NTH_GENERATE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])]),
+           "DATC_TEST_FAIL_GENERATE_AT": "4"}
+    failed = tmp_path / "failed"
+    r = subprocess.run(cmd(failed), env=env, capture_output=True, text=True, timeout=600)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert last.startswith("datc-train: the rollout engine (vllm) failed while sampling (RuntimeError: injected engine failure)"), last
+    assert re.search(r"the last checkpoint step_\d+ is kept: run the same command again to resume$", last), last
+    subprocess.run(cmd(failed), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert comparable(metric_rows(failed)) == comparable(metric_rows(tmp_path / "full"))
+
+
+FAIL_AT_NTH_GENERATE = """
+import os
+import vllm
+
+_n, _calls, _generate = int(os.environ["DATC_TEST_FAIL_GENERATE_AT"]), [0], vllm.LLM.generate
+
+
+def generate(self, *args, **kwargs):
+    _calls[0] += 1
+    if _calls[0] == _n:
+        raise RuntimeError("injected engine failure")
+    return _generate(self, *args, **kwargs)
+
+
+vllm.LLM.generate = generate
+"""
+
 
 # FSDP2 with two ranks and external_launcher is not here: such a run ends in vLLM's own teardown
 # at interpreter exit ("Invalid process group specified", exit 1), which ZeRO-3's run does not.

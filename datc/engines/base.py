@@ -9,6 +9,11 @@ from typing import Any
 from datc.engines.rollout import Rollout
 
 
+class EngineError(RuntimeError):
+    """The rollout engine failed (its worker gone, an error inside it): said in one line by the
+    command, the run's last checkpoint kept, so running the command again resumes the run."""
+
+
 @dataclass(frozen=True)
 class SamplingArgs:
     """How one rollout samples (the trainer's settings, fixed for the run)."""

@@ -29,16 +29,27 @@ import logging
 import os
 import tempfile
 import time
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from datc.backends.plugins import partitioned, whole_parameters
-from datc.engines.base import RolloutEngine, SamplingArgs
+from datc.engines.base import EngineError, RolloutEngine, SamplingArgs
 from datc.engines.checks import kv_bytes_per_token, vllm_logs_to_the_run_log
 from datc.engines.rollout import Rollout, encode_prompts, response_mask_from_ids
 
 log = logging.getLogger(__name__)
+
+
+@contextmanager
+def _engine_errors(doing: str):
+    """An error raised inside vLLM while ``doing`` becomes one :class:`EngineError` line."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001  whatever vLLM raises: its engine core, its worker, a kernel
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise EngineError(f"the rollout engine (vllm) failed while {doing} ({type(e).__name__}: {first})") from e
 
 
 def hf_weights(policy) -> list[tuple[str, torch.Tensor]]:
@@ -136,7 +147,8 @@ class VLLMEngine(RolloutEngine):
                 weights = [(k, v.clone()) for k, v in hf_weights(policy)]
         else:
             weights = hf_weights(policy)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        with _engine_errors("taking the policy's weights"):
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         if self.asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self.asleep = False
@@ -164,7 +176,8 @@ class VLLMEngine(RolloutEngine):
         params = [SamplingParams(n=G, temperature=args.temperature, top_p=args.top_p, max_tokens=T, logprobs=0,
                                  seed=int(seed), ignore_eos=True, stop_token_ids=[self.eos_id], detokenize=False)
                   for seed in seeds]
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        with _engine_errors("sampling"):
+            outs = self.llm.generate(prompts, params, use_tqdm=False)
         B = len(examples) * G
         resp = torch.full((B, T), self.pad_id, dtype=torch.long)
         logps = torch.zeros(B, T, dtype=torch.float32)
