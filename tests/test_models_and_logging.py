@@ -216,3 +216,21 @@ def test_the_trained_policy_is_float32_from_a_bf16_checkpoint(tmp_path, tok):
                          "reward=pretrained", f"reward.path={tmp_path}/reward"))
     m = load_models(c, ensure_assets(c), torch.device("cpu"))
     assert {p.dtype for p in m.policy.parameters()} == {torch.float32}
+
+
+def test_a_prepare_says_why_no_cached_warm_start_serves_the_run(tmp_path):
+    # said up front: a setting the cache was not made with (policy.arch.n_head=2 for vLLM's CPU
+    # attention) starts a whole new prepare
+    from datc.data.prepare import not_cached_because
+
+    folder = tmp_path / "cache" / "policy"
+    key = {"v": 2, "arch": {"n_head": 4, "n_layer": 2}, "ws": {"steps": 600}, "T": 16}
+    assert not_cached_because(folder, "tiny_gpt2-keywords-", key) == f"no warm start of tiny_gpt2-keywords is cached in {folder.parent} yet"
+    made = folder / "tiny_gpt2-keywords-abc"
+    made.mkdir(parents=True)
+    (made / "warm_start.json").write_text(json.dumps({"key": {**key, "arch": {"n_head": 2, "n_layer": 2}}}))
+    (folder / "tiny_llama-keywords-def").mkdir()  # another policy's: not compared
+    assert not_cached_because(folder, "tiny_gpt2-keywords-", key) == (
+        "the cached warm start of tiny_gpt2-keywords was made with other settings (policy.arch.n_head differs)")
+    assert not_cached_because(folder, "tiny_gpt2-keywords-", {**key, "T": 8}).endswith(
+        "(trainer.max_new_tokens, policy.arch.n_head differ)")

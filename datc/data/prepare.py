@@ -8,6 +8,7 @@ steps they do not need.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import asdict, dataclass
@@ -129,6 +130,32 @@ def data_source(cfg: TrainConfig) -> str | None:
     return d.path if Path(d.path).exists() else None
 
 
+# the warm start's cache key (pol_key below) in the config's own words
+KEY_FIELDS = {"arch.": "policy.arch.", "ws.": "policy.warm_start.", "T": "trainer.max_new_tokens", "data.train": "data.train_size",
+              "tok": "the tokenizer", "v": "the prepare version"}
+
+
+def not_cached_because(folder: Path, prefix: str, key: dict[str, Any]) -> str:
+    """Why no cached warm start serves ``key``: none of this policy and task yet, or the
+    settings in which the closest cached one differs (``arch.n_head``, ``ws.steps``, ...)."""
+    def flat(d: Any, at: str = "") -> dict[str, Any]:
+        return {k: v for name, sub in d.items() for k, v in flat(sub, f"{at}{name}.").items()} if isinstance(d, dict) else {at[:-1]: d}
+
+    want, best = flat(key), None
+    for made in sorted(folder.glob(f"{prefix}*/warm_start.json")):
+        try:
+            have = flat(json.loads(made.read_text())["key"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+        best = diff if best is None or len(diff) < len(best) else best
+    if not best:
+        return f"no warm start of {prefix.rstrip('-')} is cached in {folder.parent} yet"
+    named = [next((v + k[len(p):] for p, v in KEY_FIELDS.items() if k == p or k.startswith(p)), k) for k in best[:4]]
+    return (f"the cached warm start of {prefix.rstrip('-')} was made with other settings "
+            f"({', '.join(named)} {'differs' if len(named) == 1 else 'differ'})")
+
+
 def ensure_assets(cfg: TrainConfig) -> Assets:
     """Build whatever the config needs and the cache does not have; return where it all is."""
     quiet_libraries()
@@ -157,6 +184,8 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
     if policy_path is None:
         policy_path = str(cache / "policy" / f"{cfg.policy.name}-{cfg.data.name}-{config_hash(pol_key)}")
         if not (Path(policy_path) / "config.json").exists():
+            log.warning("prepare: %s; preparing the warm start, then its reward model (minutes on a CPU; cached for "
+                        "the next run)", not_cached_because(cache / "policy", f"{cfg.policy.name}-{cfg.data.name}-", pol_key))
             t0 = time.time()
             policy = build_causal_lm(cfg.policy.arch, tok, seed)
             losses = warm_start(policy, tok, task, list(train_ds), cfg.policy.warm_start.steps, cfg.policy.warm_start.lr,
