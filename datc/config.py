@@ -139,7 +139,7 @@ class TrainerConfig:
     checkpoint_every: int = 20
     keep_checkpoints: int = 2
     resume: str = "auto"
-    threads: int = 2
+    threads: int = 1
     keep_freed_memory: bool = True
     device: str = "auto"
     progress: bool = True
