@@ -12,6 +12,7 @@ import copy
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -240,6 +241,16 @@ def test_final_holds_the_adapter_and_the_merged_export_loads_with_plain_transfor
     assert proc.returncode == 0, proc.stderr[-2000:]
     again = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path), tmp_path / "adapter")
     torch.testing.assert_close(logits_of(again, ids), want, rtol=0, atol=0)
+    # the export stands on its own: its base travels in base/, moved with the folder, and its
+    # adapter config names that copy, not the run's cache
+    import json
+    import shutil
+
+    conf = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert conf["base_model_name_or_path"] == str((tmp_path / "adapter" / "base").resolve()), conf
+    moved = shutil.move(str(tmp_path / "adapter"), str(tmp_path / "elsewhere"))
+    alone = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(Path(moved) / "base"), moved)
+    torch.testing.assert_close(logits_of(alone, ids), want, rtol=0, atol=0)
 
 
 # ---- memory plan -------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -206,13 +207,17 @@ def peft_state_dict(pm, state: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
 
 
 def save_adapter(pm, tok, out, state: dict[str, torch.Tensor], merge: bool = False, exist: str = "refuse",
-                 marker: dict | None = None):
+                 marker: dict | None = None, base: str | None = None):
     """The adapters of ``pm`` (with the adapted module's weights ``state``, gathered) and the
     tokenizer saved into ``out``: ``save_pretrained`` of the adapter (``adapter_config.json``,
     ``adapter_model.safetensors``; ``PeftModel.from_pretrained(base, out)`` loads it), or with
     ``merge`` the base with ``W + (alpha / r) B A`` folded in, a plain checkpoint that
     ``AutoModelForCausalLM.from_pretrained(out)`` loads. The tokenizer pads on the left, as the
-    policy did; ``exist`` and ``marker`` as :func:`datc.run.export.save_pretrained_dir`'s."""
+    policy did; ``exist`` and ``marker`` as :func:`datc.run.export.save_pretrained_dir`'s. ``base``
+    (a local base checkpoint, e.g. the testbed's warm start in the cache): copied into
+    ``out/base`` and named by the adapter's ``base_model_name_or_path``, so the export stands on
+    its own (``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(out / "base"), out)``
+    wherever the folder is moved; ``AutoPeftModelForCausalLM.from_pretrained(out)`` where it was written)."""
     from datc.models.build import EXPORT_MARKER as MARKER
     from datc.models.build import save_tokenizer
     from datc.run.atomic import atomic_dir, atomic_write_json
@@ -225,6 +230,14 @@ def save_adapter(pm, tok, out, state: dict[str, torch.Tensor], merge: bool = Fal
             merged.save_pretrained(tmp)
         else:
             pm.save_pretrained(tmp, state_dict={f"base_model.model.{k}": v for k, v in state.items()})
+            if base is not None and os.path.isdir(base):
+                import json
+                import shutil
+
+                shutil.copytree(base, tmp / "base")
+                conf = json.loads((tmp / "adapter_config.json").read_text())
+                conf["base_model_name_or_path"] = str(Path(out).resolve() / "base")
+                atomic_write_json(tmp / "adapter_config.json", conf)
         save_tokenizer(tok, tmp)
         if marker is not None:
             atomic_write_json(tmp / MARKER, marker)

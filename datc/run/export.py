@@ -172,7 +172,8 @@ def export_checkpoint(run_dir: str | Path, step: int | None = None, out: str | P
 
         pm = add_adapters(model, c.policy.lora)
         load_trained_state(model, checkpoint_state_dict(ckpt), str(ckpt))
-        return save_adapter(pm, load_tokenizer(tok_path), out, model.state_dict(), merge=merge, exist=exist, marker=marker)
+        return save_adapter(pm, load_tokenizer(tok_path), out, model.state_dict(), merge=merge, exist=exist, marker=marker,
+                            base=None if merge else policy_path)  # the base travels with the adapter
     load_policy_weights(model, checkpoint_state_dict(ckpt))
     return save_pretrained_dir(model, load_tokenizer(tok_path), out, exist=exist, marker=marker)
 
