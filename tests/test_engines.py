@@ -5,6 +5,7 @@ and the one-line refusal where vLLM is missing. (The vLLM engine itself: tests/t
 from __future__ import annotations
 
 import importlib.util
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -109,3 +110,21 @@ def test_bad_engine_commands_are_one_line_and_exit_2(tmp_path, overrides, line):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stderr.startswith(line) and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "r").exists() and not (tmp_path / "c").exists()
+
+
+def test_the_engine_config_folders_of_killed_runs_are_removed_and_live_ones_kept(tmp_path):
+    # a kill -9'd vLLM run never ran its clean-up: the next engine start removes its folder
+    import subprocess
+    import sys
+
+    from datc.engines.vllm_engine import TMP_PREFIX, remove_stale_config_dirs
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    stale = tmp_path / f"{TMP_PREFIX}{dead}-abc"
+    live = tmp_path / f"{TMP_PREFIX}{os.getpid()}-def"
+    other = tmp_path / f"{TMP_PREFIX}old-style"  # no pid in the name: not ours to judge
+    for d in (stale, live, other):
+        d.mkdir()
+        (d / "config.json").write_text("{}")
+    assert remove_stale_config_dirs(str(tmp_path)) == [str(stale)]
+    assert not stale.exists() and live.exists() and other.exists()

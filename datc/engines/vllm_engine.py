@@ -30,6 +30,7 @@ import os
 import tempfile
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,6 +41,35 @@ from datc.engines.checks import kv_bytes_per_token, vllm_logs_to_the_run_log
 from datc.engines.rollout import Rollout, encode_prompts, response_mask_from_ids
 
 log = logging.getLogger(__name__)
+
+
+TMP_PREFIX = "datc-vllm-"  # + the owning process's id: the engine's config folder in the temporary directory
+
+
+def remove_stale_config_dirs(root: str | None = None) -> list[str]:
+    """Remove the engine config folders (``datc-vllm-<pid>-*``) that processes killed with
+    ``kill -9`` left in the temporary directory (their own clean-up never ran); a folder of a
+    live process is left alone. Returns the removed paths."""
+    import shutil
+
+    removed = []
+    for d in Path(root or tempfile.gettempdir()).glob(f"{TMP_PREFIX}*"):
+        pid = d.name[len(TMP_PREFIX):].split("-")[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(str(d))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 @contextmanager
@@ -116,7 +146,8 @@ class VLLMEngine(RolloutEngine):
             kwargs["kv_cache_memory_bytes"] = r.kv_cache_memory_bytes or max(need, 16 * 2**20)
         if dist.enabled:
             kwargs["distributed_executor_backend"] = "external_launcher"
-        tmp = tempfile.TemporaryDirectory(prefix="datc-vllm-")
+        remove_stale_config_dirs()
+        tmp = tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-")
         cfg = config.__class__.from_dict(config.to_dict())
         if not getattr(cfg, "architectures", None):
             cfg.architectures = [type(m.policy).__name__]
