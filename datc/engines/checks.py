@@ -31,16 +31,19 @@ def vllm_logs_to_the_run_log() -> None:
     """vLLM's own log lines go to the run's ``train.log`` only (they were half of the console and
     buried the step lines): vLLM leaves its logging to the process (``VLLM_CONFIGURE_LOGGING=0``,
     read when vLLM is first imported: call this before), and its logger writes through the
-    root logger's file handlers (Hydra's ``train.log``) instead of the console's."""
+    root logger's file handlers (Hydra's ``train.log``) instead of the console's. Without a log
+    file (``train`` called from Python) vLLM logs as it would on its own."""
     import logging
     import warnings
 
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    if not files:
+        return
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     # torch's deprecation of a name vLLM's import touches: not the user's to act on
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
     vllm_log = logging.getLogger("vllm")
-    vllm_log.handlers = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
-    vllm_log.propagate = False
+    vllm_log.handlers, vllm_log.propagate = files, False
 
 
 def where_vllm_is(roots: list[str] | None = None) -> str:
