@@ -39,6 +39,7 @@ from datc.backends.plugins import partitioned, whole_parameters
 from datc.engines.base import EngineError, RolloutEngine, SamplingArgs
 from datc.engines.checks import kv_bytes_per_token, vllm_logs_to_the_run_log
 from datc.engines.rollout import Rollout, encode_prompts, response_mask_from_ids
+from datc.errors import first_line
 
 log = logging.getLogger(__name__)
 
@@ -52,24 +53,16 @@ def remove_stale_config_dirs(root: str | None = None) -> list[str]:
     live process is left alone. Returns the removed paths."""
     import shutil
 
+    from datc.run.runlock import pid_alive
+
     removed = []
     for d in Path(root or tempfile.gettempdir()).glob(f"{TMP_PREFIX}*"):
         pid = d.name[len(TMP_PREFIX):].split("-")[0]
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or pid_alive(int(pid)):
             continue
         shutil.rmtree(d, ignore_errors=True)
         removed.append(str(d))
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 @contextmanager
@@ -78,8 +71,7 @@ def _engine_errors(doing: str):
     try:
         yield
     except Exception as e:  # noqa: BLE001  whatever vLLM raises: its engine core, its worker, a kernel
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise EngineError(f"the rollout engine (vllm) failed while {doing} ({type(e).__name__}: {first})") from e
+        raise EngineError(f"the rollout engine (vllm) failed while {doing} ({type(e).__name__}: {first_line(e)})") from e
 
 
 def hf_weights(policy) -> list[tuple[str, torch.Tensor]]:

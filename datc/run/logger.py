@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from datc.config import LoggerConfig
+from datc.errors import first_line
 from datc.run.atomic import append_line
 
 COMPLETIONS_KEY = "rollout/completions"  # the W&B table of training completions and their credit
@@ -38,10 +39,6 @@ def _has_wandb_key() -> bool:
         return True
     netrc = Path.home() / ".netrc"
     return netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore")
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or ["no detail"])[0][:200]
 
 
 class RunLogger:
@@ -75,7 +72,7 @@ class RunLogger:
             except Exception as e:  # noqa: BLE001  wandb.errors.CommError and what the network raises
                 if mode != "online":
                     raise
-                why = f"the server did not answer within {cfg.init_timeout_s:g} s ({type(e).__name__}: {_first_line(e)})"
+                why = f"the server did not answer within {cfg.init_timeout_s:g} s ({type(e).__name__}: {first_line(e)})"
                 wandb.teardown()  # the failed start keeps the run id "in use" in this process
                 self._wandb, mode = start("offline"), "offline"
             if mode == "offline":

@@ -93,14 +93,15 @@ def _holder(fd: int, wait_s: float = 2.0) -> tuple[str, str] | None:
         parts = os.pread(fd, 200, 0).decode(errors="replace").split()
         if len(parts) >= 2 and parts[0].isdigit():
             pid, host = parts[0], parts[1]
-            if host != socket.gethostname() or _alive(int(pid)):
+            if host != socket.gethostname() or pid_alive(int(pid)):
                 return pid, host
         if time.monotonic() > deadline:
             return None
         time.sleep(0.05)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` (on this host) is running; another user's counts as running."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
