@@ -11,7 +11,7 @@ from datc.run.logger import completions_of, completions_table, job_type, run_tag
 
 
 def test_completions_table_colours_each_token_by_its_weight(tok):
-    wandb = pytest.importorskip("wandb")
+    import wandb  # a dependency of the package (pyproject.toml)
     ids = torch.tensor([tok.convert_tokens_to_ids(["sports", "ocean", "the", "<eos>"]),
                         tok.convert_tokens_to_ids(["music", "<eos>", "<pad>", "<pad>"])])
     mask = torch.tensor([[True, True, True, True], [True, True, False, False]])

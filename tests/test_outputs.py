@@ -4,7 +4,6 @@ output path in results/ is given on purpose."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -21,7 +20,6 @@ def _ignored(path: str) -> bool:
     return subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT).returncode == 0
 
 
-@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs the git checkout")
 def test_default_outputs_are_git_ignored():
     for path in ("runs/keywords-tiny_gpt2-grpo-s0-ca33da/summary.json", "runs/memory/presets.md",
                  "runs/heatmaps/keywords-tiny_gpt2.png", "runs/credit_accuracy/keywords-tiny_gpt2.json",
