@@ -12,7 +12,11 @@ Stages (``--stage all`` runs them in order):
 - ``knob``: at each scheme's chosen rate, its knob x0.5 and x2 (``tau`` for the schemes that share
   the weight step under its softmax, a peer's own knob otherwise: :func:`datc.report.tuning.knob_for`);
 - ``eval``: each scheme's chosen configuration and its default one on the evaluation draws and
-  seeds, which the selection never saw.
+  seeds, which the selection never saw;
+- ``kl``: the matched-KL control (:mod:`datc.report.matched_kl`): for every scheme whose tuned gain
+  over the tuned baseline is resolved, the baseline's rate searched on the selection seeds until
+  its mean final KL is within ±20% of the scheme's (a few rounds, the rates tried kept in
+  ``matched.json``), then that rate on the evaluation seeds into ``matched/``.
 
 The grids are Hydra's basic sweeper (``-m`` with comma lists): each run's directory is named by
 its config (``${datc.config_id:}``), so a killed batch run again skips the runs that finished and
@@ -34,6 +38,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from datc.report.matched_kl import (
+    MATCHED_DIR,
+    MAX_ROUNDS,
+    matched_rows,
+    propose_lr,
+    read_search,
+    write_search,
+)
 from datc.report.tuning import (
     EVAL_DIR,
     KNOB_FACTORS,
@@ -46,7 +58,7 @@ from datc.report.tuning import (
     read_setting,
 )
 
-STAGES = ("lr", "knob", "eval")
+STAGES = ("lr", "knob", "eval", "kl")
 RUN_NAME = "run_name=${data.name}-${policy.name}-${credit.name}-p${prepare_seed}-s${seed}-${datc.config_id:}"
 RESERVED = ("seed", "prepare_seed", "credit", "trainer.lr", "policy", "data", "experiment", "run_name", "run_dir", "hydra.sweep")
 
@@ -150,6 +162,42 @@ def stage_commands(stage: str, m: dict[str, Any], folder: Path, schemes: list[st
     return cmds
 
 
+def kl_round(m: dict[str, Any], folder: Path, baseline: str) -> list[list[str]]:
+    """One round of the matched-KL control: the baseline at a new rate on the selection seeds for
+    each resolved gain without a matched rate yet, and the matched rates' evaluation runs not yet
+    finished. Empty when nothing is left to run."""
+    st = read_setting(folder)
+    if baseline not in st.schemes:
+        raise Refused(f"--stage kl: the baseline {baseline} is not a scheme of {folder / MANIFEST}")
+    n_eval = sum(len(v) for v in m["evaluation"]["seeds"].values())
+    if short := [s for s, sc in st.schemes.items() if sc.lr is None or len(sc.tuned) < n_eval]:
+        raise Refused(f"--stage kl: the evaluation is not complete for {', '.join(short)} "
+                      f"(of {n_eval} evaluation seeds); run --stage eval first (it resumes where it stopped)")
+    search, cmds = read_search(folder), []
+    for row in matched_rows(st, baseline, st.matched):
+        entry = search.setdefault(row.scheme, {"target_kl": row.target_kl, "tried": []})
+        if row.lr is not None:
+            if len(row.matched) < n_eval:
+                for draw, ss in m["evaluation"]["seeds"].items():
+                    cmds.append([*_base(m, folder, MATCHED_DIR), f"credit={baseline}", f"trainer.lr={_num(row.lr)}",
+                                 f"prepare_seed={draw}", "seed=" + ",".join(map(str, ss))])
+            continue
+        lr = propose_lr(row.tried, row.target_kl)
+        if any(abs(lr / x - 1) < 1e-6 for x, _ in row.tried):
+            print(f"tuned_sweep: warning: {st.setting}, {row.scheme}: the search for {baseline}'s rate at KL "
+                  f"{row.target_kl:.3f} came back to a rate it tried ({lr:g}) without a match: stopped", file=sys.stderr)
+            continue
+        if lr not in entry["tried"]:
+            if len(entry["tried"]) >= MAX_ROUNDS:
+                print(f"tuned_sweep: warning: {st.setting}, {row.scheme}: no {baseline} rate within ±20% of KL "
+                      f"{row.target_kl:.3f} in {MAX_ROUNDS} rounds: stopped", file=sys.stderr)
+                continue
+            entry["tried"].append(lr)
+        cmds.append([*_base(m, folder, SELECT_DIR), f"credit={baseline}", f"trainer.lr={_num(lr)}", *_sel(m)])
+    write_search(folder, search)
+    return [c for i, c in enumerate(cmds) if c not in cmds[:i]]
+
+
 def _chosen(st, scheme: str, what: str) -> float:
     sc = st.schemes[scheme]
     value = sc.lr if what == "lr" else sc.knob
@@ -169,6 +217,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--stage", choices=[*STAGES, "all"], required=True)
     p.add_argument("--root", default="runs/tuned", help="the sweep's root; one folder per setting below it")
     p.add_argument("--experiment", default="four_settings")
+    p.add_argument("--baseline", default="grpo", help="the scheme the matched-KL control (--stage kl) runs at other rates")
     p.add_argument("--select-draw", type=int, default=0, help="prepare_seed of the selection runs")
     p.add_argument("--select-seeds", type=seeds, default=seeds("100,101"))
     p.add_argument("--eval-draws", default="0,1,2", help="prepare_seeds of the evaluation, the seeds split evenly among them")
@@ -216,13 +265,20 @@ def main(argv: list[str] | None = None) -> int:
             if args.dry_run and stage != "lr":
                 print(f"# stage {stage}: its commands depend on the finished runs of the stage before")
                 continue
-            for overrides in stage_commands(stage, m, folder, list(new["schemes"])):
-                cmd = [sys.executable, "-m", "datc.train", "-m", *overrides]
-                print("datc-train -m " + " ".join(shlex.quote(o) for o in overrides), flush=True)
-                if not args.dry_run and (rc := subprocess.run(cmd).returncode):
-                    print(f"tuned_sweep: a run of stage {stage} failed (exit {rc}); run the stage again to resume",
-                          file=sys.stderr)
-                    return rc
+            if stage == "kl" and args.stage == "all" and args.baseline not in m["schemes"]:
+                print(f"# stage kl: no matched-KL control without the baseline {args.baseline} in the sweep")
+                continue
+            for _ in range(MAX_ROUNDS + 2 if stage == "kl" else 1):  # kl: a round's choice reads the round before
+                cmds = kl_round(m, folder, args.baseline) if stage == "kl" else stage_commands(stage, m, folder, list(new["schemes"]))
+                for overrides in cmds:
+                    cmd = [sys.executable, "-m", "datc.train", "-m", *overrides]
+                    print("datc-train -m " + " ".join(shlex.quote(o) for o in overrides), flush=True)
+                    if not args.dry_run and (rc := subprocess.run(cmd).returncode):
+                        print(f"tuned_sweep: a run of stage {stage} failed (exit {rc}); run the stage again to resume",
+                              file=sys.stderr)
+                        return rc
+                if not cmds:
+                    break
     except (Refused, TuningError) as e:
         print(f"tuned_sweep: {e}", file=sys.stderr)
         return 2

@@ -22,16 +22,16 @@ SPECS = {
 
 
 def write_run(folder: Path, credit: str, seed: int, lr: float, gold: float, tau: float | None = None,
-              draw: int = 0, collapse_step: int | None = None) -> None:
+              draw: int = 0, collapse_step: int | None = None, kl: float = 0.1) -> None:
     name = f"keywords-tiny_gpt2-{credit}-p{draw}-s{seed}-lr{lr:g}-tau{tau}"
     d = folder / name
-    d.mkdir(parents=True)
+    d.mkdir(parents=True, exist_ok=True)
     cred = {"name": credit, **({} if tau is None else {"tau": tau, "lam": 1.0})}
     ident = {"seed": seed, "prepare_seed": draw, "trainer": {"lr": lr, "steps": 80}, "credit": cred,
              "data": {"name": "keywords"}, "policy": {"name": "tiny_gpt2"}}
     (d / "run.json").write_text(json.dumps({"run_id": name, "identity": ident}))
     summary = {"run_name": name, "seed": seed, "credit": credit, "data": "keywords", "policy": "tiny_gpt2",
-               "steps": 80, "eval": {"final": {"eval/gold": gold, "eval/rm_score": gold, "eval/kl": 0.1}},
+               "steps": 80, "eval": {"final": {"eval/gold": gold, "eval/rm_score": gold, "eval/kl": kl}},
                "length_collapse": {"step": collapse_step}}
     (d / "summary.json").write_text(json.dumps(summary))
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from datc.report.loading import Run, deduplicate, load_run_dirs
+from datc.report.matched_kl import load_matched, matched_json, matched_markdown, matched_rows
 from datc.report.statistics import (
     Interval,
     Report,
@@ -77,6 +78,7 @@ class Candidate:
     score: Interval  # final held-out gold over its selection runs
     seeds: tuple[int, ...]
     collapsed: tuple[int | str, ...]
+    kl: Interval = Interval(None, None, 0)  # final KL(π‖π_ref) over its selection runs (the matched-KL control's target)
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,7 @@ class SettingTuning:
     manifest: dict[str, Any]
     schemes: dict[str, SchemeTuning]
     warnings: list[str]
+    matched: list[tuple[float, Run]] = dataclasses.field(default_factory=list)  # the baseline's matched-KL runs (lr, run)
 
     @property
     def setting(self) -> str:
@@ -227,7 +230,7 @@ def read_setting(folder: str | Path) -> SettingTuning:
         for (lr, k), rs in sorted(by_config.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0.0)):
             rs = deduplicate(rs).runs
             cands.append(Candidate(lr, k, t_interval(r.final_gold for r in rs), tuple(sorted(r.seed for r in rs if r.seed is not None)),
-                                   collapsed_seeds(rs)))
+                                   collapsed_seeds(rs), t_interval(r.final_kl for r in rs)))
         lr, knob = _coordinate_search(scheme, spec, cands, n_seeds)
         tuned = _runs_at(placed[EVAL_DIR], lr, knob) if lr is not None and (knob is not None or not spec.get("knob")) else []
         default = _runs_at(placed[EVAL_DIR], float(spec["lr"]), spec.get("knob_default"))
@@ -243,7 +246,11 @@ def read_setting(folder: str | Path) -> SettingTuning:
         a, b = (json.loads(x) for x in list(split)[:2])
         raise TuningError(f"{folder}: runs differ in more than the learning rate, the knob, the seed and the draw "
                           f"(at {', '.join(_differing(a, b)[:6])}); one tuned sweep holds one setting's config")
-    return SettingTuning(data, policy, m, schemes, warns)
+    try:
+        matched, more = load_matched(folder, m["selection"]["seeds"])
+    except ValueError as e:
+        raise TuningError(str(e)) from None
+    return SettingTuning(data, policy, m, schemes, warns + more, matched)
 
 
 def _runs_at(placed: list[tuple[Run, float, float | None]], lr: float | None, knob: float | None) -> list[Run]:
@@ -314,6 +321,8 @@ def setting_markdown(st: SettingTuning, baseline: str) -> str:
         cells.append(f"{len(sc.tuned)}{collapse_note(collapsed_seeds(sc.tuned))} / {len(sc.default)}"
                      f"{collapse_note(collapsed_seeds(sc.default))}")
         lines.append("| " + " | ".join(cells) + " |")
+    if control := matched_markdown(matched_rows(st, baseline, st.matched), baseline, float(base.spec["lr"]) if base else 1.0):
+        lines += ["", control.rstrip("\n")]
     lines += ["", "Every candidate on the selection seeds:", "",
               "| scheme | configuration | search step | mean final gold (selection) |", "|---|---|---|---|"]
     for name in order:
@@ -344,7 +353,7 @@ def tuned_markdown(settings: Sequence[SettingTuning], baseline: str) -> str:
     return "# Tuned comparison\n\n" + LEGEND + "\n\n" + "\n".join(setting_markdown(s, baseline) for s in settings)
 
 
-def tuned_json(settings: Sequence[SettingTuning], warnings: Sequence[str]) -> str:
+def tuned_json(settings: Sequence[SettingTuning], warnings: Sequence[str], baseline: str) -> str:
     def cand(c: Candidate | None) -> dict[str, Any] | None:
         return None if c is None else {**dataclasses.asdict(c), "score": dataclasses.asdict(c.score)}
 
@@ -356,6 +365,7 @@ def tuned_json(settings: Sequence[SettingTuning], warnings: Sequence[str]) -> st
                         "tuned_collapsed": list(collapsed_seeds(sc.tuned)),
                         "default_collapsed": list(collapsed_seeds(sc.default))}
                     for n, sc in st.schemes.items()},
+        "matched_kl": matched_json(matched_rows(st, baseline, st.matched)),
     } for st in settings]
     return json.dumps({"settings": out, "warnings": list(warnings)}, indent=2, default=str) + "\n"
 
@@ -389,6 +399,6 @@ def compare_tuned(root: str | Path, out: str | Path, baseline: str,
         runs = _relabel(r for st in settings for sc in st.schemes.values() for r in pick(sc))
         if runs:
             written += write_outputs(build_report(runs, baseline), out / sub, warns)
-    atomic_write_text(out / "tuned.json", tuned_json(settings, warns))
+    atomic_write_text(out / "tuned.json", tuned_json(settings, warns, baseline))
     atomic_write_text(out / "tuned.md", tuned_markdown(settings, baseline))
     return [*written, out / "tuned.json", out / "tuned.md"]
