@@ -44,6 +44,7 @@ from datc.report.matched_kl import (
     matched_rows,
     propose_lr,
     read_search,
+    within,
     write_search,
 )
 from datc.report.tuning import (
@@ -173,8 +174,8 @@ def kl_round(m: dict[str, Any], folder: Path, baseline: str) -> list[list[str]]:
     if short := [s for s, sc in st.schemes.items() if sc.lr is None or len(sc.tuned) < n_eval]:
         raise Refused(f"--stage kl: the evaluation is not complete for {', '.join(short)} "
                       f"(of {n_eval} evaluation seeds); run --stage eval first (it resumes where it stopped)")
-    search, cmds = read_search(folder), []
-    for row in matched_rows(st, baseline, st.matched):
+    search, cmds, asked = read_search(folder), [], []
+    for row in sorted(matched_rows(st, baseline, st.matched), key=lambda r: r.target_kl):
         entry = search.setdefault(row.scheme, {"target_kl": row.target_kl, "tried": []})
         if row.lr is not None:
             if len(row.matched) < n_eval:
@@ -182,6 +183,9 @@ def kl_round(m: dict[str, Any], folder: Path, baseline: str) -> list[list[str]]:
                     cmds.append([*_base(m, folder, MATCHED_DIR), f"credit={baseline}", f"trainer.lr={_num(row.lr)}",
                                  f"prepare_seed={draw}", "seed=" + ",".join(map(str, ss))])
             continue
+        if any(within(row.target_kl, t, 0.1) for t in asked):
+            continue  # a target within ±10% of one searched for in this round waits for that round's runs
+        asked.append(row.target_kl)
         lr = propose_lr(row.tried, row.target_kl)
         if any(abs(lr / x - 1) < 1e-6 for x, _ in row.tried):
             print(f"tuned_sweep: warning: {st.setting}, {row.scheme}: the search for {baseline}'s rate at KL "

@@ -124,3 +124,36 @@ def test_the_round_waits_for_a_complete_evaluation(tmp_path):
     with pytest.raises(Refused, match="evaluation is not complete for datc"):
         kl_round(_manifest(folder), folder, "grpo")
     assert read_setting(folder).schemes["datc"].chosen.kl.mean == pytest.approx(0.8)
+
+
+def test_a_rate_the_comparison_already_evaluated_is_not_run_again(tmp_path):
+    folder = matched_sweep(tmp_path / "runs")
+    for d in (folder / "select").glob("*-datc-*tau0.5"):  # datc's target 0.21: grpo's chosen rate (x1, KL 0.2) matches
+        s = json.loads((d / "summary.json").read_text())
+        s["eval"]["final"]["eval/kl"] = 0.21
+        (d / "summary.json").write_text(json.dumps(s))
+    assert kl_round(_manifest(folder), folder, "grpo") == []
+    compare(["--tuned", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
+    (row,) = json.loads((tmp_path / "out" / "tuned.json").read_text())["settings"][0]["matched_kl"]
+    assert row["lr"] == LR and row["vs_matched"]["mean"] == pytest.approx(0.3)  # against tuned grpo's own runs
+    assert len(row["matched_runs"]) == 4 and not (folder / MATCHED_DIR).exists()
+
+
+def test_targets_within_ten_percent_share_a_round(tmp_path):
+    folder = matched_sweep(tmp_path / "runs")
+    m = json.loads((folder / MANIFEST).read_text())
+    m["schemes"]["oracle"] = m["schemes"]["datc"]
+    (folder / MANIFEST).write_text(json.dumps(m))
+    for where in ("select", "eval"):  # oracle: datc's runs, its selection KL 0.84 (within 10% of datc's 0.8)
+        for d in list((folder / where).glob("*-datc-*")):
+            new = folder / where / d.name.replace("-datc-", "-oracle-")
+            new.mkdir()
+            for f in ("run.json", "summary.json"):
+                text = (d / f).read_text().replace('"datc"', '"oracle"').replace("-datc-", "-oracle-")
+                s = json.loads(text)
+                if f == "summary.json" and where == "select" and s["eval"]["final"]["eval/kl"] == 0.8:
+                    s["eval"]["final"]["eval/kl"] = 0.84
+                (new / f).write_text(json.dumps(s))
+    (cmd,) = kl_round(_manifest(folder), folder, "grpo")  # one rate for both this round
+    assert float(_arg(cmd, "trainer.lr")) == pytest.approx(4 * LR)
+    assert json.loads((folder / "matched.json").read_text())["oracle"]["tried"] == []

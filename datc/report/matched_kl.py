@@ -142,11 +142,20 @@ def matched_rows(st: Any, baseline: str, matched: Sequence[tuple[float, Run]]) -
             continue
         target = sc.chosen.kl.mean
         lr = matched_lr(points, target)
-        runs = tuple(r for x, r in matched if r.credit == baseline and lr is not None and _same(x, lr))
+        runs = tuple(r for x, r in matched if r.credit == baseline and lr is not None and _same(x, lr)) or \
+            tuple(evaluated_at(base, lr))
         rows.append(MatchedRow(name, gain, target, points, lr, runs,
                                paired_difference(sc.tuned, runs, "final_gold") if runs else None,
                                t_interval(r.final_kl for r in sc.tuned), t_interval(r.final_kl for r in runs)))
     return rows
+
+
+def evaluated_at(base: Any, lr: float | None) -> list[Run]:
+    """The baseline's evaluation runs of the tuned comparison at rate ``lr``, if it is its chosen or
+    its default rate (no second run of the same configuration into ``matched/``)."""
+    if lr is not None and base.lr is not None and _same(lr, base.lr):
+        return list(base.tuned)
+    return list(base.default) if lr is not None and _same(lr, float(base.spec["lr"])) else []
 
 
 def _same_knob(c: Any, sc: Any) -> bool:
