@@ -185,7 +185,7 @@ def test_cf_rows_restricts_the_counterfactuals_to_a_subset(cache_dir, tmp_path):
     each batch; the other schemes are judged against gold on every response, as without it."""
     base = ["--batches", "1", "--schemes", "datc_identity,rm_counterfactual,oracle", "--cf-k", "2",
             "debug=fast", f"cache_dir={cache_dir}"]
-    credit_accuracy.main([*base, "--out", str(tmp_path / "all")])
+    credit_accuracy.main([*base, "--out", str(tmp_path / "all"), "--breakdown"])
     credit_accuracy.main([*base, "--out", str(tmp_path / "sub"), "--cf-rows", "3"])
     full, sub = (json.loads((tmp_path / d / "keywords-tiny_gpt2.json").read_text()) for d in ("all", "sub"))
     assert sub["cf_rows"] == 3 and full["cf_rows"] is None
@@ -198,6 +198,15 @@ def test_cf_rows_restricts_the_counterfactuals_to_a_subset(cache_dir, tmp_path):
         assert sub["schemes"][n] == full["schemes"][n]
     md = (tmp_path / "sub" / "keywords-tiny_gpt2.md").read_text()
     assert "`--cf-rows 3`: the counterfactual reference and `rm_counterfactual` (" in md
+    # --breakdown: by quintile of pi_old(y_t) and class, on the same tokens for every scheme; the oracle's
+    # sign(A) s is the gold contribution itself, so its sign is right on every token that has one
+    bd = full["breakdown"]
+    assert len(bd["edges"]) == 4 and bd["tokens"] == sum(g["tokens"] for g in bd["schemes"]["oracle"]["by_quintile"])
+    assert {g["sign_accuracy"] for g in bd["schemes"]["oracle"]["by_quintile"]} - {None} == {1.0}
+    assert sum(g["gold_share"] for g in bd["schemes"]["datc_identity"]["by_quintile"]) == pytest.approx(1.0)
+    assert (tmp_path / "all" / "keywords-tiny_gpt2-breakdown.png").stat().st_size > 0
+    assert "## Where credit lands: by quintile of π_old(y_t)" in (tmp_path / "all" / "keywords-tiny_gpt2.md").read_text()
+    assert "breakdown" not in sub
     with pytest.raises(SystemExit):
         credit_accuracy.main(["--cf-rows", "0"])
 

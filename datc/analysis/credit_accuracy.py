@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cf-rows", type=int, default=None,
                     help="per batch, the counterfactual reference and the schemes that edit responses "
                          "(rm_counterfactual) only on the first N responses with A != 0 (default: all)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also by quintile of pi_old(y_t) and by token class (datc.analysis.breakdown), with a plot")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args(args)
     from datc.analysis.schemes import analysed_schemes
@@ -74,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     import dataclasses
 
+    from datc.analysis.breakdown import Tokens, breakdown, breakdown_markdown
     from datc.analysis.inputs import credit_inputs, session_for
     from datc.analysis.schemes import scheme_of, scheme_outputs
     from datc.credit.base import RM_EDIT_SCORES
@@ -94,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     count = {"agree": 0, "neutral": 0, "disagree": 0}
     wcount = {n: dict(count) for n in schemes}  # the tokens each scheme's mean weights are over
     editing = {n for n in schemes if RM_EDIT_SCORES in scheme_of(n)[0].needs}  # restricted by --cf-rows
+    tokens = Tokens() if a.breakdown else None
     for b in range(a.batches):
         examples = [s.assets.train[i] for i in s.sampler.indices(b)]
         inputs = credit_inputs(s, examples, generator_seed=b)
@@ -119,9 +123,17 @@ def main(argv: list[str] | None = None) -> None:
         if editing:  # A set to 0 outside the subset: the editing schemes spend no forwards there
             only = dataclasses.replace(inputs, batch=dataclasses.replace(inputs.batch, advantages=adv * sub))
             outs.update(scheme_outputs(only, [n for n in schemes if n in editing]))
+        if tokens is not None:
+            r = inputs.rollout
+            last = r.response_mask.long().cumsum(-1) == r.response_mask.sum(-1, keepdim=True)
+            prob = torch.softmax(inputs.batch.policy_logits.float(), -1).gather(-1, r.response_ids[..., None])[..., 0]
+            rec = tokens.add_batch(prob, contrib, adv, cf_mask if editing else mask,
+                                   last & r.response_mask & ~r.truncated[:, None])
         for name in schemes:
             out, m = outs[name], (cf_mask if name in editing else mask)
             judged = out.scores if out.scores is not None else out.weights
+            if tokens is not None:
+                tokens.add_scheme(name, judged, out.weights, adv, rec)
             acc[name].append(credit_accuracy_rows(judged * torch.sign(adv)[:, None], contrib, m))
             if cf is not None:
                 acc_cf[name].append(credit_accuracy_rows(judged * torch.sign(adv)[:, None], cf, cf_mask))
@@ -156,6 +168,10 @@ def main(argv: list[str] | None = None) -> None:
                         for n in schemes},
         },
     }
+    if tokens is not None:
+        result["breakdown"] = breakdown(tokens)
+        if editing:
+            result["breakdown"]["note"] = "on the --cf-rows responses only, for every scheme"
     atomic_write_json(a.out / f"{result['setting']}.json", result)
     lines = [f"# Credit accuracy on {result['setting']} (warm-started policy, {a.batches} batches "
              f"of {t.batch_size})", "",
@@ -184,6 +200,11 @@ def main(argv: list[str] | None = None) -> None:
                   "| scheme | credit accuracy vs RM counterfactual | minus datc |", "|---|---|---|"]
         for n, r in ref["schemes"].items():
             lines.append(f"| {n} | {_pm(r['credit_accuracy'], r['interval95'])} | {_pm(*(r['minus_datc'] or (None, None)))} |")
+    if tokens is not None:
+        lines += ["", *breakdown_markdown(result["breakdown"])]
+        from datc.analysis.breakdown import plot_breakdown
+
+        plot_breakdown(result["breakdown"], a.out / f"{result['setting']}-breakdown.png", result["setting"])
     atomic_write_text(a.out / f"{result['setting']}.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
