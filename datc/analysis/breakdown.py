@@ -132,7 +132,7 @@ def breakdown_markdown(result: dict) -> list[str]:
         return "n/a" if x is None else f"{x:.3f}"
 
     e = result["edges"]
-    names = [f"Q{k + 1} ({'0' if k == 0 else f'{e[k - 1]:.2f}'}–{'1' if k == len(e) else f'{e[k]:.2f}'})" for k in range(len(e) + 1)]
+    names = [f"Q{k + 1} ({'0' if k == 0 else f'{e[k - 1]:.2g}'}–{'1' if k == len(e) else f'{e[k]:.2g}'})" for k in range(len(e) + 1)]
     schemes = result["schemes"]
     lines = [f"## Where credit lands: by quintile of π_old(y_t) and by token class ({result['tokens']} tokens with A ≠ 0)", ""]
     first = next(iter(schemes.values()), None)

@@ -153,7 +153,7 @@ def _compute_credit(scheme: CreditScheme, batch: CreditBatch, params: Any) -> Cr
                 f"credit scheme {scheme.name!r} returns scores, so its params must subclass "
                 f"datc.credit.weights.WeightParams (the shared weight step's fields); got {type(params).__name__}"
             )
-        weights, fallback = scores_to_weights(out, mask, params)
+        weights, fallback = scores_to_weights(out, mask, params, batch.response_end)
         return CreditOutput(weights, out, fallback, "per_response")
     weights = torch.where(mask, out.float(), torch.zeros((), dtype=torch.float32))
     fallback = torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)

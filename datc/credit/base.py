@@ -70,6 +70,10 @@ class CreditBatch:
     rm_scores: Tensor | None = None  # (B,), see RM_SCORES
     rm_edit_scores: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None  # see RM_EDIT_SCORES
     policy_grad_x_input: Tensor | None = None  # (B, T, d_policy), see POLICY_GRAD_X_INPUT
+    # (B, T) bool: each response's end-of-text token (its last valid token, where it ended within its
+    # budget; none in a truncated response). Always filled by the trainer: the weight step's
+    # ``end_token`` option reads it (datc.credit.weights).
+    response_end: Tensor | None = None
     generator: torch.Generator | None = None  # for schemes that draw random numbers
     # Data-parallel runs (several processes, each with its share of the batch): the sum of a
     # tensor over the processes, and the concatenation of 1-D tensors over them. None with one
@@ -85,6 +89,14 @@ class CreditBatch:
     def rank_cat(self, x: Tensor) -> Tensor:
         """1-D ``x`` of every process, concatenated in rank order (``x`` with one process)."""
         return x if self.all_cat is None else self.all_cat(x)
+
+
+def end_of_text(mask: Tensor, truncated: Tensor) -> Tensor:
+    """(B, T) bool: the last valid token of each response that did not run out of budget
+    (``truncated`` (B,) bool), which is its end-of-text token; False everywhere else."""
+    m = mask.bool()
+    last = m.long().cumsum(-1) == m.sum(-1, keepdim=True)
+    return m & last & ~truncated.bool().to(m.device)[:, None]
 
 
 @dataclass

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 NORMALIZERS = ("softmax", "linear", "rank_power")
+END_TOKEN = ("score", "neutral")  # the end-of-text token weighted by its score like any token, or held at 1
 # The linear normalizer's floor when ``w_min`` is unset (METHOD §2.5): small and positive, so a
 # token far below its response's mean score keeps a little of the advantage instead of none.
 LINEAR_FLOOR = 0.01
@@ -36,8 +37,11 @@ class WeightParams:
     w_max: float | None = None  # upper clip >= 1; None: no clip
     min_std: float = 1e-5  # fall back to w = 1 where std(s) <= min_std * mean|s| (relative)
     eps: float = 1e-8  # added to the std in the z-score, relative to mean|s|
+    end_token: str = "score"  # score | neutral: the end-of-text token weighted like any token, or held at w = 1
 
     def __post_init__(self) -> None:
+        if self.end_token not in END_TOKEN:
+            raise ValueError(f"end_token must be one of {END_TOKEN}, got {self.end_token!r}")
         if not isinstance(self.standardize, bool):
             raise ValueError(f"standardize must be true or false, got {self.standardize!r}")
         if self.normalizer not in NORMALIZERS:
@@ -54,6 +58,12 @@ class WeightParams:
         _check_range("eps", self.eps, lo=0.0)
 
 
+def _score_end(params: WeightParams) -> WeightParams:
+    import dataclasses
+
+    return dataclasses.replace(params, end_token="score")
+
+
 def _check_range(
     name: str, value: float, lo: float, hi: float = math.inf, lo_open: bool = False
 ) -> None:
@@ -65,8 +75,14 @@ def _check_range(
 
 
 @torch.no_grad()
-def scores_to_weights(scores: Tensor, mask: Tensor, params: WeightParams) -> tuple[Tensor, Tensor]:
+def scores_to_weights(scores: Tensor, mask: Tensor, params: WeightParams, end: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Turn per-token scores into token weights with mean exactly 1 per response (METHOD §2.5).
+
+    With ``params.end_token == "neutral"`` and ``end`` ((B, T) bool, each response's end-of-text
+    token: :func:`datc.credit.base.end_of_text`), the end token takes ``w = 1`` and the steps below
+    run over the response's other tokens (``mask & ~end``), so their mean is 1 and the response's
+    mean stays 1: ``w_end = 1``, ``w_{t≠end} = weights(s_{t≠end})``. A truncated response (no end
+    token) is weighted as without the option. ``fallback`` is then the fallback of the other tokens.
 
     Args:
         scores: (B, T) float, any values at masked positions (NaN included).
@@ -109,6 +125,12 @@ def scores_to_weights(scores: Tensor, mask: Tensor, params: WeightParams) -> tup
         raise ValueError(
             f"scores {tuple(scores.shape)} and mask {tuple(mask.shape)} must both be (B, T)"
         )
+    if params.end_token == "neutral":
+        if end is None:
+            raise ValueError("end_token: neutral needs each response's end-of-text token (the batch's response_end)")
+        end = end.bool() & mask.bool()
+        w, fallback = scores_to_weights(scores, mask.bool() & ~end, _score_end(params))
+        return torch.where(end, torch.ones((), dtype=w.dtype), w), fallback
     mask = mask.bool()
     n = mask.sum(-1)  # (B,)
     n_f = n.clamp_min(1).to(torch.float64)[:, None]  # (B, 1)

@@ -76,6 +76,9 @@ def identity(cfg: dict[str, Any]) -> dict[str, Any]:
         ident["deepspeed"] = {k: v for k, v in ident["deepspeed"].items() if k not in NON_IDENTITY_DEEPSPEED}
     # auto, plain and deepspeed are told apart by deepspeed.stage (a run keeps the identity it had
     # before the option); fsdp2's settings change memory and waiting, not the numbers
+    if isinstance(ident.get("credit"), dict) and ident["credit"].get("end_token") == "score":
+        # the weight step's end_token at its default: a run keeps the identity it had before the option
+        ident["credit"] = {k: v for k, v in ident["credit"].items() if k != "end_token"}
     backend = ident.pop("backend", None)
     if isinstance(backend, dict) and backend.get("name") == "fsdp2":
         ident["backend"] = {"name": "fsdp2"}

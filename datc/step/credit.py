@@ -28,6 +28,7 @@ from datc.credit.base import (
     RM_EDIT_SCORES,
     RM_SCORES,
     CreditBatch,
+    end_of_text,
 )
 from datc.engines.rollout import Rollout
 from datc.forward.attribution import policy_grad_x_input, rm_edit_scorer
@@ -98,7 +99,7 @@ def credit_inputs(s, ro: Rollout, rw: Rewarded, rows: slice, plan: StepPlan, gen
         rm_scores=rw.scores[rows] if RM_SCORES in needs else None, rm_edit_scores=edit_scores,
         policy_grad_x_input=(policy_grad_x_input(m.policy, sub, p.temperature, p.micro)
                              if POLICY_GRAD_X_INPUT in needs else None),
-        generator=generator,
+        response_end=end_of_text(mask, sub.truncated), generator=generator,
         all_sum=s.dist.tensor_sum if s.dist.world_size > 1 else None,  # "global" = the global batch
         all_cat=s.dist.tensor_cat if s.dist.world_size > 1 else None,
     )

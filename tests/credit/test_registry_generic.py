@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from datc.credit import CREDIT_SCHEMES, compute_credit, resolve_scheme
-from datc.credit.base import CreditBatch
+from datc.credit.base import CreditBatch, end_of_text
 from datc.credit.configs import credit_config, credit_config_names, credit_labels
 from datc.credit.weights import WeightParams
 
@@ -29,6 +29,7 @@ COMPLETE_CONFIGS = [
     "datc_magnitude",
     "datc_shuffled",
     "rm_saliency",
+    "datc_end_neutral",
 ]
 
 
@@ -61,6 +62,8 @@ def random_batch(seed: int = 0) -> CreditBatch:
         "rm_edit_scores": lambda rows, positions, new, rows_per_forward=None: (  # a reward of (response, position, token)
             torch.sin(rows * 1.3 + positions * 0.7 + new * 0.11).float()),
         "policy_grad_x_input": torch.randn(B, T, D, generator=gen),
+        "response_end": end_of_text(torch.arange(T) < torch.tensor([7, 1, 4, 7, 2, 5])[:, None],
+                                    torch.tensor([True, False, False, False, False, False])),  # row 0 ran out of budget
         "generator": torch.Generator().manual_seed(seed),
         "all_sum": None,  # one process (2-process reductions: tests/test_distributed.py)
         "all_cat": None,
@@ -129,5 +132,5 @@ def test_a_config_over_another_is_a_label_not_a_registered_scheme():
         assert name not in CREDIT_SCHEMES and name in credit_labels()
     assert set(CREDIT_SCHEMES.names()) <= set(credit_labels()) and credit_labels() == sorted(credit_labels())
     assert credit_config_names() == sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-    with pytest.raises(ValueError, match="credit=nope: no such option in credit/; choose one of datc, datc_identity"):
+    with pytest.raises(ValueError, match="credit=nope: no such option in credit/; choose one of datc, (.*, )?datc_identity"):
         credit_config("nope")
