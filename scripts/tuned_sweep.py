@@ -198,6 +198,7 @@ def kl_round(m: dict[str, Any], folder: Path, baseline: str) -> list[list[str]]:
                 continue
             entry["tried"].append(lr)
         cmds.append([*_base(m, folder, SELECT_DIR), f"credit={baseline}", f"trainer.lr={_num(lr)}", *_sel(m)])
+    search["baseline"] = baseline  # the scheme the control ran at other rates (datc-compare shows it against that one)
     write_search(folder, search)
     return [c for i, c in enumerate(cmds) if c not in cmds[:i]]
 

@@ -69,7 +69,7 @@ def test_a_round_searches_on_the_selection_seeds_then_evaluates_the_matched_rate
     (cmd,) = kl_round(m, folder, "grpo")  # no grpo point near 0.8: one new rate, slope 1 from x2 -> x4
     assert _arg(cmd, "credit") == "grpo" and float(_arg(cmd, "trainer.lr")) == pytest.approx(4 * LR)
     assert _arg(cmd, "hydra.sweep.dir").endswith("select") and _arg(cmd, "seed") == "100,101"
-    assert json.loads((folder / "matched.json").read_text())["datc"] == {"target_kl": 0.8, "tried": [0.002]}
+    assert json.loads((folder / "matched.json").read_text()) == {"datc": {"target_kl": 0.8, "tried": [0.002]}, "baseline": "grpo"}
     assert kl_round(m, folder, "grpo") == [cmd]  # the same round again until its runs finish
     for seed in SELECT:  # grpo at x4: KL 0.75 on the selection seeds, within 20% of 0.8
         write_run(folder / "select", "grpo", seed, 4 * LR, 0.35, kl=0.75)
@@ -95,6 +95,7 @@ def test_a_round_searches_on_the_selection_seeds_then_evaluates_the_matched_rate
 
 def test_a_gain_that_vanishes_at_matched_kl_reads_as_step_size(tmp_path):
     folder = matched_sweep(tmp_path / "runs")
+    kl_round(_manifest(folder), folder, "grpo")
     for seed in SELECT:
         write_run(folder / "select", "grpo", seed, 4 * LR, 0.35, kl=0.85)
     for draw, seeds in EVAL.items():
@@ -133,6 +134,8 @@ def test_a_rate_the_comparison_already_evaluated_is_not_run_again(tmp_path):
         s["eval"]["final"]["eval/kl"] = 0.21
         (d / "summary.json").write_text(json.dumps(s))
     assert kl_round(_manifest(folder), folder, "grpo") == []
+    compare(["--tuned", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--baseline", "datc"])
+    assert json.loads((tmp_path / "out" / "tuned.json").read_text())["settings"][0]["matched_kl"] == []  # ran for grpo only
     compare(["--tuned", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
     (row,) = json.loads((tmp_path / "out" / "tuned.json").read_text())["settings"][0]["matched_kl"]
     assert row["lr"] == LR and row["vs_matched"]["mean"] == pytest.approx(0.3)  # against tuned grpo's own runs

@@ -228,7 +228,7 @@ def _main(argv: Sequence[str] | None) -> None:
     if args.tuned:  # datc/report/tuning.py
         if args.roots or args.runs_csv or args.wandb_project:
             parser.error("--tuned reads the runs of its own ROOT: give no other ROOT, --runs-csv or --wandb-project")
-        from datc.report.tuning import compare_tuned
+        from datc.report.tuned_tables import compare_tuned
 
         return print(*compare_tuned(args.tuned, args.out, args.baseline, write_outputs), sep="\n")
     if not args.roots and not args.wandb_project and not args.runs_csv:

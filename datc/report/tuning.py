@@ -17,23 +17,22 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from datc.report.loading import Run, deduplicate, load_run_dirs
-from datc.report.matched_kl import load_matched, matched_json, matched_markdown, matched_rows
+from datc.report.matched_kl import (
+    load_matched,
+    matched_rows,
+    read_search,
+)
 from datc.report.statistics import (
     Interval,
-    Report,
-    build_report,
     collapsed_seeds,
-    paired_difference,
     t_interval,
 )
-from datc.report.tables import MIN_INTERVAL_N, _interval_text, collapse_note
 
 MANIFEST = "tuning.json"
 SELECT_DIR, EVAL_DIR = "select", "eval"
@@ -121,7 +120,12 @@ class SettingTuning:
     manifest: dict[str, Any]
     schemes: dict[str, SchemeTuning]
     warnings: list[str]
-    matched: list[tuple[float, Run]] = dataclasses.field(default_factory=list)  # the baseline's matched-KL runs (lr, run)
+    matched: list[tuple[float, Run]] = dataclasses.field(default_factory=list)  # the matched-KL runs (lr, run)
+    kl_baseline: str | None = None  # the scheme the matched-KL control ran at other rates (matched.json), if it ran
+
+    def control(self, baseline: str) -> list:
+        """The matched-KL rows against ``baseline``, where the control ran for it."""
+        return matched_rows(self, baseline, self.matched) if baseline == self.kl_baseline else []
 
     @property
     def setting(self) -> str:
@@ -250,7 +254,7 @@ def read_setting(folder: str | Path) -> SettingTuning:
         matched, more = load_matched(folder, m["selection"]["seeds"])
     except ValueError as e:
         raise TuningError(str(e)) from None
-    return SettingTuning(data, policy, m, schemes, warns + more, matched)
+    return SettingTuning(data, policy, m, schemes, warns + more, matched, read_search(folder).get("baseline"))
 
 
 def _runs_at(placed: list[tuple[Run, float, float | None]], lr: float | None, knob: float | None) -> list[Run]:
@@ -267,138 +271,3 @@ def find_settings(root: str | Path) -> list[Path]:
     """The setting folders (each holding a ``tuning.json``) at or below ``root``."""
     root = Path(root)
     return sorted(p.parent for p in root.glob(f"**/{MANIFEST}"))
-
-
-def _seeds_text(seeds: Mapping[str, Sequence[int]] | Sequence[int]) -> str:
-    if isinstance(seeds, Mapping):
-        return "; ".join(f"draw {d}: {', '.join(map(str, s))}" for d, s in seeds.items())
-    return ", ".join(map(str, seeds))
-
-
-def _score_text(c: Candidate | None, n_seeds: int) -> str:
-    if c is None:
-        return "n/a"
-    mean = "n/a" if c.score.mean is None else f"{c.score.mean:.3f}"
-    return f"{mean} (seeds {', '.join(map(str, c.seeds))}{'; incomplete' if len(c.seeds) < n_seeds else ''})" + \
-        collapse_note(c.collapsed)
-
-
-def _eval_cells(runs: list[Run], base: list[Run] | None) -> tuple[str, str, bool]:
-    gold = t_interval(r.final_gold for r in runs)
-    if base is None:
-        return _interval_text(gold, len(runs)), "(baseline)", False
-    pd = paired_difference(runs, base, "final_gold")
-    if not pd.seeds:
-        return _interval_text(gold, len(runs)), "n/a (no shared seed)", False
-    return _interval_text(gold, len(runs)), _interval_text(pd.diff, len(runs), signed=True), pd.significant and pd.diff.n >= MIN_INTERVAL_N
-
-
-def setting_markdown(st: SettingTuning, baseline: str) -> str:
-    m = st.manifest
-    n_sel = len(m["selection"]["seeds"])
-    lines = [
-        f"## {st.setting}", "",
-        f"Selection: draw {m['selection']['prepare_seed']}, seeds {_seeds_text(m['selection']['seeds'])}. "
-        f"Evaluation (selection seeds left out of every figure below): {_seeds_text(m['evaluation']['seeds'])}.", "",
-        f"| scheme | configuration chosen | selection score (mean final gold) | default's selection score | tuned: final gold "
-        f"| tuned: Δ vs {baseline} (tuned) | default: final gold | default: Δ vs {baseline} (default) | n eval seeds (tuned / default) |",
-        "|" + "---|" * 9,
-    ]
-    base = st.schemes.get(baseline)
-    order = ([baseline] if base else []) + sorted(s for s in st.schemes if s != baseline)
-    for name in order:
-        sc = st.schemes[name]
-        cells = [name, sc.label(sc.lr, sc.knob), _score_text(sc.chosen, n_sel), _score_text(sc.default_candidate, n_sel)]
-        for runs, base_runs in ((sc.tuned, base.tuned if base else None), (sc.default, base.default if base else None)):
-            if not runs:
-                cells += ["n/a (no runs)", "n/a"]
-                continue
-            if base is None:
-                g, d, bold = _interval_text(t_interval(r.final_gold for r in runs), len(runs)), f"n/a (no {baseline} run)", False
-            else:
-                g, d, bold = _eval_cells(runs, None if name == baseline else base_runs)
-            cells += [g, f"**{d}**" if bold else d]
-        cells.append(f"{len(sc.tuned)}{collapse_note(collapsed_seeds(sc.tuned))} / {len(sc.default)}"
-                     f"{collapse_note(collapsed_seeds(sc.default))}")
-        lines.append("| " + " | ".join(cells) + " |")
-    if control := matched_markdown(matched_rows(st, baseline, st.matched), baseline, float(base.spec["lr"]) if base else 1.0):
-        lines += ["", control.rstrip("\n")]
-    lines += ["", "Every candidate on the selection seeds:", "",
-              "| scheme | configuration | search step | mean final gold (selection) |", "|---|---|---|---|"]
-    for name in order:
-        sc = st.schemes[name]
-        lines += [f"| {name} | {sc.label(c.lr, c.knob)} | {_step(sc, c)} | {_score_text(c, n_sel)} |" for c in sc.candidates]
-    return "\n".join(lines) + "\n"
-
-
-def _step(sc: SchemeTuning, c: Candidate) -> str:
-    """Where a candidate lies on the search: the rate grid, the knob grid at the chosen rate, or off it."""
-    on_rate = _same(c.knob, sc.spec.get("knob_default")) and any(_same(c.lr, x) for x in sc.spec["lr_grid"])
-    on_knob = sc.lr is not None and _same(c.lr, sc.lr) and any(_same(c.knob, x) for x in sc.spec.get("knob_grid") or [])
-    where = " and ".join(w for w, ok in (("rate", on_rate), ("knob", on_knob)) if ok) or "off the search path (not eligible)"
-    return where + (" (chosen)" if sc.chosen is c else "")
-
-
-LEGEND = (
-    "METHOD §6's tuned comparison. Per setting and scheme: the configuration chosen by the coordinate search "
-    "(learning rate ×0.5/×1/×2 of the default at the knob's default, then the knob ×0.5/×1/×2 at that rate), by mean "
-    "final held-out gold on the selection seeds; its selection score and the default's; then, on the evaluation seeds "
-    "only, final held-out gold (mean ± 95% t half-width over seeds; below 3 values the mean and its n) and the difference "
-    "to the baseline paired by seed, tuned against tuned and default against default (bold where the interval excludes "
-    "zero). (k collapsed: seeds ...): runs with a length collapse (METHOD §6), kept in the means and named here."
-)
-
-
-def tuned_markdown(settings: Sequence[SettingTuning], baseline: str) -> str:
-    return "# Tuned comparison\n\n" + LEGEND + "\n\n" + "\n".join(setting_markdown(s, baseline) for s in settings)
-
-
-def tuned_json(settings: Sequence[SettingTuning], warnings: Sequence[str], baseline: str) -> str:
-    def cand(c: Candidate | None) -> dict[str, Any] | None:
-        return None if c is None else {**dataclasses.asdict(c), "score": dataclasses.asdict(c.score)}
-
-    out = [{
-        "setting": st.setting, "selection": st.manifest["selection"], "evaluation": st.manifest["evaluation"],
-        "schemes": {n: {"spec": sc.spec, "chosen": {"lr": sc.lr, "knob": sc.knob}, "chosen_score": cand(sc.chosen),
-                        "default_score": cand(sc.default_candidate), "candidates": [cand(c) for c in sc.candidates],
-                        "tuned_runs": [r.run_name for r in sc.tuned], "default_runs": [r.run_name for r in sc.default],
-                        "tuned_collapsed": list(collapsed_seeds(sc.tuned)),
-                        "default_collapsed": list(collapsed_seeds(sc.default))}
-                    for n, sc in st.schemes.items()},
-        "matched_kl": matched_json(matched_rows(st, baseline, st.matched)),
-    } for st in settings]
-    return json.dumps({"settings": out, "warnings": list(warnings)}, indent=2, default=str) + "\n"
-
-
-def _relabel(runs: Iterable[Run]) -> list[Run]:
-    return [dataclasses.replace(r, variant="") for r in runs]
-
-
-def compare_tuned(root: str | Path, out: str | Path, baseline: str,
-                  write_outputs: Callable[[Report, Path, Sequence[str]], list[Path]]) -> list[Path]:
-    """``datc-compare --tuned ROOT --out OUT``: ``OUT/tuned.md`` and ``tuned.json`` (the choices,
-    the selection scores, the evaluation table), and the usual outputs of the chosen
-    configurations' evaluation runs in ``OUT/evaluation/`` and the default ones' in ``OUT/default/``.
-    A refusal is one line and exit status 2."""
-    from datc.run.atomic import atomic_write_text
-
-    folders = find_settings(root)
-    try:
-        if not folders:
-            raise TuningError(f"{root}: no {MANIFEST} at or below it (a tuned sweep's setting folders hold one)")
-        settings = [read_setting(f) for f in folders]
-    except TuningError as e:
-        print(f"datc-compare: --tuned {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    warns = [w for st in settings for w in st.warnings]
-    for w in warns:
-        print(f"datc-compare: warning: {w}", file=sys.stderr)
-    out = Path(out)
-    written = []
-    for sub, pick in (("evaluation", lambda sc: sc.tuned), ("default", lambda sc: sc.default)):
-        runs = _relabel(r for st in settings for sc in st.schemes.values() for r in pick(sc))
-        if runs:
-            written += write_outputs(build_report(runs, baseline), out / sub, warns)
-    atomic_write_text(out / "tuned.json", tuned_json(settings, warns, baseline))
-    atomic_write_text(out / "tuned.md", tuned_markdown(settings, baseline))
-    return [*written, out / "tuned.json", out / "tuned.md"]
