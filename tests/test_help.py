@@ -18,7 +18,7 @@ def test_help_lists_the_groups_the_fields_and_where_they_are_described(tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert out.startswith("datc-train: GRPO with token-level credit assignment")
-    assert "credit: datc, datc_identity" in out and "deepspeed: none, zero2, zero3" in out  # the groups
+    assert "credit: datc, datc_end_neutral, datc_identity" in out and "deepspeed: none, zero2, zero3" in out  # the groups
     assert "lm_head_chunk: null" in out and "logit_map: jacobian" in out  # fields, as composed with credit=datc
     assert "docs/configuration.md" in out
     assert not (tmp_path / "run").exists()
