@@ -18,7 +18,7 @@ PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS) $(TORCH_INDEX),)
 PYTEST_ARGS ?=
 # The main suite's workers (pytest-xdist): one per core, a test file per worker at a time (its
 # module-scoped fixtures made once); the session's shared work is made once per run (tests/conftest.py).
-PYTEST_WORKERS ?= -n auto --dist loadfile
+PYTEST_WORKERS ?= -n auto --dist worksteal
 
 .PHONY: venv vllm-cpu demo demo-results test test-vllm lint docs docs-serve bench bench-real clean-runs gpu-kit
 

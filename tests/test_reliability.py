@@ -55,7 +55,9 @@ def _wait_for_step(run_dir, proc, step, timeout=300):
 @pytest.mark.slow
 def test_two_processes_on_one_run_dir_one_is_refused(cache_dir, tmp_path):
     run = tmp_path / "r"
-    cmd = _cli(cache_dir, run, "trainer.steps=30", "trainer.checkpoint_every=4")
+    # 80 steps: enough that the winner is still running when the SIGINT below arrives on a loaded
+    # machine (a debug=fast step takes a few hundredths of a second)
+    cmd = _cli(cache_dir, run, "trainer.steps=80", "trainer.checkpoint_every=4")
     # Both fresh, started together: exactly one holds the directory, the other is refused at once.
     a, b = (subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2))
     deadline = time.time() + 300
@@ -84,7 +86,7 @@ def test_two_processes_on_one_run_dir_one_is_refused(cache_dir, tmp_path):
     refused = c_err if c.returncode == 2 else d_err
     assert "is in use by process" in refused, refused
     steps = _train_steps(run)
-    assert steps == list(range(1, 31)), steps  # every step exactly once
+    assert steps == list(range(1, 81)), steps  # every step exactly once
     assert json.loads((run / "summary.json").read_text())["eval"]["initial"]
 
 
