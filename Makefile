@@ -93,7 +93,7 @@ docs-serve: venv  ## serve the documentation site on http://127.0.0.1:8000, rebu
 
 BENCH_ARGS ?=
 bench: $(VENV)/.installed-bench  ## this project's GRPO against TRL's GRPOTrainer -> results/bench/trl.md
-	$(BIN)/python -m scripts.bench $(BENCH_ARGS)
+	$(BIN)/python -m scripts.bench --repeats 15 --until 0.05 --max-minutes 10 $(BENCH_ARGS)
 
 bench-real: $(VENV)/.installed-bench  ## the same at a real model's scale (SmolLM2-135M-Instruct; about an hour on 2 cores) -> results/bench/trl_real.md
 	$(BIN)/python -m scripts.bench --scale real $(BENCH_ARGS)

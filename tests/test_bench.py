@@ -206,11 +206,11 @@ def test_committed_markdown_is_what_its_results_file_renders():
 
 
 def test_notes_template_gives_the_notes_of_the_committed_runs():
-    """notes.md, read with the reward callable's place as it was (scripts/bench.py), gives each
-    scale's notes exactly as the committed results files hold them; a new run gets its place now."""
-    notes = read_notes(values={"rm_reward": "`RMReward` in scripts/bench.py"})
-    for k in SCALES:
-        assert list(notes[k]) == load_results(OUT, k)["notes"], k
+    """notes.md, read with the reward callable's place as it was (scripts/bench.py) or as it is now,
+    gives each scale's notes exactly as the committed results files hold them; a new run gets its place now."""
+    old, now = read_notes(values={"rm_reward": "`RMReward` in scripts/bench.py"}), read_notes()
+    for k in SCALES:  # each committed file from before the move or after it
+        assert load_results(OUT, k)["notes"] in (list(old[k]), list(now[k])), k
     assert all("`RMReward` in scripts/bench/trl_side.py" in " ".join(SCALES[k].notes) for k in SCALES)
 
 # ---- this project's side: its step with a forced length, and with a given rollout -----------------
@@ -257,3 +257,16 @@ def test_datc_side_steps_are_the_trainers_own(cache_dir, tmp_path):
     ours = timeless(learn(s, 0, ro))
     theirs = timeless(train_step(session("grpo", ops=StepOps(sample=lambda *a, **k: ro)), 0).metrics)
     assert ours == theirs
+
+
+def test_the_median_interval_is_the_sign_test_one():
+    from scripts.bench.stats import median_interval
+
+    # n = 6: P(B <= 0) = 1/64 <= 0.025 < P(B <= 1) = 7/64, so k = 1: the extremes (coverage 1 - 2/64)
+    assert median_interval([5.0, 1.0, 3.0, 2.0, 6.0, 4.0]) == (1.0, 6.0)
+    assert median_interval([1.0, 2.0, 3.0, 4.0, 5.0]) is None  # n = 5: P(B <= 0) = 1/32 > 0.025
+    # n = 20: P(B <= 5) = 0.0207 <= 0.025 < P(B <= 6) = 0.0577, so k = 6: the 6th and 15th values
+    xs = [float(i) for i in range(1, 21)]
+    assert median_interval(xs) == (6.0, 15.0)
+    s = spread(xs)
+    assert (s["ci_low"], s["ci_high"]) == (6.0, 15.0) and s["ci_rel"] == pytest.approx(4.5 / 10.5)  # the median 10.5: 4.5 on the lower side

@@ -29,6 +29,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, help="measured steps per block (testbed 10, real 2)")
     ap.add_argument("--warmup", type=int, help="unmeasured steps at the start of each block (testbed 2, real 1)")
     ap.add_argument("--repeats", type=int, help="interleaved blocks per trainer (testbed 5, real 3)")
+    ap.add_argument("--until", type=float, default=None,
+                    help="add repeats until both headline ratios' 95%% intervals are within +- this of their medians (relative, e.g. 0.05)")
+    ap.add_argument("--max-repeats", type=int, default=60, help="with --until: at most this many repeats")
+    ap.add_argument("--max-minutes", type=float, default=15.0, help="with --until: stop adding repeats after about this long")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the testbed machine is shared)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tol", type=float, default=1e-4, help="relative tolerance of the same-loss check")
@@ -82,8 +86,9 @@ def main() -> None:
     print("same loss:", json.dumps(sl), file=sys.stderr)
     if not sl["ok"]:
         raise SystemExit(f"scripts.bench: the two trainers do not compute the same loss on the same batch: {sl}")
-    th = measure(overrides, a.steps, a.warmup, a.repeats, a.seed, **work)
-    th.update(steps=a.steps, warmup=a.warmup, repeats=a.repeats)
+    th = measure(overrides, a.steps, a.warmup, a.repeats, a.seed, **work, until=a.until, max_repeats=a.max_repeats,
+                 max_s=60 * a.max_minutes)
+    th.update(steps=a.steps, warmup=a.warmup, repeats=th["repeats_run"])
     s = datc_session(overrides, T)
     t = s.c.trainer
     micro = (f" in micro-batches of {t.micro_batch_size} (TRL per_device_train_batch_size {t.micro_batch_size}, "

@@ -47,13 +47,45 @@ def run_datc_block(overrides: list[str], steps: int, warmup: int, seed: int, max
 # ---- 2. throughput -----------------------------------------------------------------------------
 
 
+LOAD_MOVE = 1.0  # a repeat whose 1-minute load average moved more than this is flagged
+
+
 def measure(overrides: list[str], steps: int, warmup: int, repeats: int, seed: int, max_new_tokens: int | None = None,
-            force_length: bool = False) -> dict[str, Any]:
+            force_length: bool = False, until: float | None = None, max_repeats: int = 60,
+            max_s: float = 900.0) -> dict[str, Any]:
+    """Interleaved blocks of every contestant, ``repeats`` of them, or with ``until`` as many more
+    as it takes for the 95% intervals of the two headline medians (credit=grpo / TRL samples per
+    second, credit=datc / credit=grpo step time) to be within ±``until`` of them (relative), at most ``max_repeats`` and about ``max_s`` seconds. The 1-minute load
+    average is kept per repeat; a repeat during which it moved more than :data:`LOAD_MOVE` is
+    flagged, and the ratios are given over every repeat and over the unflagged ones."""
+    from datc.run.provenance import load_average
+
     s = datc_session(overrides, max_new_tokens)
     B = s.c.trainer.batch_size
     work = {"max_new_tokens": max_new_tokens, "force_length": force_length}
     blocks: dict[str, list[dict]] = {k: [] for k in CONTESTANTS}
-    for r in range(repeats):
+    loads: list[dict[str, float]] = []
+    t0, r = time.time(), 0
+
+    def ratios(keep: list[int]) -> dict[str, Any]:
+        def pick(who: str) -> list[dict]:
+            return [blocks[who][i] for i in keep]
+        g, t, d = pick("grpo"), pick("trl"), pick("datc")
+        return {"grpo_over_trl_samples_per_s": spread([a["samples_per_s"] / b["samples_per_s"] for a, b in zip(g, t, strict=True)]),
+                "datc_over_trl_samples_per_s": spread([a["samples_per_s"] / b["samples_per_s"] for a, b in zip(d, t, strict=True)]),
+                "datc_over_grpo_step_s": spread([a["step_s"] / b["step_s"] for a, b in zip(d, g, strict=True)])}
+
+    def more() -> bool:
+        if r < repeats:
+            return True
+        if until is None or r >= max_repeats or time.time() - t0 > max_s:
+            return False
+        now = ratios(list(range(r)))
+        rels = [now[k]["ci_rel"] for k in ("grpo_over_trl_samples_per_s", "datc_over_grpo_step_s")]
+        return any(x is None or x > until for x in rels)
+
+    while more():
+        start = load_average()[0]
         for who in rotated_order(CONTESTANTS, r):
             if who == "trl":
                 rows = run_trl_block(s, steps, warmup, seed + r, **work)
@@ -62,14 +94,15 @@ def measure(overrides: list[str], steps: int, warmup: int, repeats: int, seed: i
             blocks[who].append(block_summary(rows, B))
             print(f"repeat {r} {who}: {blocks[who][-1]['samples_per_s']:.1f} samples/s, "
                   f"step {blocks[who][-1]['step_s'] * 1000:.1f} ms", file=sys.stderr)
+        end = load_average()[0]
+        loads.append({"start": start, "end": end, "flagged": abs(end - start) > LOAD_MOVE})
+        r += 1
     keys = list(blocks["trl"][0])
     summary = {who: {k: statistics.median(b[k] for b in bs) for k in keys} for who, bs in blocks.items()}
-    ratio_trl = [g["samples_per_s"] / t["samples_per_s"] for g, t in zip(blocks["grpo"], blocks["trl"], strict=True)]
-    ratio_trl_datc = [d["samples_per_s"] / t["samples_per_s"] for d, t in zip(blocks["datc"], blocks["trl"], strict=True)]
-    ratio_credit = [d["step_s"] / g["step_s"] for d, g in zip(blocks["datc"], blocks["grpo"], strict=True)]
-    return {"batch_size": B, "blocks": blocks, "median_over_repeats": summary,
-            "grpo_over_trl_samples_per_s": spread(ratio_trl), "datc_over_trl_samples_per_s": spread(ratio_trl_datc),
-            "datc_over_grpo_step_s": spread(ratio_credit)}
+    steady = [i for i, x in enumerate(loads) if not x["flagged"]]
+    return {"batch_size": B, "blocks": blocks, "median_over_repeats": summary, **ratios(list(range(r))),
+            "repeats_run": r, "load_per_repeat": loads, "until": until, "measure_s": round(time.time() - t0, 1),
+            "steady": {"repeats": len(steady), **(ratios(steady) if len(steady) >= 1 else {})}}
 
 
 # ---- 3. peak memory, each side alone in a fresh process ---------------------------------------

@@ -25,7 +25,9 @@ def render(res: dict[str, Any], other: dict[str, Any] | None = None) -> str:
     names = {"trl": f"TRL GRPOTrainer {res['machine']['trl']}", "grpo": "datc credit=grpo", "datc": "datc credit=datc"}
 
     def sp(x):
-        return f"{x['median']:.2f} (min {x['min']:.2f}, max {x['max']:.2f}; quartiles {x['q1']:.2f} to {x['q3']:.2f})"
+        ci = "" if x.get("ci_low") is None else \
+            f"; 95% interval of the median {x['ci_low']:.2f} to {x['ci_high']:.2f}, ±{100 * x['ci_rel']:.1f}%"
+        return f"{x['median']:.2f} (min {x['min']:.2f}, max {x['max']:.2f}; quartiles {x['q1']:.2f} to {x['q3']:.2f}{ci})"
 
     lines = [
         "# This project's GRPO against TRL's GRPOTrainer" + (f": {SCALES[res['scale']].title}" if real else ""), "",
@@ -54,6 +56,7 @@ def render(res: dict[str, Any], other: dict[str, Any] | None = None) -> str:
         f"**datc (credit=grpo) / TRL samples per second: {sp(r)}**  ",
         f"datc (credit=datc) / TRL samples per second: {sp(rd)}  ",
         f"**credit=datc / credit=grpo step time: {sp(rc)}**", "",
+        *_load_lines(th),
         f"## Same loss on the same batch (first step, on-policy, tolerance {sl['tolerance']:g} relative)", "",
         "| quantity | TRL | datc | agree |", "|---|---|---|---|",
         *[f"| {k} | {sl['trl'][k]:.7g} | {sl['datc'][k]:.7g} | {'yes' if sl['agree'][k] else 'NO'} |" for k in SAME_LOSS],
@@ -100,6 +103,26 @@ def render(res: dict[str, Any], other: dict[str, Any] | None = None) -> str:
     if res.get("notes"):
         lines += ["## Notes", "", *res["notes"], ""]
     return "\n".join(lines)
+
+
+def _load_lines(th: dict[str, Any]) -> list[str]:
+    """The load during the repeats, and the ratios over the steady ones, where the run kept them."""
+    loads = th.get("load_per_repeat")
+    if not loads:
+        return []
+    flagged = [i for i, x in enumerate(loads) if x["flagged"]]
+    lines = [f"1-minute load average per repeat: {min(x['start'] for x in loads):.1f} to {max(x['end'] for x in loads):.1f}; "
+             f"{len(flagged)} of {len(loads)} repeats flagged (the load moved by more than 1.0 during them)"
+             + (f": {', '.join(map(str, flagged))}" if flagged else "") + "."
+             + (f" Repeats were added until the intervals of both headline ratios were within ±{100 * th['until']:.0f}%, "
+                f"or the cap: {th['repeats_run']} repeats, {th['measure_s']:.0f} s of blocks." if th.get("until") else "")]
+    st = th.get("steady", {})
+    if flagged and st.get("repeats", 0) >= 1:
+        r = st["grpo_over_trl_samples_per_s"]
+        ci = "" if r.get("ci_low") is None else f", interval {r['ci_low']:.2f} to {r['ci_high']:.2f}"
+        lines.append(f"Over the {st['repeats']} unflagged repeats: credit=grpo / TRL {r['median']:.2f}{ci}; "
+                     f"credit=datc / credit=grpo {st['datc_over_grpo_step_s']['median']:.2f}.")
+    return [*lines, ""]
 
 
 def _short_work(res: dict[str, Any]) -> str:

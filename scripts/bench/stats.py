@@ -7,12 +7,34 @@ import statistics
 
 from scripts.bench.scales import PHASES
 
+CONFIDENCE = 0.95
+
+
+def median_interval(xs: list[float], confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """The distribution-free interval of the median: ``(x_(k), x_(n-k+1))`` of the sorted values
+    with the largest ``k`` such that ``P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2``, which
+    covers the median with probability at least ``confidence`` for any continuous distribution
+    of independent values (the sign-test interval). None when ``n`` is too small (n < 6 at 95%)."""
+    from scipy.stats import binom
+
+    xs, n = sorted(xs), len(xs)
+    alpha = (1 - confidence) / 2
+    k = 0
+    while k + 1 <= n // 2 and binom.cdf(k, n, 0.5) <= alpha:  # P(B <= k) = P(B < k + 1)
+        k += 1
+    return None if k == 0 else (xs[k - 1], xs[n - k])
+
 
 def spread(xs: list[float]) -> dict[str, float]:
-    """Median, min, max and quartiles of a list of figures (quartiles need 2+ values)."""
+    """Median, min, max, quartiles (2+ values) and the median's 95% interval (``ci_low``,
+    ``ci_high``, ``ci_rel``: the larger side over the median; None below 6 values)."""
     xs = sorted(xs)
     q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
-    return {"median": statistics.median(xs), "min": xs[0], "max": xs[-1], "q1": q[0], "q3": q[2], "n": len(xs)}
+    med = statistics.median(xs)
+    ci = median_interval(xs)
+    rel = None if ci is None or med == 0 else max(med - ci[0], ci[1] - med) / abs(med)
+    return {"median": med, "min": xs[0], "max": xs[-1], "q1": q[0], "q3": q[2], "n": len(xs),
+            "ci_low": None if ci is None else ci[0], "ci_high": None if ci is None else ci[1], "ci_rel": rel}
 
 
 def block_summary(rows: list[dict[str, float]], batch_size: int) -> dict[str, float]:
