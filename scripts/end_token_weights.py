@@ -25,7 +25,6 @@ FROM_END = 4  # positions from the end whose gradient norm is reported
 def measure(policy: str, data: str, batches: int) -> dict:
     from datc.analysis.inputs import credit_inputs, session_for
     from datc.analysis.schemes import scheme_outputs
-    from datc.credit.base import end_of_text
 
     s = session_for(["credit=datc", "experiment=four_settings", f"policy={policy}", f"data={data}"])
     acc = {n: {"pos": [], "neg": [], "coef": [], "top": []} for n in SCHEMES}
@@ -34,7 +33,7 @@ def measure(policy: str, data: str, batches: int) -> dict:
         inputs = credit_inputs(s, [s.assets.train[i] for i in s.sampler.indices(b)], generator_seed=b)
         r, adv = inputs.rollout, inputs.advantages
         mask = r.response_mask
-        end = end_of_text(mask, r.truncated)
+        end = inputs.batch.response_end
         ended = end.any(-1) & (adv != 0)
         outs = scheme_outputs(inputs, SCHEMES)
         for n in SCHEMES:
@@ -50,8 +49,7 @@ def measure(policy: str, data: str, batches: int) -> dict:
             pos = last - k
             ok = ended & (pos >= 0)
             gnorm[k].append(norms[ok.nonzero()[:, 0], pos[ok]])
-    out = {"schemes": {}, "rm_grad_norm_from_end": [float(torch.cat(g).mean()) for g in gnorm],
-           "rm_grad_norm_all": None}
+    out = {"schemes": {}, "rm_grad_norm_from_end": [float(torch.cat(g).mean()) for g in gnorm]}
     for n, a in acc.items():
         cat = {k: torch.cat(v) for k, v in a.items()}
         out["schemes"][n] = {"w_end_A_pos": float(cat["pos"].mean()), "w_end_A_neg": float(cat["neg"].mean()),

@@ -270,3 +270,17 @@ def test_the_median_interval_is_the_sign_test_one():
     assert median_interval(xs) == (6.0, 15.0)
     s = spread(xs)
     assert (s["ci_low"], s["ci_high"]) == (6.0, 15.0) and s["ci_rel"] == pytest.approx(4.5 / 10.5)  # the median 10.5: 4.5 on the lower side
+
+
+def test_the_load_lines_flag_a_moved_repeat_and_restate_the_ratios_without_it():
+    from scripts.bench.render import _load_lines
+
+    steady = {"grpo_over_trl_samples_per_s": spread([1.5, 1.6]), "datc_over_grpo_step_s": spread([1.1, 1.2])}
+    th = {"load_per_repeat": [{"start": 0.5, "end": 0.7, "flagged": False}, {"start": 0.7, "end": 2.1, "flagged": True},
+                              {"start": 2.1, "end": 2.0, "flagged": False}],
+          "until": 0.05, "repeats_run": 3, "measure_s": 12.0, "steady": {"repeats": 2, **steady}}
+    text = " ".join(_load_lines(th))
+    assert "1 of 3 repeats flagged (the load moved by more than 1.0 during them): 1." in text
+    assert "within ±5%, or the cap: 3 repeats, 12 s of blocks" in text
+    assert "Over the 2 unflagged repeats: credit=grpo / TRL 1.55; credit=datc / credit=grpo 1.15." in text
+    assert _load_lines({}) == []  # results from before the load was kept

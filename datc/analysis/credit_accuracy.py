@@ -124,11 +124,10 @@ def main(argv: list[str] | None = None) -> None:
             only = dataclasses.replace(inputs, batch=dataclasses.replace(inputs.batch, advantages=adv * sub))
             outs.update(scheme_outputs(only, [n for n in schemes if n in editing]))
         if tokens is not None:
-            r = inputs.rollout
-            last = r.response_mask.long().cumsum(-1) == r.response_mask.sum(-1, keepdim=True)
-            prob = torch.softmax(inputs.batch.policy_logits.float(), -1).gather(-1, r.response_ids[..., None])[..., 0]
-            rec = tokens.add_batch(prob, contrib, adv, cf_mask if editing else mask,
-                                   last & r.response_mask & ~r.truncated[:, None])
+            from datc.math.logprobs import selective_log_softmax
+
+            prob = selective_log_softmax(inputs.batch.policy_logits.float(), inputs.batch.response_ids).exp()  # pi_old(y_t)
+            rec = tokens.add_batch(prob, contrib, adv, cf_mask if editing else mask, inputs.batch.response_end)
         for name in schemes:
             out, m = outs[name], (cf_mask if name in editing else mask)
             judged = out.scores if out.scores is not None else out.weights

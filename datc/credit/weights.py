@@ -8,6 +8,7 @@ has ``w >= 0`` and ``mean_t w = 1`` over each response's valid tokens, hence
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -59,8 +60,6 @@ class WeightParams:
 
 
 def _score_end(params: WeightParams) -> WeightParams:
-    import dataclasses
-
     return dataclasses.replace(params, end_token="score")
 
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from datc.report.loading import Run, deduplicate, load_run_dirs
+from datc.report.loading import Run
 from datc.report.statistics import Interval, PairedDifference, paired_difference, t_interval
+from datc.report.statistics import same_value as _same
 
 TOLERANCE = 0.2  # |KL_grpo / KL_scheme - 1| at most this on the selection seeds: matched
 MAX_ROUNDS = 4  # search rounds per scheme (each: GRPO at one new rate on the selection seeds)
@@ -93,37 +94,6 @@ class MatchedRow:
     kl_matched: Interval  # final KL of the matched baseline's evaluation runs
 
 
-def _lr_of(run: Run) -> float | None:
-    try:
-        lr = json.loads((Path(run.source).parent / "run.json").read_text())["identity"]["trainer"]["lr"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return float(lr) if isinstance(lr, (int, float)) else None
-
-
-def load_matched(folder: Path, selection_seeds: Sequence[int]) -> tuple[list[tuple[float, Run]], list[str]]:
-    """The runs in ``folder/matched/`` with their learning rates. A run without a known rate is
-    left out with a warning; one on a selection seed is refused (:class:`ValueError`)."""
-    if not (folder / MATCHED_DIR).is_dir():
-        return [], []
-    loaded = load_run_dirs([folder / MATCHED_DIR])
-    warns = [w for w in loaded.warnings if "not a directory" not in w]
-    out = []
-    for r in deduplicate(loaded.runs).runs:
-        if r.seed in set(selection_seeds):
-            raise ValueError(f"{r.source}: a matched-KL evaluation run on selection seed {r.seed} "
-                             "(METHOD §6: evaluate on fresh seeds); refused")
-        if (lr := _lr_of(r)) is None:
-            warns.append(f"{r.source}: no run.json with a learning rate beside it: left out of the matched-KL control")
-            continue
-        out.append((lr, r))
-    return out, warns
-
-
-def _same(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=1e-6)
-
-
 def matched_rows(st: Any, baseline: str, matched: Sequence[tuple[float, Run]]) -> list[MatchedRow]:
     """The control for every scheme of ``st`` (a :class:`datc.report.tuning.SettingTuning`) whose
     tuned gain over the tuned baseline is resolved."""
@@ -132,7 +102,7 @@ def matched_rows(st: Any, baseline: str, matched: Sequence[tuple[float, Run]]) -
         return []
     n_sel = len(st.manifest["selection"]["seeds"])
     points = tuple((c.lr, c.kl.mean) for c in base.candidates
-                   if _same_knob(c, base) and len(c.seeds) >= n_sel and c.kl.mean is not None and c.kl.mean > 0)
+                   if _same(c.knob, base.spec.get("knob_default")) and len(c.seeds) >= n_sel and c.kl.mean is not None and c.kl.mean > 0)
     rows = []
     for name, sc in sorted(st.schemes.items()):
         if name == baseline or sc.chosen is None or sc.chosen.kl.mean is None or not sc.tuned:
@@ -156,11 +126,6 @@ def evaluated_at(base: Any, lr: float | None) -> list[Run]:
     if lr is not None and base.lr is not None and _same(lr, base.lr):
         return list(base.tuned)
     return list(base.default) if lr is not None and _same(lr, float(base.spec["lr"])) else []
-
-
-def _same_knob(c: Any, sc: Any) -> bool:
-    kd = sc.spec.get("knob_default")
-    return (c.knob is None and kd is None) or (c.knob is not None and kd is not None and math.isclose(c.knob, kd))
 
 
 def verdict(row: MatchedRow) -> str:

@@ -17,6 +17,11 @@ TREATMENT = "datc"
 PAIRED_METRICS = ("final_gold", "gold_auc")
 
 
+def same_value(a: float | None, b: float | None) -> bool:
+    """Two config values (a learning rate, a knob) are the same: both None, or equal to rounding."""
+    return (a is None and b is None) or (a is not None and b is not None and math.isclose(a, b, rel_tol=1e-9))
+
+
 @dataclass(frozen=True)
 class Interval:
     """Mean of ``n`` values and the half-width of its 95% Student-t interval (``None`` when

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,13 +23,14 @@ from typing import Any
 
 from datc.report.loading import Run, deduplicate, load_run_dirs
 from datc.report.matched_kl import (
-    load_matched,
+    MATCHED_DIR,
     matched_rows,
     read_search,
 )
 from datc.report.statistics import (
     Interval,
     collapsed_seeds,
+    same_value,
     t_interval,
 )
 
@@ -64,8 +64,7 @@ def grid(default: float, factors: Sequence[float] = LR_FACTORS) -> list[float]:
     return [float(f) * float(default) for f in factors]
 
 
-def _same(a: float | None, b: float | None) -> bool:
-    return (a is None and b is None) or (a is not None and b is not None and math.isclose(a, b, rel_tol=1e-9))
+_same = same_value
 
 
 @dataclass(frozen=True)
@@ -251,10 +250,31 @@ def read_setting(folder: str | Path) -> SettingTuning:
         raise TuningError(f"{folder}: runs differ in more than the learning rate, the knob, the seed and the draw "
                           f"(at {', '.join(_differing(a, b)[:6])}); one tuned sweep holds one setting's config")
     try:
-        matched, more = load_matched(folder, m["selection"]["seeds"])
+        matched, more = _load_matched(folder, m["selection"]["seeds"])
     except ValueError as e:
         raise TuningError(str(e)) from None
     return SettingTuning(data, policy, m, schemes, warns + more, matched, read_search(folder).get("baseline"))
+
+
+def _load_matched(folder: Path, selection_seeds: Sequence[int]) -> tuple[list[tuple[float, Run]], list[str]]:
+    """The runs in ``folder/matched/`` (the matched-KL control's) with their learning rates. A run
+    without a known rate is left out with a warning; one on a selection seed is refused
+    (:class:`ValueError`)."""
+    if not (folder / MATCHED_DIR).is_dir():
+        return [], []
+    loaded = load_run_dirs([folder / MATCHED_DIR])
+    warns = [w for w in loaded.warnings if "not a directory" not in w]
+    out = []
+    for r in deduplicate(loaded.runs).runs:
+        if r.seed in set(selection_seeds):
+            raise ValueError(f"{r.source}: a matched-KL evaluation run on selection seed {r.seed} "
+                             "(METHOD §6: evaluate on fresh seeds); refused")
+        lr = (_identity(r) or {}).get("trainer", {}).get("lr")
+        if not isinstance(lr, (int, float)):
+            warns.append(f"{r.source}: no run.json with a learning rate beside it: left out of the matched-KL control")
+            continue
+        out.append((float(lr), r))
+    return out, warns
 
 
 def _runs_at(placed: list[tuple[Run, float, float | None]], lr: float | None, knob: float | None) -> list[Run]:
