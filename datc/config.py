@@ -185,6 +185,7 @@ class RolloutConfig:
     name: str = "torch"  # torch (the built-in sampler) or vllm
     correction: str = "none"  # importance-sampling correction of the sampler/trainer mismatch (datc.math.correction)
     correction_cap: float = 2.0  # C: ratios truncated at (or masked above) C
+    max_staleness: int = 0  # k: batches sampled up to k policy versions ahead on the engine's thread; 0 = synchronous
     dtype: str = "auto"  # vllm: the engine's compute dtype; auto = the policy's
     max_model_len: int | None = None  # vllm: prompt + response tokens; null = data.max_prompt_tokens + trainer.max_new_tokens
     gpu_memory_utilization: float = 0.3  # vllm on GPUs: the fraction of device memory the engine may take

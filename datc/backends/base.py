@@ -64,7 +64,10 @@ class PolicyOptimizer(Protocol):
     @property
     def lr(self) -> float: ...
 
-    def save(self, run_path: Path, step: int, rng: Any, elapsed: float, keep: int) -> None: ...
+    def save(self, run_path: Path, step: int, rng: Any, elapsed: float, keep: int,
+             extra: dict[str, Any] | None = None) -> None:
+        """Checkpoint after ``step``; ``extra``: more of this rank's state (the rollout stream's
+        batches in flight, :mod:`datc.step.stream`), handed back by :meth:`load` under its keys."""
 
     def load(self, ckpt: Path, state: dict[str, Any]) -> dict[str, Any]: ...
 

@@ -179,10 +179,11 @@ class DeepSpeedOptimizer:
     def lr(self) -> float:
         return self.sched.get_last_lr()[0]
 
-    def save(self, run_path: Path, step: int, rng: Any, elapsed: float, keep: int) -> None:
+    def save(self, run_path: Path, step: int, rng: Any, elapsed: float, keep: int,
+             extra: dict[str, Any] | None = None) -> None:
         d = self.dist
-        save_engine_checkpoint(run_path, step, self.module, {"elapsed": elapsed}, {"rng": rng}, d.rank, d.world_size,
-                               d.barrier, keep)
+        save_engine_checkpoint(run_path, step, self.module, {"elapsed": elapsed}, {"rng": rng, **(extra or {})}, d.rank,
+                               d.world_size, d.barrier, keep)
 
     def load(self, ckpt: Path, state: dict[str, Any]) -> dict[str, Any]:
         return load_engine_checkpoint(ckpt, self.module, self.dist.rank, self.dist.world_size)

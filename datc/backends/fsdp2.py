@@ -178,7 +178,8 @@ class FSDP2Optimizer(TorchOptimizer):
         # a LoRA policy's frozen base is not the run's to save: it is reloaded
         return get_state_dict(self.module, self.opt, options=StateDictOptions(ignore_frozen_params=True))
 
-    def save(self, run_path: Path, step: int, rng: Any, elapsed: float, keep: int) -> None:
+    def save(self, run_path: Path, step: int, rng: Any, elapsed: float, keep: int,
+             extra: dict[str, Any] | None = None) -> None:
         import torch.distributed.checkpoint as dcp
 
         model_sd, optim_sd = self._state_dicts()
@@ -188,7 +189,7 @@ class FSDP2Optimizer(TorchOptimizer):
 
         d = self.dist
         save_sharded_checkpoint(run_path, step, write, {"elapsed": elapsed, "scheduler": self.sched.state_dict()},
-                                {"rng": rng}, d.rank, d.world_size, d.barrier, keep, kind="fsdp2")
+                                {"rng": rng, **(extra or {})}, d.rank, d.world_size, d.barrier, keep, kind="fsdp2")
 
     def load(self, ckpt: Path, state: dict[str, Any]) -> dict[str, Any]:
         import torch.distributed.checkpoint as dcp

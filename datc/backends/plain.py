@@ -79,11 +79,13 @@ class TorchOptimizer:
     def lr(self) -> float:
         return self.sched.get_last_lr()[0]
 
-    def save(self, run_path: Path, step: int, rng: Any, elapsed: float, keep: int) -> None:
+    def save(self, run_path: Path, step: int, rng: Any, elapsed: float, keep: int,
+             extra: dict[str, Any] | None = None) -> None:
         # a LoRA policy's checkpoint holds its adapters and their optimizer state, not the frozen base
         save_checkpoint(run_path, step, {"policy": trained_state(self.module, self.module.state_dict()),
                                          "optimizer": self.opt.state_dict(),
-                                         "scheduler": self.sched.state_dict(), "rng": rng, "elapsed": elapsed}, keep)
+                                         "scheduler": self.sched.state_dict(), "rng": rng, "elapsed": elapsed,
+                                         **(extra or {})}, keep)
 
     def generation(self, gather: bool):
         return contextlib.nullcontext()

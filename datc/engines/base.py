@@ -33,11 +33,15 @@ class RolloutEngine:
     """What samples a rollout. ``keeps_logits``: the engine can hand back the sampler's raw
     logits (B, T, V), which the credit reuses instead of a second policy pass;
     ``own_weights``: the engine samples with its own copy of the policy's weights, which
-    :meth:`sync` refreshes, and returns its per-token log-probs (``Rollout.sampler_logps``)."""
+    :meth:`sync` refreshes, and returns its per-token log-probs (``Rollout.sampler_logps``);
+    ``loads_on_its_thread``: weights copied by :meth:`snapshot` may be loaded (:meth:`load`) on
+    the thread that samples (:mod:`datc.step.stream`), else they are pushed by :meth:`sync` on
+    the trainer's thread while the engine is idle."""
 
     name = "base"
     keeps_logits = False
     own_weights = False
+    loads_on_its_thread = False  # an asynchronous rollout may hand it weights to load on the engine's own thread
 
     def sample(self, policy, tok, examples: list[dict[str, Any]], args: SamplingArgs, *, keep_logits: bool = False,
                encoder=None, seeds: list[int] | None = None, ops=None) -> Rollout:
@@ -50,6 +54,17 @@ class RolloutEngine:
     def sync(self, policy) -> None:
         """Push the policy's current weights to the engine (nothing for an engine that samples
         with the policy itself)."""
+
+    def snapshot(self, policy) -> Any:
+        """The policy's current weights, copied, in the form :meth:`load` takes: what an
+        asynchronous rollout (``rollout.max_staleness > 0``, :mod:`datc.step.stream`) hands the
+        engine at a version boundary, so the trainer can update its own while the engine loads
+        these. The trainer waits only for the copy."""
+        raise NotImplementedError(f"the {self.name} engine cannot sample with weights other than the policy's")
+
+    def load(self, weights: Any) -> None:
+        """Take the weights of :meth:`snapshot` (on the engine's own thread)."""
+        raise NotImplementedError(f"the {self.name} engine cannot sample with weights other than the policy's")
 
     def sleep(self) -> None:
         """Release the engine's memory while the update runs (an engine that can)."""

@@ -17,7 +17,14 @@ class TorchEngine(RolloutEngine):
     own_weights = False
 
     @classmethod
-    def build(cls, c, m, device, dist) -> TorchEngine:
+    def build(cls, c, m, device, dist) -> RolloutEngine:
+        """This engine; with ``rollout.max_staleness > 0`` the same sampler on its own copy of the
+        weights, which can sample on another thread while the policy is updated
+        (:mod:`datc.engines.own_copy`)."""
+        if c.rollout.max_staleness > 0:
+            from datc.engines.own_copy import OwnCopyEngine
+
+            return OwnCopyEngine.build(c, m, device, dist)
         return cls()
 
     def sample(self, policy, tok, examples: list[dict[str, Any]], args: SamplingArgs, *, keep_logits: bool = False,

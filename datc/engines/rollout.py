@@ -29,13 +29,15 @@ class Rollout:
     examples: list[dict[str, Any]]  # the prompt row of each response, length B
     logits: Tensor | None = None  # (B, T, V) generate's raw logits at each response position, if kept
     sampler_logps: Tensor | None = None  # (B, T) float32, an engine's own log-prob of each sampled token (0 past the mask)
+    versions: Tensor | None = None  # (B,) long, the policy version (optimizer steps taken) that sampled each response; None: the current one
 
     def select(self, rows: slice | Tensor) -> Rollout:
         """The responses ``rows``, a slice (e.g. one rank's share of whole groups) or (k,) long indices."""
         examples = self.examples[rows] if isinstance(rows, slice) else [self.examples[i] for i in rows.tolist()]
         return Rollout(self.prompt_ids[rows], self.prompt_mask[rows], self.response_ids[rows], self.response_mask[rows],
                        self.truncated[rows], examples, None if self.logits is None else self.logits[rows],
-                       None if self.sampler_logps is None else self.sampler_logps[rows])
+                       None if self.sampler_logps is None else self.sampler_logps[rows],
+                       None if self.versions is None else self.versions[rows])
 
     @property
     def input_ids(self) -> Tensor:  # (B, P + T)
@@ -58,10 +60,12 @@ def cat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
 
     logits = None if parts[0].logits is None else torch.cat([p.logits for p in parts])
     logps = None if parts[0].sampler_logps is None else torch.cat([p.sampler_logps for p in parts])
+    versions = None if parts[0].versions is None else torch.cat([p.versions for p in parts])
     return Rollout(torch.cat([widen(p.prompt_ids, pad_id) for p in parts]),
                    torch.cat([widen(p.prompt_mask, False) for p in parts]),
                    torch.cat([p.response_ids for p in parts]), torch.cat([p.response_mask for p in parts]),
-                   torch.cat([p.truncated for p in parts]), [ex for p in parts for ex in p.examples], logits, logps)
+                   torch.cat([p.truncated for p in parts]), [ex for p in parts for ex in p.examples], logits, logps,
+                   versions)
 
 
 def position_ids(attention_mask: Tensor) -> Tensor:
@@ -149,7 +153,7 @@ def prefill(policy, ids: Tensor, mask: Tensor, prompt_repeats: int = 1) -> Prefi
 def sample_tokens(policy, ids: Tensor, mask: Tensor, max_new_tokens: int, temperature: float, top_p: float,
                   eos_id: int, pad_id: int, min_new_tokens: int = 0, keep_logits: bool = False,
                   synced_gpus: bool = False, prompt_repeats: int = 1, decode: str = "dynamic", sync_every: int = 8,
-                  graph: bool = True) -> tuple[Tensor, Tensor | None]:
+                  graph: bool = True, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor | None]:
     """Sampling with the KV cache, the steps of transformers' ``generate`` for
     ``do_sample=True, top_k=0`` (float32 logits of the last position; EOS forbidden before
     ``min_new_tokens``; ``/ temperature``; top-p; ``softmax``; one draw; finished rows get the
@@ -169,10 +173,11 @@ def sample_tokens(policy, ids: Tensor, mask: Tensor, max_new_tokens: int, temper
     one step captured as a CUDA graph on CUDA (``graph=False``: eagerly, as on CPU), checking
     for finished rows every ``sync_every`` steps (:mod:`datc.engines.static_decode`: the same
     distribution and logits to float rounding; a model or case it cannot take decodes here,
-    after one log line saying why). ``"dynamic"``: this loop."""
+    after one log line saying why). ``"dynamic"``: this loop. ``generator``: the draws' random
+    stream (None: torch's global one); the static decode takes only the global one."""
     B = ids.shape[0]
     cache, logits, next_pos = prefill(policy, ids, mask, prompt_repeats)
-    if decode == "static" and max_new_tokens > 1:
+    if decode == "static" and max_new_tokens > 1 and generator is None:
         dec = static_decoder(policy, cache, mask, logits, next_pos, max_new_tokens, temperature=temperature, top_p=top_p,
                              eos_id=eos_id, pad_id=pad_id, min_new_tokens=min_new_tokens, keep_logits=keep_logits,
                              synced_gpus=synced_gpus)
@@ -202,7 +207,7 @@ def sample_tokens(policy, ids: Tensor, mask: Tensor, max_new_tokens: int, temper
             s = s / temperature
         if top_p < 1.0:
             s = top_p_filter(s, top_p)
-        nxt = sample_categorical(torch.softmax(s, dim=-1))
+        nxt = sample_categorical(torch.softmax(s, dim=-1), generator=generator)
         nxt = torch.where(unfinished, nxt, torch.full_like(nxt, pad_id))
         tokens.append(nxt)
         unfinished &= nxt != eos_id
@@ -235,6 +240,7 @@ def sample_groups(
     share_prompts: bool = True,
     decode: str = "dynamic",
     sync_every: int = 8,
+    generator: torch.Generator | None = None,
 ) -> Rollout:
     """Sample ``num_generations`` responses per prompt (pure sampling: ``top_k`` off, so the
     sampling distribution is ``softmax(z / temperature)`` up to top-p; see ``sample_tokens``).
@@ -245,7 +251,8 @@ def sample_groups(
     ``prompt_field`` text is tokenized as is. ``min_new_tokens`` forbids EOS before that many
     tokens (the benchmark uses it to fix the response length). ``share_prompts``: the prefill
     forwards each prompt once for its group (``sample_tokens``' ``prompt_repeats``). ``decode``
-    and ``sync_every``: ``sample_tokens``' decode loop (``"static"``: :mod:`datc.engines.static_decode`)."""
+    and ``sync_every``: ``sample_tokens``' decode loop (``"static"``: :mod:`datc.engines.static_decode`);
+    ``generator``: its random stream (None: torch's global one)."""
     device = next(policy.parameters()).device
     if encoder is not None:  # datc.models.chat.PromptEncoder: prompt formats and chat templates
         ids, mask = encoder.encode(examples, device)
@@ -258,7 +265,8 @@ def sample_groups(
     try:
         resp, logits = sample_tokens(policy, ids, mask, max_new_tokens, temperature, top_p, tokenizer.eos_token_id,
                                      tokenizer.pad_token_id, min_new_tokens, keep_logits, synced_gpus,
-                                     num_generations if share_prompts else 1, decode, sync_every)
+                                     num_generations if share_prompts else 1, decode, sync_every,
+                                     generator=generator)
     finally:
         policy.train(was_training)
     if keep_logits and logits.shape[1] < max_new_tokens:

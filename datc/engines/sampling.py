@@ -22,7 +22,7 @@ def top_p_filter(scores: Tensor, top_p: float) -> Tensor:
     return scores.masked_fill(remove.scatter(1, sorted_indices, remove), -float("inf"))
 
 
-def sample_categorical(probs: Tensor, sync_free: bool = False) -> Tensor:
+def sample_categorical(probs: Tensor, sync_free: bool = False, generator: torch.Generator | None = None) -> Tensor:
     """One draw per row of ``probs`` (B, V) by inverting its cumulative sum with one uniform
     number per row: the same distribution as ``torch.multinomial(probs, 1)``, at a small
     fraction of its cost on the CPU (multinomial was a sixth of the rollout). Tokens of
@@ -36,9 +36,10 @@ def sample_categorical(probs: Tensor, sync_free: bool = False) -> Tensor:
     graph) and draws the same tokens: an answer ``idx < V`` has ``cdf[idx - 1] <= u < cdf[idx]``,
     and past the last positive token the cdf stays at the total (adding zeros), so
     ``idx > last`` would give ``cdf[idx - 1] = total >= cdf[idx] > u``: every such answer is
-    ``<= last`` already."""
+    ``<= last`` already. ``generator``: the uniform numbers' stream (None: torch's global one; a
+    sampler on another thread passes its own, :mod:`datc.engines.own_copy`)."""
     cdf = probs.cumsum(-1)
-    u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype, generator=generator) * cdf[:, -1:]
     idx = torch.searchsorted(cdf, u, right=True).squeeze(1)
     V = probs.shape[1]
     if sync_free or bool((idx >= V).any()):

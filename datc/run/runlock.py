@@ -12,7 +12,6 @@ import contextlib
 import fcntl
 import os
 import socket
-import sys
 import time
 from pathlib import Path
 
@@ -20,18 +19,10 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from datc.config import ConfigError
+from datc.errors import note, warn  # noqa: F401  (the run's one-line messages, imported from here by the loop)
 
 LOCK_FILE = ".lock"
 
-
-def warn(msg: str) -> None:
-    """One line on stderr: something was recovered or left out, and the run goes on."""
-    print(f"datc: warning: {msg}", file=sys.stderr, flush=True)
-
-
-def note(msg: str) -> None:
-    """One line on stderr about what the command is doing (resuming, already finished)."""
-    print(f"datc: {msg}", file=sys.stderr, flush=True)
 
 
 class RunBusyError(ConfigError):

@@ -8,7 +8,7 @@ Shapes: B responses on this rank (whole groups of G, contiguous), T response pos
 
 | phase | module | result |
 |---|---|---|
-| rollout | :mod:`datc.step.sample` | :class:`datc.engines.rollout.Rollout` |
+| rollout | :mod:`datc.step.sample` (when, and with which weights: :mod:`datc.step.stream`) | :class:`datc.engines.rollout.Rollout` |
 | frozen passes | :mod:`datc.step.frozen` | :class:`datc.step.frozen.Frozen` (reference log-probs, RM scores and gradient) |
 | reward | :mod:`datc.step.reward` | :class:`datc.step.reward.Rewarded` (rewards, advantages, loss mask) |
 | credit | :mod:`datc.step.credit` | :class:`datc.step.credit.Credited` (weights, ``Â = A · w``) |
@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from datc.engines import prompt_seeds
 from datc.engines.rollout import Rollout
 from datc.math.numerics import NonFiniteReport
 from datc.run.logger import completions_of
@@ -30,7 +29,6 @@ from datc.step.credit import assign_credit
 from datc.step.frozen import frozen_passes
 from datc.step.metrics import step_metrics
 from datc.step.reward import reward
-from datc.step.sample import rollout
 from datc.step.update import LossInputs, update
 
 
@@ -47,12 +45,7 @@ def train_step(s, it: int) -> StepResult:
     """One iteration of the spine on this rank's share of the step's prompts (whole groups)."""
     with s.autocast():
         t0 = time.perf_counter()
-        indices = s.sampler.indices(it)
-        shard = s.dist.shard(len(indices))
-        examples = [s.assets.train[i] for i in indices[shard]]
-        # per-prompt seeds for an engine with its own sampler: (run seed, step, position, prompt)
-        seeds = prompt_seeds(s.c.seed, it, indices)[shard]
-        ro = rollout(s, examples, seeds=seeds)
+        ro = s.stream.take(s, it)  # sampled now, or ahead by the engine (rollout.max_staleness, datc.step.stream)
         return learn(s, it, ro, t0)
 
 

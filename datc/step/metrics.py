@@ -49,6 +49,7 @@ def step_metrics(s, ro: Rollout, rw: Rewarded, cr: Credited, stats: dict[str, fl
         "perf/credit_s": t3 - t2, "perf/update_s": t4 - t3,
         "perf/tokens_per_s": n_tokens / (t4 - t0), "perf/samples_per_s": t.batch_size / (t4 - t0),
         "perf/peak_mem_gb": peak_memory_gb(s.device),
+        **s.stream.figures(),  # rollout.max_staleness > 0: the batch's staleness and the waits (datc.step.stream)
     }
     if rw.gold is not None:
         metrics["reward/gold"] = float(rw.gold.mean())

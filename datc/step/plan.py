@@ -46,6 +46,7 @@ class StepPlan:
     sync_engine: bool  # the policy's weights are pushed to the engine before each rollout (an engine with its own)
     correction: str  # importance-sampling correction of the sampler/trainer mismatch (datc.math.correction), or none
     correction_cap: float  # its C
+    staleness: int  # rollout.max_staleness: batches sampled up to this many versions ahead on the engine's thread (datc.step.stream)
     passes: Passes  # the policy-side passes with (temperature, micro-batch, shared prompts) bound
 
     def given(self, has_logits: bool) -> StepPlan:
@@ -84,7 +85,7 @@ class StepPlan:
 
 def build_plan(t, scheme, vocab_size: int, *, with_ref: bool, trunk: int = 0, backend: Declares | None = None,
                keep_completions: bool = False, head_chunk: int | None = None, grad_checkpoint: bool = False,
-               engine=None, correction: str = "none", correction_cap: float = 2.0) -> StepPlan:
+               engine=None, correction: str = "none", correction_cap: float = 2.0, staleness: int = 0) -> StepPlan:
     """The plan for trainer settings ``t`` (``c.trainer``), a credit scheme and the placed models:
     ``trunk``, the leading blocks the reference and the reward model share (0: none, or another
     reward-model input); ``backend``, what the backend's placement asks
@@ -93,7 +94,8 @@ def build_plan(t, scheme, vocab_size: int, *, with_ref: bool, trunk: int = 0, ba
     ``trainer.lm_head_chunk`` where the policy allows it (:func:`head_chunk_for`). ``engine``: the
     session's rollout engine (:mod:`datc.engines`; None: the built-in one): one that keeps no
     logits has the credit recompute them, one with its own weights is synced and may be corrected
-    for (``correction``, :mod:`datc.math.correction`)."""
+    for (``correction``, :mod:`datc.math.correction`); ``staleness``: ``rollout.max_staleness``
+    (the engine samples ahead with its own weights, :mod:`datc.step.stream`)."""
     needs, backend = scheme.needs, backend or Declares()
     on_policy, reads_dist = is_on_policy(t), wants_dist(needs)
     chunked = scheme.row_local and POLICY_LOGITS in needs
@@ -117,7 +119,7 @@ def build_plan(t, scheme, vocab_size: int, *, with_ref: bool, trunk: int = 0, ba
         decode=decode_mode(t.decode, t.device != "cpu" and torch.cuda.is_available(), synced and not gather),
         keep_completions=keep_completions, head_chunk=head_chunk, grad_checkpoint=grad_checkpoint,
         engine="torch" if engine is None else engine.name, sync_engine=own_weights,
-        correction=correction if own_weights else "none", correction_cap=correction_cap,
+        correction=correction if own_weights else "none", correction_cap=correction_cap, staleness=staleness,
         passes=Passes(t.temperature, t.micro_batch_size, share),
         _chunked=chunked,
     )

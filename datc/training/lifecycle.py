@@ -122,14 +122,16 @@ def resume(s: Session, run: RunDir) -> tuple[int, float]:
         state = s.optim.load(ckpt, state)  # policy, optimizer and schedule (the backend's, datc.backends)
         set_rng_state(state["rng"])
         start, elapsed = state["step"], state["elapsed"]
+        s.stream.restore(state, start)  # rollout.max_staleness > 0: the batches the engine had sampled ahead
     if dist.is_main:
         run.truncate_metrics(start if ckpt is not None else -1)
     return start, elapsed
 
 
 def save(s: Session, run: RunDir, step: int, elapsed: float) -> None:
-    """Checkpoint the run after ``step``: policy, optimizer, scheduler, RNG and trained seconds."""
-    s.optim.save(run.path, step, rng_state(), elapsed, s.c.trainer.keep_checkpoints)
+    """Checkpoint the run after ``step``: policy, optimizer, scheduler, RNG, trained seconds and
+    the batches sampled ahead (``rollout.max_staleness > 0``, :mod:`datc.step.stream`)."""
+    s.optim.save(run.path, step, rng_state(), elapsed, s.c.trainer.keep_checkpoints, extra=s.stream.state())
 
 
 def finish(c: TrainConfig, run: RunDir, assets: Assets, elapsed: float) -> dict[str, Any]:

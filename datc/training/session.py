@@ -28,6 +28,7 @@ from datc.models.build import decoder_layers, resolve_device, resolve_dtype
 from datc.models.model_set import Models, load_models
 from datc.step.ops import StepOps
 from datc.step.plan import StepPlan, build_plan, head_chunk_for
+from datc.step.stream import SyncRollouts, build_stream
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ class Session:
     ops: StepOps = dataclasses.field(default_factory=StepOps)  # the step's seams (datc.step.ops)
     engine: Any = None  # datc.engines.RolloutEngine: what samples the rollouts (rollout=torch|vllm)
     backend: Any = None  # datc.backends.base.Backend: what placed the models and steps the optimizer
+    stream: Any = dataclasses.field(default_factory=SyncRollouts)  # datc.step.stream: when, and with which weights, batches are sampled
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None,
@@ -135,8 +137,10 @@ def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None 
     rm_embedding = rm_embedding_of(m) if RM_EMBEDDING in scheme.needs else None
     dtype = resolve_dtype(c.policy.dtype, device)
     amp = dtype if dtype != torch.float32 else None  # fp32 master weights, low-precision compute
-    return Session(c, m, assets, device, scheme, credit_params, optim, plan, sampler, rm_embedding, amp, dist=dist,
-                   ops=ops, engine=rollout_engine, backend=backend)
+    s = Session(c, m, assets, device, scheme, credit_params, optim, plan, sampler, rm_embedding, amp, dist=dist,
+                ops=ops, engine=rollout_engine, backend=backend)
+    s.stream = build_stream(s)
+    return s
 
 
 
@@ -178,7 +182,8 @@ def session_plan(c: TrainConfig, scheme, m: Models, dist: Dist, engine=None, bac
     return build_plan(c.trainer, scheme, m.vocab_size, with_ref=m.ref is not None, trunk=trunk, backend=declared,
                       keep_completions=dist.is_main and c.logger.name == "wandb", head_chunk=chunk,
                       grad_checkpoint=checkpointing, engine=engine,
-                      correction=c.rollout.correction, correction_cap=c.rollout.correction_cap)
+                      correction=c.rollout.correction, correction_cap=c.rollout.correction_cap,
+                      staleness=c.rollout.max_staleness)
 
 
 def rm_embedding_of(m: Models) -> torch.Tensor:

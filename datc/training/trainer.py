@@ -88,6 +88,13 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
         if dist.is_main:
             run.discard()
         raise
+    try:
+        return _loop(s, run, resolved, dist)
+    finally:
+        s.stream.close()  # rollout.max_staleness > 0: the engine's thread ends with the run
+
+
+def _loop(s, run, resolved: dict[str, Any], dist: Dist) -> dict[str, Any]:
     c, t = s.c, s.c.trainer  # trainer.micro_batch_size: auto resolved by the session
     # Seeded after the set-up: a cold cache (prepare draws random numbers) and a warm one must
     # give the same run. Rank r samples its own responses (rank 0's stream is a lone run's).
