@@ -186,6 +186,7 @@ class RolloutConfig:
     correction: str = "none"  # importance-sampling correction of the sampler/trainer mismatch (datc.math.correction)
     correction_cap: float = 2.0  # C: ratios truncated at (or masked above) C
     max_staleness: int = 0  # k: batches sampled up to k policy versions ahead on the engine's thread; 0 = synchronous
+    lora_sync: str = "auto"  # vllm with policy.lora: adapter (the adapters alone, vLLM's LoRA path), merged (every weight, adapters folded in), auto (adapter where vLLM takes LoRA for the architecture)
     dtype: str = "auto"  # vllm: the engine's compute dtype; auto = the policy's
     max_model_len: int | None = None  # vllm: prompt + response tokens; null = data.max_prompt_tokens + trainer.max_new_tokens
     gpu_memory_utilization: float = 0.3  # vllm on GPUs: the fraction of device memory the engine may take
@@ -239,6 +240,7 @@ CHOICES = {
     "rollout.correction": ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
     "rollout.dtype": ("auto", "float32", "bfloat16", "float16"),
     "rollout.sleep_mode": ("auto", "on", "off"),
+    "rollout.lora_sync": ("auto", "adapter", "merged"),
 }
 
 POSITIVE = [

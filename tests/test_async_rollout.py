@@ -148,6 +148,14 @@ def test_max_staleness_settings_that_cannot_run_are_one_line_before_any_model(tm
         check("rollout.max_staleness=1", "deepspeed=zero2")
     with pytest.raises(ConfigError, match=r"backend fsdp2"):
         check("rollout.max_staleness=1", "backend=fsdp2")
+    with pytest.raises(ConfigError, match=r"^rollout.max_staleness: 1 with vllm samples while the update runs, and "
+                                          r"vLLM's sampler draws from torch's global random stream, as does the "
+                                          r"update.s mini-batch shuffle \(trainer.mini_batch_size=4 < "):
+        check("rollout=vllm", "rollout.max_staleness=1", "trainer.mini_batch_size=4", "trainer.micro_batch_size=4")
+    with pytest.raises(ConfigError, match=r"adapter dropout \(policy.lora.dropout=0.1\)"):
+        check("rollout=vllm", "rollout.max_staleness=1", "policy.lora.r=4", "policy.lora.dropout=0.1")
+    check("rollout.max_staleness=1", "trainer.mini_batch_size=4", "trainer.micro_batch_size=4",
+          "rollout.correction=token_truncate")  # the own copy draws from its own stream
     with pytest.raises(ConfigError, match=r"^rollout.sleep_mode: on releases"):
         check("rollout=vllm", "rollout.max_staleness=2", "rollout.sleep_mode=on")
     with pytest.raises(ConfigError, match=r"^rollout.correction: 'token_truncate' needs an engine with its own sampler"):

@@ -156,6 +156,68 @@ def test_a_stale_run_samples_ahead_with_the_weights_of_its_schedule_and_resumes_
     assert comparable(metric_rows(killed)) == comparable(metric_rows(tmp_path / "full"))
 
 
+ADAPTER_CHECK = """
+import json, sys, torch
+from tests.conftest import cfg_for
+from datc.config import validate
+from datc.engines.vllm_engine import hf_weights
+from datc.step import train_step
+from datc.step.sample import sample_calls, sampling_args
+from datc.training.session import build_session
+
+cache, run = sys.argv[1:3]
+s = build_session(validate(cfg_for(cache, run, "rollout=vllm", "rollout.enforce_eager=true", "policy=tiny_llama",
+                                   "+policy.arch.head_dim=32", "policy.lora.r=4", "credit=datc")))
+out = {"settings": s.engine.describe()}
+for it in range(2):
+    train_step(s, it)
+examples = [s.assets.train[i] for i in range(8)]
+rows = torch.arange(32)
+
+
+def sampled(tag):
+    ro = sample_calls(s, s.engine, examples, sampling_args(s, s.plan), False, list(range(8)))
+    with torch.no_grad():
+        train, _ = s.plan.passes.token_logps(s.m.policy, ro, rows, None)
+    out[tag] = {"gap": float((train - ro.sampler_logps)[ro.response_mask].abs().max()), "bytes": s.engine.push_bytes}
+    return ro
+
+
+with torch.no_grad():  # adapters that moved since the last push: the next one must carry them
+    for n, p in s.m.policy.named_parameters():
+        if "lora_" in n:
+            p.add_(0.05 * torch.randn_like(p))
+s.engine.sync(s.m.policy)
+a = sampled("adapter")
+s.engine.adapters.request = None  # the same engine, the merged push instead
+s.engine.load(hf_weights(s.m.policy))
+b = sampled("merged")
+out["same_tokens"] = bool(torch.equal(a.response_ids, b.response_ids))
+out["adapter_vs_merged"] = float((a.sampler_logps - b.sampler_logps).abs().max())
+print("RESULT", json.dumps(out))
+"""
+
+
+def test_a_lora_policy_pushes_only_its_adapters_and_samples_as_the_merged_push_does(tmp_path):
+    """rollout.lora_sync=auto with a Llama LoRA policy: the adapters alone go to vLLM's LoRA path
+    (the base once); after two updates and a move of the adapters the engine's log-probs are the
+    trainer's, and equal the merged push's to rounding on the same tokens."""
+    r = subprocess.run([sys.executable, "-c", ADAPTER_CHECK, str(tmp_path / "cache"), str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=900, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT "))[len("RESULT "):])
+    assert out["settings"]["lora_sync"] == "adapter" and out["settings"]["enable_lora"] is True
+    assert out["adapter"]["gap"] < 1e-4 and out["merged"]["gap"] < 1e-4, out
+    assert out["same_tokens"] and out["adapter_vs_merged"] < 1e-4, out
+    assert out["adapter"]["bytes"] * 5 < out["merged"]["bytes"], out  # the adapters, not every weight
+
+
+def test_an_adapter_push_vllm_cannot_take_is_one_line_before_any_model(tmp_path):
+    with pytest.raises(ConfigError, match=r"^rollout.lora_sync: adapter pushes the LoRA adapters to vLLM's LoRA path, "
+                                          r"which vLLM's GPT2LMHeadModel does not have"):
+        validate(cfg_for(tmp_path / "cache", tmp_path / "run", *VLLM, "policy.lora.r=4", "rollout.lora_sync=adapter"))
+
+
 FAIL_AT_NTH_GENERATE = """
 import os
 import vllm

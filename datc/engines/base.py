@@ -42,6 +42,7 @@ class RolloutEngine:
     keeps_logits = False
     own_weights = False
     loads_on_its_thread = False  # an asynchronous rollout may hand it weights to load on the engine's own thread
+    draws_global_rng = False  # its sampling draws from torch's global random stream (whatever its seeds)
 
     def sample(self, policy, tok, examples: list[dict[str, Any]], args: SamplingArgs, *, keep_logits: bool = False,
                encoder=None, seeds: list[int] | None = None, ops=None) -> Rollout:

@@ -109,6 +109,15 @@ def check_staleness(c) -> None:
                           f"with the plain backend (this run: backend {backend_name(c)}, {world} processes): a "
                           "partitioned policy's gathers and the ranks' collectives would interleave with the update's; "
                           "use rollout.max_staleness=0 there")
+    t = c.trainer
+    if r.name == "vllm" and (t.mini_batch_size < t.batch_size or c.policy.lora.dropout > 0):
+        what = (f"mini-batch shuffle (trainer.mini_batch_size={t.mini_batch_size} < trainer.batch_size="
+                f"{t.batch_size})" if t.mini_batch_size < t.batch_size else
+                f"adapter dropout (policy.lora.dropout={c.policy.lora.dropout})")
+        raise ConfigError(f"rollout.max_staleness: {k} with vllm samples while the update runs, and vLLM's sampler draws "
+                          f"from torch's global random stream, as does the update's {what}: the run would not be "
+                          "repeatable; use one mini-batch per rollout and no LoRA dropout, rollout=torch (its own copy "
+                          "draws from its own stream), or max_staleness=0")
     if r.name == "vllm" and r.sleep_mode == "on":
         raise ConfigError(f"rollout.sleep_mode: on releases the engine's memory during the update, while "
                           f"rollout.max_staleness={k} has it sample then; use sleep_mode=auto or off")
@@ -160,6 +169,9 @@ def check_engine(c) -> None:
     if arch not in supported:
         raise ConfigError(f"rollout.name: vllm cannot run the policy's architecture {arch!r}; use rollout=torch "
                           "(architectures vLLM runs: vllm.ModelRegistry.get_supported_archs())")
+    if r.lora_sync == "adapter" and c.policy.lora.r and not vllm_takes_lora(arch):
+        raise ConfigError(f"rollout.lora_sync: adapter pushes the LoRA adapters to vLLM's LoRA path, which vLLM's "
+                          f"{arch} does not have; use rollout.lora_sync=merged or auto (the adapters folded in)")
     if current_platform.is_cpu() and head is not None:
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
@@ -169,6 +181,19 @@ def check_engine(c) -> None:
                     if c.policy.path is None else "")
             raise ConfigError(f"policy.arch: attention heads of size {head} are not ones vLLM's CPU backend runs "
                               f"({', '.join(map(str, sizes))}){hint}; or use rollout=torch")
+
+
+def vllm_takes_lora(arch: str | None) -> bool:
+    """Whether vLLM's model class for architecture ``arch`` takes LoRA adapters
+    (``vllm.model_executor.models.interfaces.supports_lora``: Llama and Qwen do, GPT-2 does not)."""
+    from vllm import ModelRegistry
+    from vllm.model_executor.models.interfaces import supports_lora
+
+    try:
+        model_cls = ModelRegistry._try_load_model_cls(arch) if arch else None  # vLLM's class for the architecture
+    except Exception:  # noqa: BLE001  an internal of vLLM's that moved: the merged push still works
+        return False
+    return model_cls is not None and supports_lora(model_cls)
 
 
 def _check_kv_cache(c, cfg: dict) -> None:

@@ -37,7 +37,7 @@ import torch
 
 from datc.backends.plugins import partitioned, whole_parameters
 from datc.engines.base import EngineError, RolloutEngine, SamplingArgs
-from datc.engines.checks import kv_bytes_per_token, vllm_logs_to_the_run_log
+from datc.engines.checks import kv_bytes_per_token, vllm_logs_to_the_run_log, vllm_takes_lora
 from datc.engines.rollout import Rollout, encode_prompts, response_mask_from_ids
 from datc.errors import first_line
 
@@ -74,10 +74,11 @@ def _engine_errors(doing: str):
         raise EngineError(f"the rollout engine (vllm) failed while {doing} ({type(e).__name__}: {first_line(e)})") from e
 
 
-def hf_weights(policy) -> list[tuple[str, torch.Tensor]]:
+def hf_weights(policy, fold: bool = True) -> list[tuple[str, torch.Tensor]]:
     """The policy's weights under the Hugging Face checkpoint names vLLM loads: its state dict,
     with LoRA adapters (peft) folded into their base weights (``base_layer.weight +
-    get_delta_weight``) and the adapters' own tensors left out."""
+    get_delta_weight``) and the adapters' own tensors left out. ``fold=False``: the base weights
+    alone (the adapters go to vLLM's LoRA path, :class:`AdapterPush`)."""
     lora = {name: mod for name, mod in policy.named_modules()
             if hasattr(mod, "base_layer") and hasattr(mod, "get_delta_weight")}
     out = []
@@ -86,12 +87,54 @@ def hf_weights(policy) -> list[tuple[str, torch.Tensor]]:
             continue
         if ".base_layer." in key:
             module = key.split(".base_layer.")[0]
-            if key.endswith(".weight") and module in lora:
+            if fold and key.endswith(".weight") and module in lora:
                 mod = lora[module]
                 value = value + sum(mod.get_delta_weight(a) for a in mod.active_adapters).to(value.dtype)
             key = key.replace(".base_layer.", ".")
         out.append((key, value.detach()))
     return out
+
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_rank (vllm/config/lora.py)
+
+
+def lora_sync_for(c, arch: str | None) -> tuple[str, str]:
+    """(``adapter`` or ``merged``, why) for ``rollout.lora_sync`` of a run: ``adapter`` pushes
+    only the LoRA adapters (vLLM's LoRA path) where the policy trains them and vLLM's model class
+    for its architecture takes LoRA; ``merged`` pushes every weight with the adapters folded in.
+    (``adapter`` where vLLM cannot was refused before any model loaded: :mod:`datc.engines.checks`.)"""
+    want = c.rollout.lora_sync
+    if not c.policy.lora.r or want == "merged":
+        return "merged", "" if not c.policy.lora.r else "rollout.lora_sync=merged"
+    if want == "auto" and not vllm_takes_lora(arch):
+        return "merged", f"vLLM's {arch} takes no LoRA adapters: the adapters are folded into a whole-weight push"
+    return "adapter", ""
+
+
+class AdapterPush:
+    """The LoRA adapters alone pushed to vLLM's LoRA path (TRL's adapter sync): the frozen base
+    weights are pushed once, then each push writes the adapters (``save_pretrained``: a few MB
+    where the base is hundreds) to a folder of their own and names them in a new
+    ``LoRARequest`` (a new id, so vLLM loads them; the one before is removed). vLLM applies
+    ``(α/r) B A x`` beside the base layer, as peft does unmerged."""
+
+    def __init__(self, adapter, root: str) -> None:
+        self.adapter, self.root = adapter, Path(root)
+        self.version = 0
+        self.request = None
+        self.base_pushed = False
+
+    def push(self, llm) -> int:
+        """Write the adapters and name them for the next generations; returns the bytes written."""
+        from vllm.lora.request import LoRARequest
+
+        self.version += 1
+        folder = self.root / f"adapter-{self.version % 2}"  # two folders in turn: the last one vLLM read stays whole
+        self.adapter.save_pretrained(str(folder))
+        if self.request is not None:
+            llm.llm_engine.remove_lora(self.request.lora_int_id)
+        self.request = LoRARequest(f"policy-{self.version}", self.version, str(folder))
+        return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
 
 
 class VLLMEngine(RolloutEngine):
@@ -104,6 +147,11 @@ class VLLMEngine(RolloutEngine):
     # sampler's log-probs 1.1-1.3 nats from the pushed policy's, against 2e-7 for pushes made on
     # the trainer's thread; tests/test_vllm_engine.py checks the gap of a stale run).
     loads_on_its_thread = False
+    # A generate moves torch's global random stream even with every request seeded (measured: the CPU
+    # generator's state differs after one; vllm/v1/sample/ops/topk_topp_sampler.py's random_sample fills its
+    # noise from it unless every row has a generator): its responses follow the seeds, but on another thread
+    # it moves the stream the trainer's thread draws from
+    draws_global_rng = True
 
     def __init__(self, llm, eos_id: int, pad_id: int, device: torch.device, sleep_mode: bool, settings: dict) -> None:
         self.llm = llm
@@ -114,6 +162,8 @@ class VLLMEngine(RolloutEngine):
         self.settings = settings
         self.pushes = 0
         self.push_s = 0.0
+        self.push_bytes = 0  # of the last push
+        self.adapters: AdapterPush | None = None  # rollout.lora_sync resolved to adapter
 
     @classmethod
     def build(cls, c, m, device, dist) -> VLLMEngine:
@@ -150,6 +200,12 @@ class VLLMEngine(RolloutEngine):
         cfg = config.__class__.from_dict(config.to_dict())
         if not getattr(cfg, "architectures", None):
             cfg.architectures = [type(m.policy).__name__]
+        lora_sync, why = lora_sync_for(c, cfg.architectures[0])
+        if why and dist.is_main:
+            log.info("rollout.lora_sync: %s (%s)", lora_sync, why)
+        if lora_sync == "adapter":
+            r_max = next(r for r in LORA_RANKS if r >= c.policy.lora.r)
+            kwargs.update(enable_lora=True, max_lora_rank=r_max, max_loras=1)
         cfg.save_pretrained(tmp.name)
         m.tok.save_pretrained(tmp.name)
         t0 = time.perf_counter()
@@ -161,6 +217,9 @@ class VLLMEngine(RolloutEngine):
                     **{k: v for k, v in kwargs.items() if k != "enable_sleep_mode"}}
         engine = cls(llm, m.tok.eos_token_id, m.tok.pad_token_id, device, sleep, settings)
         engine._tmp = tmp  # the config directory lives as long as the engine
+        if lora_sync == "adapter":
+            engine.adapters = AdapterPush(m.adapter, tmp.name)
+        engine.settings["lora_sync"] = lora_sync if c.policy.lora.r else None
         engine.sync(m.policy)
         return engine
 
@@ -168,13 +227,26 @@ class VLLMEngine(RolloutEngine):
         return dict(self.settings)
 
     def sync(self, policy) -> None:
-        """Push ``policy``'s weights (whole where a backend partitions them, LoRA folded in)."""
+        """Push ``policy``'s weights (whole where a backend partitions them, LoRA folded in), or
+        with adapter sync the adapters alone (the base once, at the first push)."""
+        fold = self.adapters is None
+        if self.adapters is not None and self.adapters.base_pushed:
+            t0 = time.perf_counter()
+            with _engine_errors("taking the policy's adapters"):
+                self.push_bytes = self.adapters.push(self.llm)
+            self.pushes += 1
+            self.push_s += time.perf_counter() - t0
+            return
         if partitioned(policy):  # ZeRO-3, FSDP2: the whole parameters, for the push only
             with whole_parameters(policy):
-                weights = [(k, v.clone()) for k, v in hf_weights(policy)]
+                weights = [(k, v.clone()) for k, v in hf_weights(policy, fold)]
         else:
-            weights = hf_weights(policy)
+            weights = hf_weights(policy, fold)
         self.load(weights)
+        if self.adapters is not None:
+            self.adapters.base_pushed = True
+            with _engine_errors("taking the policy's adapters"):
+                self.adapters.push(self.llm)
 
     def load(self, weights: list[tuple[str, torch.Tensor]]) -> None:
         """Push weights under their Hugging Face names (:func:`hf_weights`) into the engine."""
@@ -188,6 +260,7 @@ class VLLMEngine(RolloutEngine):
             self.asleep = False
         self.pushes += 1
         self.push_s += time.perf_counter() - t0
+        self.push_bytes = sum(v.numel() * v.element_size() for _, v in weights)
 
     def sleep(self) -> None:
         if self.sleep_mode and not self.asleep:
@@ -211,7 +284,8 @@ class VLLMEngine(RolloutEngine):
                                  seed=int(seed), ignore_eos=True, stop_token_ids=[self.eos_id], detokenize=False)
                   for seed in seeds]
         with _engine_errors("sampling"):
-            outs = self.llm.generate(prompts, params, use_tqdm=False)
+            outs = self.llm.generate(prompts, params, use_tqdm=False,
+                                     lora_request=None if self.adapters is None else self.adapters.request)
         B = len(examples) * G
         resp = torch.full((B, T), self.pad_id, dtype=torch.long)
         logps = torch.zeros(B, T, dtype=torch.float32)

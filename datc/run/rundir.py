@@ -79,9 +79,11 @@ def identity(cfg: dict[str, Any]) -> dict[str, Any]:
     if isinstance(ident.get("credit"), dict) and ident["credit"].get("end_token") == "score":
         # the weight step's end_token at its default: a run keeps the identity it had before the option
         ident["credit"] = {k: v for k, v in ident["credit"].items() if k != "end_token"}
-    if isinstance(ident.get("rollout"), dict) and ident["rollout"].get("max_staleness") == 0:
-        # the synchronous step (rollout.max_staleness: 0): a run keeps the identity it had before the option
-        ident["rollout"] = {k: v for k, v in ident["rollout"].items() if k != "max_staleness"}
+    if isinstance(ident.get("rollout"), dict):
+        # the synchronous step (rollout.max_staleness: 0) and the LoRA push at its default (auto): a run keeps
+        # the identity it had before the options
+        at_default = {"max_staleness": 0, "lora_sync": "auto"}
+        ident["rollout"] = {k: v for k, v in ident["rollout"].items() if not (k in at_default and v == at_default[k])}
     backend = ident.pop("backend", None)
     if isinstance(backend, dict) and backend.get("name") == "fsdp2":
         ident["backend"] = {"name": "fsdp2"}

@@ -84,6 +84,9 @@ class SyncRollouts:
     def figures(self) -> dict[str, float]:
         return {}
 
+    def pause(self) -> None:
+        pass
+
     def state(self) -> dict[str, Any]:
         return {}
 
@@ -171,6 +174,14 @@ class AsyncRollouts:
         the waiting times; read once by the step's metrics."""
         out, self._figures = self._figures, {}
         return out
+
+    def pause(self) -> None:
+        """Before the trainer's thread draws from torch's global random stream (the evaluation's
+        sampling): an engine whose sampling draws from it too (vLLM) finishes the batches it
+        holds first, so neither moves the other's numbers."""
+        if self.engine.draws_global_rng:
+            for fut in self.pending.values():
+                fut.result()
 
     def state(self) -> dict[str, Any]:
         """The batches handed to the engine and not yet trained on (waited for), for the checkpoint."""

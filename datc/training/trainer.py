@@ -111,6 +111,7 @@ def _loop(s, run, resolved: dict[str, Any], dist: Dist) -> dict[str, Any]:
     collapse = CollapseWatch.from_rows(r for r in prior if r.get("step", 0) <= start)  # METHOD §6's length collapse
 
     def do_eval(step: int) -> None:
+        s.stream.pause()  # rollout.max_staleness > 0 with vLLM: its thread leaves torch's global stream to the eval
         with s.autocast():  # every rank evaluates (ZeRO-3 gathers need all of them); rank 0 logs
             metrics, samples = evaluate(c, s.m, eval_rows, s.assets.task, s.device, s.plan, s.optim.generation)
         logger.log(metrics, step)
