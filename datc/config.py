@@ -384,26 +384,11 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
                           "data.task is null; give a pretrained model (policy=pretrained policy.path=...) or a data.task")
     if c.reward.path is None and c.data.task is None:
         raise ConfigError("reward.path: a real dataset has no gold reward to train a testbed reward model on; set reward.path")
-    from datc.rewards.rules import RULES
+    from datc.credit import check_credit
+    from datc.rewards.rules import check_rules
 
-    for i, rule in enumerate(c.reward.rules):
-        if rule.name not in RULES:
-            raise ConfigError(f"reward.rules[{i}].name: {rule.name!r} is unknown; choose one of {', '.join(RULES.names())}")
-    from datc.credit import CREDIT_SCHEMES, resolve_scheme, scheme_key
-    from datc.registry import RegistryError
-
-    key = scheme_key(c.credit)  # credit.scheme, else credit.name (the run's label)
-    if "_target_" not in c.credit and key not in CREDIT_SCHEMES:
-        field = "credit.scheme" if c.credit.get("scheme") is not None else "credit.name"
-        raise ConfigError(
-            f"{field}: {key!r} is not a registered credit scheme; "
-            f"choose one of {', '.join(CREDIT_SCHEMES.names())} or give a _target_"
-            + ("" if field == "credit.scheme" else " (or a registered credit.scheme, with credit.name as its label)")
-        )
-    try:
-        resolve_scheme(c.credit)
-    except (ValueError, TypeError, ImportError, RegistryError) as e:
-        raise ConfigError(f"credit: {e}") from None
+    for check in (check_rules, check_credit):
+        check(c)
     return c
 
 

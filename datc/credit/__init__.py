@@ -36,6 +36,7 @@ __all__ = [
     "register_credit",
     "resolve_scheme",
     "scheme_key",
+    "check_credit",
 ]
 
 
@@ -110,6 +111,26 @@ def resolve_scheme(credit_cfg: dict[str, Any]) -> tuple[CreditScheme, Any]:
     else:
         raise ValueError(f"credit needs a 'name' (one of {CREDIT_SCHEMES.names()}) or a '_target_'")
     return scheme, scheme.make_params(fields)
+
+
+def check_credit(c) -> None:
+    """``credit``: a registered scheme (or a ``_target_``) whose options resolve, said in one
+    line before any model loads."""
+    from datc.errors import ConfigError
+    from datc.registry import RegistryError
+
+    key = scheme_key(c.credit)  # credit.scheme, else credit.name (the run's label)
+    if "_target_" not in c.credit and key not in CREDIT_SCHEMES:
+        field = "credit.scheme" if c.credit.get("scheme") is not None else "credit.name"
+        raise ConfigError(
+            f"{field}: {key!r} is not a registered credit scheme; "
+            f"choose one of {', '.join(CREDIT_SCHEMES.names())} or give a _target_"
+            + ("" if field == "credit.scheme" else " (or a registered credit.scheme, with credit.name as its label)")
+        )
+    try:
+        resolve_scheme(c.credit)
+    except (ValueError, TypeError, ImportError, RegistryError) as e:
+        raise ConfigError(f"credit: {e}") from None
 
 
 def scheme_key(credit_cfg: Any) -> str | None:

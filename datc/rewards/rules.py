@@ -42,3 +42,12 @@ def gold(ctx: RuleContext) -> torch.Tensor:
     if ctx.gold is None:
         raise ValueError("reward rule 'gold' needs a testbed task (data.task); this dataset has no gold reward")
     return ctx.gold
+
+
+def check_rules(c) -> None:
+    """``reward.rules``: each a registered rule (before any model loads)."""
+    from datc.errors import ConfigError
+
+    for i, rule in enumerate(c.reward.rules):
+        if rule.name not in RULES:
+            raise ConfigError(f"reward.rules[{i}].name: {rule.name!r} is unknown; choose one of {', '.join(RULES.names())}")

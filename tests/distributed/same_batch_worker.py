@@ -23,7 +23,8 @@ from datc.backends.plugins import gathered
 from datc.backends.plugins import init as init_distributed
 from datc.config import validate
 from datc.paths import CONFIG_DIR
-from datc.step import learn, rollout
+from datc.step import learn
+from datc.step.sample import rollout
 from datc.training.session import build_session
 from datc.utils import quiet_libraries
 
