@@ -178,3 +178,23 @@ def test_max_staleness_0_keeps_a_run_s_identity_and_k_gives_another():
     base = ident()
     assert "max_staleness" not in base["rollout"] and ident("rollout.max_staleness=0") == base
     assert ident("rollout.max_staleness=1")["rollout"]["max_staleness"] == 1
+
+
+def test_the_staleness_table_reads_each_run_s_steps_after_the_first():
+    from scripts.engine_runs import _staleness, tables
+
+    def run(step_s, gap):
+        rows = [{"step": 0, "eval/gold": 0.2}]
+        for i in range(1, 4):
+            rows.append({"step": i, "loss/total": 0.0, "perf/step_s": 99.0 if i == 1 else step_s, "perf/rollout_s": 1.0,
+                         "perf/reward_s": 1.0, "perf/credit_s": 0.0, "perf/update_s": 1.0, "perf/samples_per_s": 32 / step_s,
+                         "rollout/sampler_logp_diff_mean": gap, "rollout/is_ratio_min": 0.9, "rollout/is_ratio_mean": 1.0,
+                         "rollout/is_ratio_max": 1.1, "reward/gold": 0.3})
+        rows.append({"step": 3, "eval/gold": 0.4})
+        return {"overrides": [], "wall_s": 1.0, "load": [[1, 1, 1], [1, 1, 1]], **_staleness({"rows": rows})}
+
+    f = {"machine": "m", "staleness": {"0": run(4.0, 1e-5), "1": run(2.0, 0.02)}}
+    assert f["staleness"]["1"]["step_s"] == 2.0  # the first step (the engine's warm-up) left out
+    text = tables(f)
+    assert "| 1 | 2.00 (2.00x) | 16.00 |" in text and "| 0 | 4.00 (1.00x) |" in text
+    assert "2.00e-02" in text and "0: 0.200, 3: 0.400" in text
