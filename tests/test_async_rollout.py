@@ -198,3 +198,17 @@ def test_the_staleness_table_reads_each_run_s_steps_after_the_first():
     text = tables(f)
     assert "| 1 | 2.00 (2.00x) | 16.00 |" in text and "| 0 | 4.00 (1.00x) |" in text
     assert "2.00e-02" in text and "0: 0.200, 3: 0.400" in text
+
+
+def test_a_resume_without_the_batches_in_flight_is_one_line_not_a_batch_sampled_with_other_weights(prepared_cache,
+                                                                                                     tmp_path):
+    from datc.training.session import build_session
+
+    s = build_session(validate(cfg_for(prepared_cache, tmp_path / "run", *ASYNC, "trainer.steps=6")))
+    try:
+        s.stream.restore({}, 3)  # a checkpoint of step 3 that holds no rollout_stream entry
+        with pytest.raises(ConfigError, match=r"^rollout.max_staleness: batch 3 is sampled with the weights of step 2, "
+                                              r"which this run \(at step 3\) no longer has"):
+            s.stream.take(s, 3)
+    finally:
+        s.stream.close()

@@ -229,24 +229,22 @@ class VLLMEngine(RolloutEngine):
     def sync(self, policy) -> None:
         """Push ``policy``'s weights (whole where a backend partitions them, LoRA folded in), or
         with adapter sync the adapters alone (the base once, at the first push)."""
-        fold = self.adapters is None
-        if self.adapters is not None and self.adapters.base_pushed:
-            t0 = time.perf_counter()
-            with _engine_errors("taking the policy's adapters"):
-                self.push_bytes = self.adapters.push(self.llm)
-            self.pushes += 1
-            self.push_s += time.perf_counter() - t0
-            return
-        if partitioned(policy):  # ZeRO-3, FSDP2: the whole parameters, for the push only
-            with whole_parameters(policy):
-                weights = [(k, v.clone()) for k, v in hf_weights(policy, fold)]
-        else:
-            weights = hf_weights(policy, fold)
-        self.load(weights)
-        if self.adapters is not None:
+        if self.adapters is None or not self.adapters.base_pushed:
+            fold = self.adapters is None
+            if partitioned(policy):  # ZeRO-3, FSDP2: the whole parameters, for the push only
+                with whole_parameters(policy):
+                    weights = [(k, v.clone()) for k, v in hf_weights(policy, fold)]
+            else:
+                weights = hf_weights(policy, fold)
+            self.load(weights)
+            if self.adapters is None:
+                return
             self.adapters.base_pushed = True
-            with _engine_errors("taking the policy's adapters"):
-                self.adapters.push(self.llm)
+        t0 = time.perf_counter()
+        with _engine_errors("taking the policy's adapters"):
+            self.push_bytes = self.adapters.push(self.llm)
+        self.pushes += 1
+        self.push_s += time.perf_counter() - t0
 
     def load(self, weights: list[tuple[str, torch.Tensor]]) -> None:
         """Push weights under their Hugging Face names (:func:`hf_weights`) into the engine."""

@@ -192,6 +192,7 @@ class AsyncRollouts:
     def restore(self, state: dict[str, Any], start: int) -> None:
         """A resumed run's batches in flight at its checkpoint of step ``start``."""
         saved = state.get(STATE_KEY)
+        self.handed = start - 1
         if saved is None:
             return  # the schedule's first batch after start then names what is missing
         for b, fields in saved["batches"].items():
