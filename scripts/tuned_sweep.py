@@ -121,10 +121,22 @@ def write_manifest(folder: Path, new: dict[str, Any]) -> dict[str, Any]:
     return new
 
 
+def swept_groups(experiment: str) -> set[str]:
+    """The config groups the experiment itself sweeps (its ``hydra.sweeper.params``): the setting
+    replaces those lists; any other group is set by a plain override."""
+    from omegaconf import OmegaConf
+
+    from datc.paths import CONFIG_DIR
+
+    params = OmegaConf.select(OmegaConf.load(Path(CONFIG_DIR) / "experiment" / f"{experiment}.yaml"),
+                              "hydra.sweeper.params", default=None)
+    return set(params or ())
+
+
 def _base(m: dict[str, Any], folder: Path, where: str) -> list[str]:
-    s = m["setting"]
-    return [f"experiment={m['experiment']}", f"hydra.sweeper.params.policy={s['policy']}",
-            f"hydra.sweeper.params.data={s['data']}", RUN_NAME, f"hydra.sweep.dir={folder / where}", *m["overrides"]]
+    s, swept = m["setting"], swept_groups(m["experiment"])
+    setting = [f"{'hydra.sweeper.params.' if g in swept else ''}{g}={s[g]}" for g in ("policy", "data")]
+    return [f"experiment={m['experiment']}", *setting, RUN_NAME, f"hydra.sweep.dir={folder / where}", *m["overrides"]]
 
 
 def _sel(m: dict[str, Any]) -> list[str]:
