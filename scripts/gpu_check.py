@@ -19,7 +19,8 @@ Cases, most important first (a global deadline skips what does not fit, and says
   CUDA graph, tokens/s and the fraction of the HBM bound (bandwidth of a device-to-device copy
   measured in the same case), and the graph's replay against the eager step;
 - ``train/<family>/<credit>/<stage>``: a few training steps, ``credit`` in grpo, datc and
-  ``deepspeed`` in none, zero2, zero3 (one process; DeepSpeed joins a one-rank process group);
+  ``deepspeed`` in none, zero2, zero3, or ``backend=fsdp2`` (stage ``fsdp2``; one process, which
+  joins a one-rank process group);
   ``train/<family>/<credit>/none/vllm``: the same with ``rollout=vllm``, where vLLM is installed
   (``--engines``; the machine this project's checks run on has no vLLM, so it has no such case);
 - ``synced/<family>``: sampling with ``synced_gpus=True`` from a ZeRO-3 engine under bf16
@@ -65,7 +66,7 @@ from scripts.gpu.cases import FAMILIES, _child, set_environment
 set_environment()  # before torch is imported (here, in the fork server and in the cases)
 
 CREDITS = ("grpo", "datc")
-STAGES = ("none", "zero2", "zero3")
+STAGES = ("none", "zero2", "zero3", "fsdp2")  # fsdp2: backend=fsdp2 on one rank (DeepSpeed off)
 PEAK_BF16 = 989e12  # H200 SXM dense bf16 (NVIDIA datasheet: 1,979 TFLOP/s with 2:4 sparsity, halved)
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "accelerate", "deepspeed", "datasets", "pyarrow",
             "pandas", "fsspec", "huggingface-hub", "hydra-core", "omegaconf", "pydantic", "pydantic-core", "numpy")
@@ -205,7 +206,8 @@ def train_overrides(family: str, credit: str, stage: str, scale: Scale, fam_dir:
     ``engine``: the rollout engine (the ``/vllm`` cases: ``rollout=vllm``)."""
     batch = scale.prompts * 8
     return [
-        f"credit={credit}", f"deepspeed={stage}", "logger=none", f"rollout={engine}",
+        f"credit={credit}", *(["deepspeed=none", "backend=fsdp2"] if stage == "fsdp2" else [f"deepspeed={stage}"]),
+        "logger=none", f"rollout={engine}",
         f"policy.path={fam_dir / 'policy'}", f"reward.path={fam_dir / 'reward'}",
         f"data.path={fam_dir / 'data'}", "data.train_split=train", "data.eval_split=test",
         f"data.max_prompt_tokens={prompt_tokens}", *arch_overrides(scale),
@@ -216,7 +218,7 @@ def train_overrides(family: str, credit: str, stage: str, scale: Scale, fam_dir:
         f"trainer.eval_every={scale.steps}", f"trainer.checkpoint_every={scale.steps}", "trainer.warmup_steps=0",
         "trainer.mask_truncated=false",  # random weights fill the budget: masking truncated responses would leave no loss
         f"trainer.threads={scale.threads}", "trainer.progress=false",
-        *([f"deepspeed.optimizer_impl={ds_optimizer}"] if stage != "none" else []),
+        *([f"deepspeed.optimizer_impl={ds_optimizer}"] if stage in ("zero2", "zero3") else []),
         f"run_dir={run_dir}", f"cache_dir={work / 'cache'}",
     ]
 

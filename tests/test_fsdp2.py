@@ -62,11 +62,31 @@ def _run_cases(cache_dir, out: Path, nproc: int, cases: dict[str, list[str]], po
 def runs(cache_dir, tmp_path_factory):
     """Every case on one plain process (shared prompts off: the two FSDP2 ranks' forwards are
     collective, so they forward whole prompts, and the one process is told to match) and on two
-    FSDP2 processes, one interpreter per side."""
+    FSDP2 processes, one interpreter per side; and, after the plain cases in the one process, a
+    one-rank FSDP2 run of ``datc-llama-fp32`` at the default ``share_prompts`` (ONE_RANK)."""
     tmp = tmp_path_factory.mktemp("fsdp2")
-    one = _run_cases(cache_dir, tmp / "one.pt", 1, {n: [*o, "trainer.share_prompts=false"] for n, o in CASES.items()}, 0)
+    one = _run_cases(cache_dir, tmp / "one.pt", 1, {**{n: [*o, "trainer.share_prompts=false"] for n, o in CASES.items()},
+                                                     ONE_RANK: [*CASES["datc-llama-fp32"], "backend=fsdp2"]}, 0)
     two = _run_cases(cache_dir, tmp / "two.pt", 2, {n: [*o, "backend=fsdp2"] for n, o in CASES.items()}, free_port())
-    return {n: (one[n], two[n]) for n in CASES}
+    return {**{n: (one[n], two[n]) for n in CASES}, ONE_RANK: (one["datc-llama-fp32"], one[ONE_RANK])}
+
+
+ONE_RANK = "datc-llama-fp32-fsdp2-one-rank"
+
+
+@pytest.mark.slow
+def test_one_fsdp2_rank_shares_prompts_outside_the_update_and_matches_one_plain_process(runs):
+    """One FSDP2 rank forwards each prompt once in its no-grad passes but not in the update: the
+    update's gradient through a shared prompt's KV cache reached a resharded block ("setStorage:
+    ... storage of size 0", on tiny Llama and Qwen3 both) before the backend declared it."""
+    plain, fsdp2 = runs[ONE_RANK]
+    assert (fsdp2["backend"], fsdp2["world_size"], fsdp2["synced"]) == ("fsdp2", 1, False)
+    assert fsdp2["share_prompts"] and not fsdp2["share_update_prompts"]
+    for a, b in zip(plain["steps"], fsdp2["steps"], strict=True):
+        for k in a:
+            assert b[k] == pytest.approx(a[k], rel=LOSS_RTOL, abs=1e-7), (k, a, b)
+    for n, p in plain["params"].items():
+        torch.testing.assert_close(fsdp2["params"][n], p, atol=PARAM_ATOL, rtol=0, msg=n)
 
 
 @pytest.mark.slow

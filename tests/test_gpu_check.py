@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN = [f"train/{f}/{c}/{s}" for f in ("qwen3", "llama32") for c in ("grpo", "datc") for s in ("none", "zero2", "zero3")]
+TRAIN = [f"train/{f}/{c}/{s}" for f in ("qwen3", "llama32") for c in ("grpo", "datc") for s in ("none", "zero2", "zero3", "fsdp2")]
 EXPECTED = {"build/qwen3", "build/llama32", "credit/qwen3", "credit/llama32", "decode/qwen3", "decode/llama32",
             "synced/qwen3", "synced/qwen3/gathered", "fail/error", "fail/hang", *TRAIN, "train/qwen3/datc/none/auto"}
 
@@ -82,7 +82,7 @@ def test_gpu_check_reports_what_the_deadline_skipped(tmp_path):
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     cases = json.loads((out / "gpu_check.json").read_text())["cases"]
-    assert len(cases) == 1 + 1 + 1 + 6 + 1 + 2  # build, credit, decode, 2 credits x 3 stages, micro auto, synced (and gathered)
+    assert len(cases) == 1 + 1 + 1 + 8 + 1 + 2  # build, credit, decode, 2 credits x 4 stages, micro auto, synced (and gathered)
     assert all(r["status"] == "skipped" for r in cases.values())
     assert cases["build/qwen3"]["error"].startswith("global deadline")
     assert cases["train/qwen3/datc/zero3"]["error"] == "build/qwen3 did not succeed"

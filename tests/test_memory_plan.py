@@ -49,6 +49,36 @@ def test_zero_arithmetic_by_hand():
     assert mf.frozen_memory(10**9, None, 1) == 2e9
     assert mf.zero_buffers(2, True) == 2 * 5e8 * 4 and mf.zero_buffers(2, False) == 5e8 * 4 == mf.zero_buffers(3, True)
     assert mf.zero_buffers(2, False, grad_bytes=2) == 5e8 * 2 and mf.zero_buffers(None, True) == 0
+    # FSDP2 on 4 GPUs: weights 4e9/4, gradients 4e9/4, torch AdamW's moments 8e9/4 (no fp32 copy),
+    # its foreach step's temporary 4e9/4; the frozen models stay replicas (as under ZeRO-2)
+    assert mf.zero_memory(10**9, mf.FSDP2, 4) == {"weights": 1e9, "grads": 1e9, "optimizer": 2e9, "step": 1e9}
+    assert mf.zero_memory(10**9, mf.FSDP2, 4, param_bytes=2) == {"weights": 0.5e9, "grads": 0.5e9, "optimizer": 1e9,
+                                                                  "step": 0.5e9}
+    assert mf.frozen_memory(10**9, mf.FSDP2, 4) == 2e9
+    # the reduce-scatter input: the root's V·h gradient and one block's, (Φ - V·h) / L
+    a = mf.arch_of(TINY)  # V=100, h=16, 2 layers
+    assert mf.fsdp2_reduce_bytes(a, 100 * 16 + 2 * 300, 4) == 4 * (100 * 16 + 300)
+
+
+def test_the_fsdp2_plan_of_a_preset_by_hand():
+    """One FSDP2 column of the Qwen3 preset checked item by item against the formulas' inputs: sharded
+    states, replicated frozen models, the whole policy unsharded while sampling over ranks."""
+    c = mp.compose("qwen3_ultrafeedback", ["credit=grpo"])
+    pa = mf.arch_of(c.policy.arch)
+    counts = {"policy": 10**9, "reward": 5 * 10**8}
+    for n in (1, 4):
+        p = mp.plan(c, counts, mf.FSDP2, n)
+        s = p["items"]
+        assert (s["policy_weights"], s["grads"], s["optimizer"], s["optimizer_step"]) == (4e9 / n, 4e9 / n, 8e9 / n, 4e9 / n)
+        assert s["reference"] == 2e9 and s["reward_model"] == 1e9  # replicas, bf16
+        assert s["zero_buffers"] == mf.fsdp2_reduce_bytes(pa, 10**9, 4)
+        working = mf.gathered_working_set(pa, 10**9, 4)
+        assert s["zero3_gathered"] == working
+        unsharded = 4e9 if n > 1 else working  # over ranks the policy is unsharded whole for each sampling call
+        z3 = mp.plan(c, counts, 3, n)
+        assert p["phases"]["generate"] - z3["phases"]["generate"] == pytest.approx(unsharded - working)
+        # over ranks FSDP2's sampling holds the whole policy as ZeRO-2 does, beside states it shards
+        assert p["total"] <= mp.plan(c, counts, 2, n)["total"] or n == 1
 
 
 GPU_RUNS = ("results/gpu/qwen3_gpu_check.json", "results/gpu/llama32_gpu_check.json")
@@ -177,13 +207,15 @@ def test_every_preset_plans_and_files_are_written(written):
     md = (out / "presets.md").read_text()
     data = json.loads((out / "presets.json").read_text())
     assert data["command"] == "datc-memory-plan --out " + str(out)
-    assert len(data["plans"]) == len(mp.PRESETS) == 8 and "| preset | ZeRO |" in md
+    assert len(data["plans"]) == len(mp.PRESETS) == 8 and "| preset | backend |" in md and "| FSDP2 |" in md
     for p in plans:
         pol = mf.arch_of(mp.compose(p["preset"]).policy.arch)
         assert p["params"]["policy"] == mf.param_count_formula(pol, "causal_lm")
-        for stage in ("zero2", "zero3"):
+        for stage in ("zero2", "zero3", "fsdp2"):
             per = p["stages"][stage]["per_gpus"]
-            totals = [per[n]["total"] for n in mp.GPU_COUNTS]
+            # FSDP2 on one rank samples block by block, over ranks with the whole policy unsharded for
+            # the call: a LoRA preset's N=2 can need more than N=1 (its states are few, the base is not)
+            totals = [per[n]["total"] for n in mp.GPU_COUNTS if n > 1 or stage != "fsdp2"]
             assert all(x > y for x, y in zip(totals, totals[1:], strict=False))  # more GPUs, less memory per GPU
             assert p["stages"][stage]["gpus_needed"] in (*mp.FIT_COUNTS, None)
         if "adapter" in p["params"]:  # LoRA: states of a few adapters, so ZeRO-3's gathers can cost more than it saves

@@ -52,6 +52,12 @@ CASES = [
     ("datc", {"share_prompts": False}, {"trunk": 3}, V, dict(trunk=0, share_prompts=False, skip_zero=True)),
     ("datc", {"share_trunk": False}, {"trunk": 3}, V, dict(trunk=0, share_prompts=True)),
     ("datc", {}, {"backend": Declares(frozen_partitioned=True), "trunk": 3}, V, dict(trunk=0, share_prompts=True)),
+    # FSDP2 on one rank: prompts shared in the no-grad passes, not in the update (its backward would
+    # reach a resharded block through the KV cache), and the passes given to the update say so
+    ("datc", {}, {"backend": Declares(share_update_prompts=False)}, V,
+     dict(share_prompts=True, share_update_prompts=False)),
+    ("datc", {}, {"grad_checkpoint": True}, V, dict(share_prompts=True, share_update_prompts=False)),
+    ("datc", {"share_prompts": False}, {}, V, dict(share_prompts=False, share_update_prompts=False)),
     # the decode loop: auto is dynamic on CPU (measured faster there); static unless ranks are synced
     ("grpo", {}, {}, V, dict(decode="dynamic")),
     ("grpo", {"decode": "static"}, {}, V, dict(decode="static")),
@@ -74,6 +80,7 @@ def test_the_plan_follows_config_scheme_and_models(name, t, models, vocab, expec
     got = {k: getattr(plan, k) for k in expected}
     assert got == expected
     assert plan.passes.temperature == 0.7 and plan.passes.micro == 2 and plan.passes.share == plan.share_prompts
+    assert plan.update_passes.share == plan.share_update_prompts
 
 
 def test_a_rollout_without_kept_logits_gets_the_recomputing_plan():

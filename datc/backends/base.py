@@ -37,6 +37,7 @@ class Declares:
 
     synced_ranks: bool = False  # the policy's forwards are collective: every rank makes as many as the others
     share_prompts: bool = True  # passes may forward each distinct prompt once (no per-forward collective to match)
+    share_update_prompts: bool = True  # ... the update's backward too (through the shared prompt's KV cache)
     gather_generation: bool = False  # sampling with the policy's parameters whole once per call (no per-token gathers)
     frozen_partitioned: bool = False  # the reference / reward model are partitioned (no trunk to compare)
     why: str = ""  # one phrase for the run's log

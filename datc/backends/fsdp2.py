@@ -91,7 +91,12 @@ class FSDP2Backend(Backend):
 
     def declares(self, policy) -> Declares:
         synced = self.dist.world_size > 1
-        return Declares(synced_ranks=synced, share_prompts=not synced, gather_generation=synced,
+        # share_update_prompts: the update's gradient reaches a block's shared-prompt forward through
+        # the KV cache, which FSDP2's pre-backward hooks (on the block's outputs) do not see, so the
+        # block's parameters are resharded by then ("setStorage ... storage of size 0", measured on
+        # one rank with tiny Llama and Qwen3): the update forwards each row's prompt itself.
+        return Declares(synced_ranks=synced, share_prompts=not synced, share_update_prompts=False,
+                        gather_generation=synced,
                         why="FSDP2 sampling: parameters unsharded once per call" if synced else "")
 
     @classmethod

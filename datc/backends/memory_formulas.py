@@ -13,6 +13,7 @@ from typing import Any
 GIB = 2**30
 # DeepSpeed defaults the configs leave untouched (deepspeed/runtime/zero/config.py).
 REDUCE_BUCKET = 500_000_000  # elements, zero_optimization.reduce_bucket_size
+FSDP2 = "fsdp2"  # the plan's stage for backend=fsdp2, beside None (plain PyTorch) and ZeRO's 2 and 3
 # trainer.micro_batch_size: auto (datc.backends.micro_batch, and datc-memory-plan's tables)
 RESERVE_BYTES = 4 * GIB  # kept free, as datc-memory-plan's --reserve-gib
 MARGIN = 1.15  # the plan is within 15% of the measured peaks (tests/test_memory_plan.py)
@@ -134,8 +135,27 @@ def zero_memory(n_params: int, stage: int | None, n_gpus: int, param_bytes: int 
     if stage is None:
         return {"weights": p * n_params, "grads": p * n_params, "optimizer": 2 * p * n_params, "step": 0.0}
     shard = n_params / n_gpus
+    if stage == FSDP2:  # see fsdp2_memory
+        return fsdp2_memory(n_params, n_gpus, p)
     return {"weights": p * (n_params if stage in (0, 1, 2) else shard), "grads": p * shard, "optimizer": 12 * shard,
             "step": (8 if foreach_adam else 4) * shard}
+
+
+def fsdp2_memory(n_params: int, n_gpus: int, param_bytes: int = 4) -> dict[str, float]:
+    """Bytes per GPU of the policy's states under FSDP2 (:mod:`datc.backends.fsdp2`): every state
+    is a DTensor shard, with no second copy: the parameters pΦ/N, their reduce-scattered gradients
+    pΦ/N, torch AdamW's two moments in the parameters' dtype 2pΦ/N, and its foreach step's
+    temporary (the second moment's square root) pΦ/N. Not yet fitted to a measured peak (the GPU
+    check's ``/fsdp2`` cases record one beside this plan)."""
+    shard = param_bytes * n_params / n_gpus
+    return {"weights": shard, "grads": shard, "optimizer": 2 * shard, "step": shard}
+
+
+def fsdp2_reduce_bytes(a: Arch, n_params: int, grad_bytes: int) -> float:
+    """FSDP2's reduce-scatter input during the backward: a block's whole gradient, and the root's
+    (embedding, final norm, LM head), whole until the root's own reduce-scatter at the end."""
+    layer = (n_params - a.vocab * a.hidden) / a.layers
+    return grad_bytes * (a.vocab * a.hidden + layer)
 
 
 def frozen_memory(n_params: int, stage: int, n_gpus: int, bytes_per_param: int = 2) -> float:
@@ -146,7 +166,8 @@ def frozen_memory(n_params: int, stage: int, n_gpus: int, bytes_per_param: int =
 def gathered_working_set(a: Arch, n_params: int, bytes_per_param: int) -> float:
     """ZeRO-3: the full parameters gathered while a forward runs through them, taken as the
     largest module (the embedding / LM head, V·h) plus two transformer layers (the current one and
-    the prefetched next)."""
+    the prefetched next). FSDP2 the same: its root (embedding, norm, tied head) whole from its
+    forward to its backward, a block unsharded and the next one prefetched."""
     layer = (n_params - a.vocab * a.hidden) / a.layers
     return bytes_per_param * (a.vocab * a.hidden + 2 * layer)
 

@@ -1,4 +1,4 @@
-"""Per-GPU memory plan of the paper presets under DeepSpeed ZeRO-2 and ZeRO-3, written to
+"""Per-GPU memory plan of the paper presets under DeepSpeed ZeRO-2 and ZeRO-3 and FSDP2, written to
 <out>/presets.{md,json} (default runs/memory; the committed tables are regenerated on purpose
 with ``--out results/memory``).
 
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from datc.backends.memory_formulas import (
+    FSDP2,
     GIB,
     activation_bytes,
     arch_of,
@@ -28,6 +29,7 @@ from datc.backends.memory_formulas import (
     datc_chunk_bytes,
     entropy_pass_bytes,
     frozen_memory,
+    fsdp2_reduce_bytes,
     gathered_working_set,
     kv_cache_bytes,
     lora_param_count,
@@ -43,7 +45,19 @@ FULL_PRESETS = ("qwen3_ultrafeedback", "qwen3_hh_rlhf", "llama32_ultrafeedback",
 PRESETS = FULL_PRESETS + tuple(f"{p}_lora" for p in FULL_PRESETS)  # each with a LoRA policy (datc.models.lora)
 GPU_COUNTS = (1, 2, 4, 8)
 FIT_COUNTS = (1, 2, 4, 8, 16)
-STAGES = (2, 3)
+STAGES = (2, 3, FSDP2)
+STAGE_KEY = {2: "zero2", 3: "zero3", FSDP2: "fsdp2"}  # presets.json's keys
+LABEL = {"zero2": ("ZeRO-2", "Z2"), "zero3": ("ZeRO-3", "Z3"), "fsdp2": ("FSDP2", "FSDP2")}  # the tables' (long, short)
+
+
+def plan_stage(c):
+    """The plan's stage of a run's config: None (plain PyTorch), 2 (ZeRO-0/1/2), 3 or :data:`FSDP2`."""
+    from datc.backends.checks import backend_name
+
+    if backend_name(c) == "fsdp2":
+        return FSDP2
+    stage = c.deepspeed.stage
+    return None if stage is None else 3 if stage == 3 else 2
 
 
 # ============================================================================================
@@ -71,7 +85,11 @@ def world_ok(c, n_gpus: int, stage: int) -> str | None:
     from datc.backends.distributed import check_world
     from datc.config import ConfigError
 
-    c = dataclasses.replace(c, deepspeed=dataclasses.replace(c.deepspeed, stage=stage))
+    if stage == FSDP2:
+        c = dataclasses.replace(c, deepspeed=dataclasses.replace(c.deepspeed, stage=None),
+                                backend=dataclasses.replace(c.backend, name="fsdp2"))
+    else:
+        c = dataclasses.replace(c, deepspeed=dataclasses.replace(c.deepspeed, stage=stage))
     try:
         check_world(c, n_gpus)
     except ConfigError as e:
@@ -81,7 +99,7 @@ def world_ok(c, n_gpus: int, stage: int) -> str | None:
 
 def plan(c, counts: dict[str, int], stage: int | None, n_gpus: int, policy_bytes: int = 4) -> dict[str, Any]:
     """Bytes per GPU, per item and per phase of one training step, for ``c`` run with ZeRO
-    ``stage`` (None: plain PyTorch, one process) on ``n_gpus`` processes. ``counts``:
+    ``stage`` (None: plain PyTorch, one process; :data:`FSDP2`: backend=fsdp2) on ``n_gpus`` processes. ``counts``:
     {"policy": Φ_p, "reward": Φ_r, "adapter": Φ_a (LoRA)}. ``policy_bytes``: bytes per parameter of
     the trained policy, 4 (fp32 master weights, what the trainer loads) or 2 (a bf16 policy: the
     H200 run of results/gpu/, whose peaks tests/test_memory_plan.py replays)."""
@@ -110,23 +128,27 @@ def plan(c, counts: dict[str, int], stage: int | None, n_gpus: int, policy_bytes
     pb = 4 if lora else policy_bytes  # LoRA: fp32 adapters over a bf16 base
     # LoRA: fp32 states of the adapters alone, the base frozen in bf16, the reference = the base
     z = zero_memory(phi_a if lora else phi_p, stage, n_gpus, pb, foreach_adam=c.deepspeed.optimizer_impl != "deepspeed")
+    sharded = stage in (3, FSDP2)  # the policy's parameters partitioned over ranks
+    base_stage = 3 if stage == FSDP2 else stage  # FSDP2 shards a LoRA policy's frozen base with it; frozen models are replicas
     static = {
-        "policy_weights": z["weights"] + (frozen_memory(phi_p, stage, n_gpus) if lora else 0.0),
+        "policy_weights": z["weights"] + (frozen_memory(phi_p, base_stage, n_gpus) if lora else 0.0),
         "grads": z["grads"], "optimizer": z["optimizer"],
         "reference": frozen_memory(phi_p, stage, n_gpus) if t.beta > 0 and not lora else 0.0,
         "reward_model": frozen_memory(phi_r, stage, n_gpus),
         "rm_embedding": 4 * ra.vocab * ra.hidden if RM_EMBEDDING in needs else 0.0,  # gathered, fp32
     }
-    gather_p = gathered_working_set(pa, phi_p, 2 if lora else pb) if stage == 3 else 0.0
+    gather_p = gathered_working_set(pa, phi_p, 2 if lora else pb) if sharded else 0.0
     gather_f = gathered_working_set(ra, phi_r, 2) if stage == 3 else 0.0
+    # FSDP2 over ranks samples with the policy unsharded once per call: its whole parameters
+    gather_gen = (2 * phi_p + 4 * phi_a if lora else pb * phi_p) if stage == FSDP2 and n_gpus > 1 else gather_p
     rm_grad = 4 * rows * T * ra.hidden if RM_GRAD in needs else 0.0  # (rows, T, d) fp32
     gen_rows = min(t.generation_batch_size or rows, rows)  # responses per sampling call
     kv = kv_cache_bytes(pa, gen_rows, P + T)
     kv_eval = kv_cache_bytes(pa, t.eval_batch_size, P + T)  # every rank evaluates whole batches
     prefill = gen_rows * P * (4 * pa.hidden + 4 * pa.intermediate)
-    # the trainer turns checkpointing off under ZeRO-3 and the chunked head too (datc.training.session.session_plan)
-    checkpointed = t.gradient_checkpointing and stage != 3
-    head_chunk = t.lm_head_chunk if stage != 3 else None
+    # the trainer turns checkpointing off under ZeRO-3 and FSDP2, and the chunked head too (datc.training.session)
+    checkpointed = t.gradient_checkpointing and not sharded
+    head_chunk = t.lm_head_chunk if not sharded else None
     act_policy = activation_bytes(pa, micro, P + T, weight_grads=True, checkpointed=checkpointed)
     act_rm = activation_bytes(ra, min(pass_micro, rows), P + T, weight_grads=False) if RM_GRAD in needs else 0.0
     logits_update = max(update_logits_bytes(micro, P, T, V, head_chunk),
@@ -136,10 +158,11 @@ def plan(c, counts: dict[str, int], stage: int | None, n_gpus: int, policy_bytes
     # autocast's bf16 weight casts, saved for backward (no cast cache under DeepSpeed); a bf16
     # LoRA base, or a bf16 policy, is not cast
     weight_copy = 2 * (phi_a if lora else phi_p) if pb == 4 else 0.0
-    buffers = zero_buffers(stage, c.deepspeed.overlap_comm, grad_bytes=pb)
+    buffers = (fsdp2_reduce_bytes(pa, phi_p, pb) if not lora else 4.0 * phi_a) if stage == FSDP2 else \
+        zero_buffers(stage, c.deepspeed.overlap_comm, grad_bytes=pb)
     phases = {
-        "generate": kv + prefill + (2 * held_logits if reuse else 0.0) + gather_p,
-        "eval": kv_eval + t.eval_batch_size * P * (4 * pa.hidden + 4 * pa.intermediate) + gather_p,
+        "generate": kv + prefill + (2 * held_logits if reuse else 0.0) + gather_gen,
+        "eval": kv_eval + t.eval_batch_size * P * (4 * pa.hidden + 4 * pa.intermediate) + gather_gen,
         "reward": act_rm + rm_grad + (held_logits if reuse else 0.0) + gather_f,
         "logprob_passes": held_logits + rm_grad + pass_bytes + max(gather_p, gather_f),
         "credit": held_logits + rm_grad + credit_chunk,
@@ -212,7 +235,7 @@ def plan_preset(preset: str, gpu_gib: float, reserve_gib: float, overrides: list
             per_n[n] = p
             if needed is None and n in FIT_COUNTS and p["fits"]:
                 needed = n
-        out["stages"][f"zero{stage}"] = {"per_gpus": per_n, "gpus_needed": needed}
+        out["stages"][STAGE_KEY[stage]] = {"per_gpus": per_n, "gpus_needed": needed}
     return out
 
 
@@ -228,8 +251,9 @@ def _gib(x: float) -> str:
 ITEM_ROWS = (("policy_weights", "policy weights"), ("grads", "gradients"), ("optimizer", "optimizer state"),
              ("reference", "reference model"), ("reward_model", "reward model"), ("kv_cache", "KV cache (generate)"),
              ("activations_policy", "policy activations (1 micro-batch)"), ("logits_update", "update logits (fp32)"),
-             ("autocast_weight_copy", "bf16 weight casts (update)"), ("zero_buffers", "ZeRO reduce buckets"),
-             ("zero3_gathered", "ZeRO-3 gathered params"), ("optimizer_step", "ZeRO optimizer step"),
+             ("autocast_weight_copy", "bf16 weight casts (update)"),
+             ("zero_buffers", "ZeRO reduce buckets / FSDP2 reduce-scatter input"),
+             ("zero3_gathered", "ZeRO-3 gathered / FSDP2 unsharded params"), ("optimizer_step", "optimizer step (ZeRO, FSDP2)"),
              ("activations_rm", "RM activations (input grad)"),
              ("held_logits", "rollout logits held for credit"), ("rm_grad", "RM input gradients"),
              ("rm_embedding", "RM embedding (fp32)"), ("datc_chunk", "DATC chunk"))
@@ -244,7 +268,7 @@ def render(plans: list[dict[str, Any]], command: str, gpu_gib: float, reserve_gi
         f"fits {gpu_gib:g} GiB less a {reserve_gib:g} GiB reserve (CUDA context, allocator fragmentation, NCCL), among",
         "the N the batch splits over (`datc.backends.distributed.check_world`). \"-\": N not allowed; \"none\": no N fits.",
         "",
-        "| preset | ZeRO | policy / RM params (B) | N=1 | N=2 | N=4 | N=8 | GPUs |",
+        "| preset | backend | policy / RM params (B) | N=1 | N=2 | N=4 | N=8 | GPUs |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for p in plans:
@@ -253,7 +277,7 @@ def render(plans: list[dict[str, Any]], command: str, gpu_gib: float, reserve_gi
             params = f"{p['params']['policy'] / 1e9:.3f} / {p['params']['reward'] / 1e9:.3f}"
             if "adapter" in p["params"]:
                 params += f" (LoRA {p['params']['adapter'] / 1e6:.1f}M)"
-            lines.append(f"| {p['preset']} | {stage[-1]} | {params} | {' | '.join(cells)} | {s['gpus_needed'] or 'none'} |")
+            lines.append(f"| {p['preset']} | {LABEL[stage][0]} | {params} | {' | '.join(cells)} | {s['gpus_needed'] or 'none'} |")
     lines += ["", "## How the numbers are computed", "",
               "Φ = parameter count (exact: the `arch` block built with transformers on the meta device), N = processes,",
               "B = trainer.batch_size, rows = B/N responses per process, m = micro-batch per process",
@@ -292,6 +316,12 @@ def render(plans: list[dict[str, Any]], command: str, gpu_gib: float, reserve_gi
               "  each block's fp32 input, 4h per layer per token, plus one block's activations (neither under ZeRO-3);",
               "- optimizer step (ZeRO, after the backward): the gradient partition flattened to fp32 4Φ/N and torch",
               "  AdamW's foreach temporary 4Φ/N (optimizer_impl torch, or auto, which may fall back to it).", "",
+              "FSDP2 (`backend=fsdp2`, datc.backends.fsdp2): weights, gradients and torch AdamW's two moments all sharded,",
+              "4Φ/N + 4Φ/N + 8Φ/N, and its foreach step's temporary 4Φ/N; the reference and reward model replicated",
+              "(2Φ each), a LoRA policy's frozen base sharded with it (2Φ/N); in each forward the root (embedding,",
+              "norm, tied head) and two blocks unsharded (as ZeRO-3's working set), over ranks the whole policy",
+              "unsharded while it samples (4Φ); the backward's reduce-scatter input, the root's and one block's",
+              "gradients; checkpointing and the chunked head off, as under ZeRO-3. Not yet fitted to a measurement.", "",
               "Re-fitted to the peaks measured on one H200 (results/gpu/, a bf16 policy there): replayed at that run's",
               "shapes, the plan is within 15% of every measured case (tests/test_memory_plan.py; +0.5% to +6.2%).", "",
               "Not included: CUDA context and caching-allocator slack (the reserve), NCCL buffers, tokenizer and",
@@ -304,12 +334,12 @@ def render(plans: list[dict[str, Any]], command: str, gpu_gib: float, reserve_gi
                   f"({p['batch']['batch_size'] // p['batch']['num_generations']} prompts x {p['batch']['num_generations']}), "
                   f"mini-batch {p['batch']['mini_batch_size']}, micro-batch {p['batch']['micro_batch_size']}, "
                   f"P={p['batch']['max_prompt_tokens']}, T={p['batch']['max_new_tokens']}, beta={p['batch']['beta']}.", "",
-                  "| item | " + " | ".join(f"Z{st[-1]} N={n}" for st in p["stages"] for n in GPU_COUNTS) + " |",
+                  "| item | " + " | ".join(f"{LABEL[st][1]} N={n}" for st in p["stages"] for n in GPU_COUNTS) + " |",
                   "|---|" + "---|" * (len(p["stages"]) * len(GPU_COUNTS))]
         cols = [p["stages"][st]["per_gpus"][n] for st in p["stages"] for n in GPU_COUNTS]
         if p["batch"]["micro_batch_size"] == "auto":
             lines[-2:-2] = ["micro-batch per GPU (auto, datc.backends.micro_batch): " + ", ".join(
-                f"Z{st[-1]} N={n}: {p['stages'][st]['per_gpus'][n]['micro_per_rank']}" for st in p["stages"] for n in GPU_COUNTS
+                f"{LABEL[st][1]} N={n}: {p['stages'][st]['per_gpus'][n]['micro_per_rank']}" for st in p["stages"] for n in GPU_COUNTS
                 if p["stages"][st]["per_gpus"][n]["allowed"]), ""]
         for key, label in ITEM_ROWS:
             lines.append(f"| {label} | " + " | ".join(_gib(col["items"][key]) if col["allowed"] else "-" for col in cols) + " |")

@@ -61,7 +61,7 @@ def _numel(model) -> int:
 def planned_peak_fn(c, policy, rm, world_size: int) -> Callable[[int], float] | None:
     """n -> the plan's peak bytes per GPU of config ``c`` with micro-batch n, from the loaded
     models' architectures and parameter counts; None when the plan does not cover them."""
-    from datc.backends.memory_plan import plan
+    from datc.backends.memory_plan import plan, plan_stage
 
     pa, ra = arch_of_model(policy), arch_of_model(rm)
     if pa is None or ra is None:
@@ -70,8 +70,7 @@ def planned_peak_fn(c, policy, rm, world_size: int) -> Callable[[int], float] | 
     counts = {"policy": _numel(policy), "reward": _numel(rm)}
     if c.policy.lora.r > 0:
         counts = {"policy": counts["policy"] - trainable, "reward": counts["reward"], "adapter": trainable}
-    stage = c.deepspeed.stage
-    stage = None if stage is None else 3 if stage == 3 else 2
+    stage = plan_stage(c)
     base = dataclasses.replace(c, policy=dataclasses.replace(c.policy, arch=pa), reward=dataclasses.replace(c.reward, arch=ra))
 
     def peak(n: int) -> float:

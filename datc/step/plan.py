@@ -35,6 +35,7 @@ class StepPlan:
     with_ref: bool  # a frozen reference (KL term, beta > 0)
     trunk: int  # blocks the reward model shares with the reference: one pass gives both (datc.forward.trunk); 0 off
     share_prompts: bool  # forwards compute each distinct prompt once (datc.forward.shared_prompt)
+    share_update_prompts: bool  # ... in the update too: not under activation checkpointing or where the backend says no
     synced_gpus: bool  # the policy's forwards are collective (ZeRO-3, FSDP2 over ranks): every rank makes as many
     gather_generation: bool  # sampling with the policy's parameters gathered once per call (ZeRO-3, FSDP2)
     sample_synced: bool  # sampling keeps every rank forwarding until all are done (synced, not gathered)
@@ -66,9 +67,10 @@ class StepPlan:
 
     @property
     def update_passes(self) -> Passes:
-        """The update's passes: the run's, without shared prompts under activation checkpointing
-        (a block recomputed in the backward must not append to the shared prompt's KV cache again)."""
-        return dataclasses.replace(self.passes, share=False) if self.grad_checkpoint else self.passes
+        """The update's passes: the run's, without shared prompts where ``share_update_prompts`` is
+        off (activation checkpointing: a block recomputed in the backward must not append to the
+        shared prompt's KV cache again; FSDP2: :class:`datc.backends.base.Declares`)."""
+        return self.passes if self.share_update_prompts else dataclasses.replace(self.passes, share=False)
 
     _chunked: bool = False  # a row-local scheme that reads the policy's logits (chunked when they are recomputed)
 
@@ -114,7 +116,8 @@ def build_plan(t, scheme, vocab_size: int, *, with_ref: bool, trunk: int = 0, ba
         rm_grad=RM_GRAD in needs,
         # On-policy the update's forward is the rollout policy's, and rollout/entropy comes from it.
         credit_entropy=ENTROPY in needs or not on_policy,
-        with_ref=with_ref, trunk=trunk, share_prompts=share, synced_gpus=synced,
+        with_ref=with_ref, trunk=trunk, share_prompts=share,
+        share_update_prompts=share and not grad_checkpoint and backend.share_update_prompts, synced_gpus=synced,
         gather_generation=gather, sample_synced=synced and not gather,
         decode=decode_mode(t.decode, t.device != "cpu" and torch.cuda.is_available(), synced and not gather),
         keep_completions=keep_completions, head_chunk=head_chunk, grad_checkpoint=grad_checkpoint,

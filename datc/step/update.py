@@ -49,7 +49,7 @@ def update(s, x: LossInputs, plan: StepPlan) -> dict[str, float]:
     B, T = ro.response_ids.shape
     mini = t.mini_batch_size // W
     micro_size = min(t.micro_batch_size, mini)
-    passes = plan.update_passes  # no shared prompts under activation checkpointing
+    passes = plan.update_passes  # shared prompts as the plan says (not under activation checkpointing or FSDP2)
     sums = dict.fromkeys(("kl", "clip_frac", "ratio", "entropy", "total", "grad_norm", "skipped_steps"), 0.0)
     n_tok_total, n_updates = 0.0, 0
     lr = opt.lr  # the rate of this step's first update (read after the updates, it was the next step's)

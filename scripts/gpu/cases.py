@@ -259,10 +259,10 @@ def _cuda_memory() -> dict[str, float]:
 def plan_memory(family: str, overrides: list[str], stage: str, counts: dict[str, int], policy_bytes: int = 4) -> dict[str, Any]:
     """The memory plan's estimate (datc-memory-plan) for this case's shape on one GPU (``counts``: the
     parameters of the models built, equal to ``memory_plan.param_count`` of their arch blocks);
-    ``none``: plain PyTorch. ``policy_bytes``: the trained policy's bytes per parameter (4, fp32)."""
+    ``none``: plain PyTorch; ``fsdp2``: backend=fsdp2. ``policy_bytes``: the trained policy's bytes per parameter (4, fp32)."""
     from datc.backends import memory_plan as mp_
     c = mp_.compose(FAMILIES[family][0], overrides)
-    st = None if stage == "none" else 3 if stage == "zero3" else 2
+    st = {"none": None, "zero3": 3, "fsdp2": mp_.FSDP2}.get(stage, 2)
     if c.trainer.micro_batch_size == "auto":  # as the session resolves it (datc.backends.micro_batch)
         import torch
 

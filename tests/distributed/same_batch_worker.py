@@ -49,7 +49,8 @@ def run_one(overrides: list[str]) -> tuple[dict, object]:
         steps.append({k: metrics[k] for k in ("loss/total", "loss/grad_norm", "loss/kl", "reward/rm_score")})
     params = {n: gathered(p).float().clone() for n, p in s.m.policy.named_parameters()}
     out = {"steps": steps, "params": params, "world_size": dist.world_size,
-           "share_prompts": s.plan.share_prompts, "gather_generation": s.plan.gather_generation,
+           "share_prompts": s.plan.share_prompts, "share_update_prompts": s.plan.share_update_prompts,
+           "gather_generation": s.plan.gather_generation,
            "synced": s.plan.synced_gpus, "backend": s.backend.name} if dist.is_main else {}
     dist.barrier()
     return out, dist
