@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,6 +178,19 @@ class BackendConfig:  # what places the models and runs the optimizer step (datc
 
 
 @dataclass
+class VLLMConfig:
+    """``rollout.vllm``: the vLLM engine's own settings (:mod:`datc.engines.vllm_engine`), read by no other engine."""
+
+    lora_sync: str = "auto"  # with policy.lora: adapter (the adapters alone, vLLM's LoRA path), merged (every weight, adapters folded in), auto (adapter where vLLM takes LoRA for the architecture)
+    dtype: str = "auto"  # the engine's compute dtype; auto = the policy's
+    max_model_len: int | None = None  # prompt + response tokens; null = data.max_prompt_tokens + trainer.max_new_tokens
+    gpu_memory_utilization: float = 0.3  # GPUs: the fraction of device memory the engine may take
+    kv_cache_memory_bytes: int | None = None  # CPU: KV-cache bytes; null = sized for one generation call
+    sleep_mode: str = "auto"  # on, off or auto (on GPUs): weights and KV cache released during the update
+    enforce_eager: bool = False  # no torch.compile or CUDA graphs
+
+
+@dataclass
 class RolloutConfig:
     """``rollout``: the engine that samples the step's responses (:mod:`datc.engines`)."""
 
@@ -186,13 +198,11 @@ class RolloutConfig:
     correction: str = "none"  # importance-sampling correction of the sampler/trainer mismatch (datc.math.correction)
     correction_cap: float = 2.0  # C: ratios truncated at (or masked above) C
     max_staleness: int = 0  # k: batches sampled up to k policy versions ahead on the engine's thread; 0 = synchronous
-    lora_sync: str = "auto"  # vllm with policy.lora: adapter (the adapters alone, vLLM's LoRA path), merged (every weight, adapters folded in), auto (adapter where vLLM takes LoRA for the architecture)
-    dtype: str = "auto"  # vllm: the engine's compute dtype; auto = the policy's
-    max_model_len: int | None = None  # vllm: prompt + response tokens; null = data.max_prompt_tokens + trainer.max_new_tokens
-    gpu_memory_utilization: float = 0.3  # vllm on GPUs: the fraction of device memory the engine may take
-    kv_cache_memory_bytes: int | None = None  # vllm on CPU: KV-cache bytes; null = sized for one generation call
-    sleep_mode: str = "auto"  # vllm: on, off or auto (on GPUs): weights and KV cache released during the update
-    enforce_eager: bool = False  # vllm: no torch.compile or CUDA graphs
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)  # rollout=vllm's own settings
+
+
+# keys that moved (a command with the old one is told where it went)
+MOVED_KEYS = {f"rollout.{k}": f"rollout.vllm.{k}" for k in VLLMConfig.__dataclass_fields__}
 
 
 @dataclass
@@ -238,9 +248,9 @@ CHOICES = {
     "backend.name": ("auto", "plain", "deepspeed", "fsdp2"),
     "rollout.name": ("torch", "vllm"),
     "rollout.correction": ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
-    "rollout.dtype": ("auto", "float32", "bfloat16", "float16"),
-    "rollout.sleep_mode": ("auto", "on", "off"),
-    "rollout.lora_sync": ("auto", "adapter", "merged"),
+    "rollout.vllm.dtype": ("auto", "float32", "bfloat16", "float16"),
+    "rollout.vllm.sleep_mode": ("auto", "on", "off"),
+    "rollout.vllm.lora_sync": ("auto", "adapter", "merged"),
 }
 
 POSITIVE = [
@@ -289,6 +299,9 @@ def to_schema(cfg: DictConfig | dict) -> TrainConfig:
     raw = OmegaConf.create(cfg) if not isinstance(cfg, DictConfig) else cfg.copy()
     OmegaConf.set_struct(raw, False)
     raw.pop("hydra", None)
+    if isinstance(r := raw.get("rollout"), DictConfig):  # written before rollout.vllm had its node (run dirs, records)
+        for key in [k for k in MOVED_KEYS if k.split(".")[-1] in r]:
+            OmegaConf.update(raw, MOVED_KEYS[key], r.pop(key.split(".")[-1]), force_add=True)
     try:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), raw))
     except OmegaConfBaseException as e:
@@ -368,30 +381,12 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
 
     for check in (check_lora, check_engine, check_backend):  # in this order: each names its own fields
         check(c)
-    if c.data.task is None and c.data.path is None:
-        raise ConfigError("data.path: a real prompt dataset needs a path (hub name or local files) when data.task is null")
-    from datc.tasks import TASKS
+    from datc.data.checks import check_data
 
-    if c.data.task is not None and c.data.task not in TASKS:
-        raise ConfigError(f"data.task: {c.data.task!r} is not a testbed task; choose one of {', '.join(TASKS.names())} or null")
-    if c.policy.path is None and not c.policy.arch:
-        raise ConfigError("policy.arch: a testbed policy (policy.path=null) needs an architecture")
-    if c.data.path is not None and _looks_local(c.data.path) and not os.path.exists(c.data.path):
-        raise ConfigError(f"data.path: {c.data.path!r} does not exist (a local file or directory; a hub dataset is "
-                          "a name such as 'imdb' or 'owner/name')")
-    if c.policy.path is None and c.policy.gguf_file is None and c.data.task is None:
-        raise ConfigError("policy.path: the testbed policy (policy.path=null) is warm-started on a testbed task, and "
-                          "data.task is null; give a pretrained model (policy=pretrained policy.path=...) or a data.task")
-    if c.reward.path is None and c.data.task is None:
-        raise ConfigError("reward.path: a real dataset has no gold reward to train a testbed reward model on; set reward.path")
+    check_data(c)
     from datc.credit import check_credit
     from datc.rewards.rules import check_rules
 
     for check in (check_rules, check_credit):
         check(c)
     return c
-
-
-def _looks_local(path: str) -> bool:
-    """Whether ``data.path`` names a local file or directory rather than a hub dataset."""
-    return path.startswith(("/", "./", "../", "~")) or path.endswith((".json", ".jsonl", ".csv", ".parquet", ".txt"))

@@ -17,7 +17,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from datc.config import ConfigError, valid_keys, validate
+from datc.config import MOVED_KEYS, ConfigError, valid_keys, validate
 from datc.paths import CONFIG_DIR
 from datc.run.runlock import remove_new_dirs
 
@@ -134,6 +134,8 @@ def hydra_error_line(e: Exception) -> str:
         group, _, choice = str(missing).rpartition("/")
         return f"{group}={choice}: no such option in {group}/; choose one of {', '.join(options)}"
     key = getattr(e.__cause__, "full_key", None)
+    if key in MOVED_KEYS:
+        return f"{key}: moved to {MOVED_KEYS[key]} (the vLLM engine's own settings are rollout.vllm.*)"
     if key:
         parent, _, last = key.rpartition(".")
         valid = valid_keys(parent)

@@ -24,7 +24,7 @@ from pathlib import Path
 from datc.paths import default_cache_dir
 from datc.run.provenance import load_average, provenance
 
-TESTBED = ["policy.arch.n_head=2", "rollout.enforce_eager=true"]  # 32-wide heads: vLLM's CPU attention
+TESTBED = ["policy.arch.n_head=2", "rollout.vllm.enforce_eager=true"]  # 32-wide heads: vLLM's CPU attention
 # The real preset, shortened to what fits a shared 2-core machine: 2 steps, 16 held-out prompts
 REAL = ["experiment=real_smollm2", "trainer.steps=2", "trainer.eval_every=2", "trainer.checkpoint_every=2",
         "trainer.eval_size=16", "trainer.eval_batch_size=16"]

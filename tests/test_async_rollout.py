@@ -156,8 +156,8 @@ def test_max_staleness_settings_that_cannot_run_are_one_line_before_any_model(tm
         check("rollout=vllm", "rollout.max_staleness=1", "policy.lora.r=4", "policy.lora.dropout=0.1")
     check("rollout.max_staleness=1", "trainer.mini_batch_size=4", "trainer.micro_batch_size=4",
           "rollout.correction=token_truncate")  # the own copy draws from its own stream
-    with pytest.raises(ConfigError, match=r"^rollout.sleep_mode: on releases"):
-        check("rollout=vllm", "rollout.max_staleness=2", "rollout.sleep_mode=on")
+    with pytest.raises(ConfigError, match=r"^rollout.vllm.sleep_mode: on releases"):
+        check("rollout=vllm", "rollout.max_staleness=2", "rollout.vllm.sleep_mode=on")
     with pytest.raises(ConfigError, match=r"^rollout.correction: 'token_truncate' needs an engine with its own sampler"):
         check("rollout.correction=token_truncate")  # the torch engine, synchronous: its sampler is the trainer
     with pytest.raises(ConfigError, match=r"^rollout.correction: 'token_truncate' compares .* trainer.top_p=0.9"):

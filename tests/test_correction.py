@@ -89,11 +89,11 @@ def test_the_loss_reweights_the_surrogate_and_not_the_kl():
 @pytest.mark.parametrize("overrides,line", [
     (["rollout.correction=token_truncate"], "rollout.correction: 'token_truncate' needs an engine"),
     (["rollout=vllm", "trainer.top_p=0.9"], "rollout.correction: 'token_truncate' compares"),
-    (["rollout=vllm", "rollout.gpu_memory_utilization=1.5"], "rollout.gpu_memory_utilization: must be in (0, 1]"),
-    (["rollout=vllm", "rollout.sleep_mode=maybe"], "rollout.sleep_mode: 'maybe' is not valid; choose one of auto, on, off"),
+    (["rollout=vllm", "rollout.vllm.gpu_memory_utilization=1.5"], "rollout.vllm.gpu_memory_utilization: must be in (0, 1]"),
+    (["rollout=vllm", "rollout.vllm.sleep_mode=maybe"], "rollout.vllm.sleep_mode: 'maybe' is not valid; choose one of auto, on, off"),
     (["rollout=vllm", "rollout.correction=tis"], "rollout.correction: 'tis' is not valid"),
-    (["rollout=vllm", "rollout.max_model_len=8"], "rollout.max_model_len: 8 is less than"),
-    (["rollout=vllm", "rollout.kv_cache_memory_bytes=0"], "rollout.kv_cache_memory_bytes: must be > 0 or null, got 0"),
+    (["rollout=vllm", "rollout.vllm.max_model_len=8"], "rollout.vllm.max_model_len: 8 is less than"),
+    (["rollout=vllm", "rollout.vllm.kv_cache_memory_bytes=0"], "rollout.vllm.kv_cache_memory_bytes: must be > 0 or null, got 0"),
     (["rollout=sglang"], None),
 ])
 def test_bad_rollout_configs_are_one_line(tmp_path, overrides, line):

@@ -99,7 +99,7 @@ def test_the_missing_vllm_message_points_at_the_vllm_environment_where_it_is_bui
 @pytest.mark.parametrize("overrides,line", [
     (["rollout=sglang"], "datc-train: rollout=sglang: no such option in rollout/; choose one of torch, vllm"),
     (["rollout=vllm", "trainer.top_p=0.9"], "datc-train: rollout.correction: 'token_truncate' compares"),
-    (["rollout=vllm", "rollout.gpu_memory_utilization=0"], "datc-train: rollout.gpu_memory_utilization: must be in (0, 1]"),
+    (["rollout=vllm", "rollout.vllm.gpu_memory_utilization=0"], "datc-train: rollout.vllm.gpu_memory_utilization: must be in (0, 1]"),
 ])
 def test_bad_engine_commands_are_one_line_and_exit_2(tmp_path, overrides, line):
     import subprocess

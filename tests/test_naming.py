@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -53,3 +54,37 @@ def test_the_name_hash_follows_the_run_identity(tmp_path):
 def test_paper_presets_are_named_with_their_hash(preset):
     name = _name(f"experiment=paper/{preset}")
     assert name.startswith("paper-") and name != _name(f"experiment=paper/{preset}", "deepspeed=zero3")
+
+
+RECORD = (Path(__file__).resolve().parents[1] / "results" / "tuned" / "records" / "keywords-tiny_gpt2" / "select"
+          / "keywords-tiny_gpt2-datc-p0-s100-464ff1")  # a run recorded before rollout.vllm had its node
+
+
+def _identity(*overrides: str) -> dict:
+    from omegaconf import OmegaConf
+
+    from datc.config import TrainConfig
+    from datc.run.rundir import identity
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="train", overrides=list(overrides))
+    plain = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(TrainConfig), {k: cfg[k] for k in cfg if k != "hydra"}),
+                                   resolve=True)
+    return identity(plain)
+
+
+def test_the_vllm_node_keeps_every_run_identity():
+    """rollout.vllm.* sat in rollout itself before: a run's identity (and so its name and its
+    resume) is the one it had, for the built-in engine and for vLLM; an old config still validates."""
+    old = json.loads((RECORD / "run.json").read_text())["identity"]["rollout"]
+    assert "enforce_eager" in old and "vllm" not in old
+    assert _identity()["rollout"] == old
+    assert _identity("rollout=vllm", "rollout.vllm.enforce_eager=true")["rollout"] == {
+        **old, "name": "vllm", "correction": "token_truncate", "enforce_eager": True}
+    from omegaconf import OmegaConf
+
+    recorded = OmegaConf.load(RECORD / "config.yaml")  # flat rollout keys
+    assert recorded.rollout.dtype == "auto"
+    recorded.rollout.dtype = "float32"
+    c = validate(recorded)
+    assert c.rollout.vllm.dtype == "float32" and not hasattr(c.rollout, "dtype")

@@ -444,6 +444,7 @@ def test_a_read_only_run_directory(finished, tmp_path):
     ("crdit=datc", "datc-train: crdit: not a config key; did you mean `credit`? Valid keys: backend, cache_dir, credit, "),
     ("experment=demo", "datc-train: experment: not a config key; did you mean `experiment`? "),  # a group, not a key
     ("trainer.zzz=1", "datc-train: trainer.zzz: not a config key; valid keys of trainer: "),  # nothing close: no guess
+    ("rollout.enforce_eager=true", "datc-train: rollout.enforce_eager: moved to rollout.vllm.enforce_eager "),  # an old key
 ])
 def test_hydra_errors_are_one_line_and_exit_2(tmp_path, override, line):
     r = subprocess.run(_cli(tmp_path / "cache", tmp_path / "r", override), capture_output=True, text=True, timeout=120)

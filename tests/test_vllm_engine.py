@@ -21,7 +21,7 @@ from tests.conftest import cfg_for, comparable, kill_at_checkpoint, metric_rows,
 
 pytestmark = pytest.mark.vllm
 
-VLLM = ["rollout=vllm", "policy.arch.n_head=2", "rollout.enforce_eager=true"]  # eager: a 3x faster engine start
+VLLM = ["rollout=vllm", "policy.arch.n_head=2", "rollout.vllm.enforce_eager=true"]  # eager: a 3x faster engine start
 
 
 
@@ -166,7 +166,7 @@ from datc.step.sample import sample_calls, sampling_args
 from datc.training.session import build_session
 
 cache, run = sys.argv[1:3]
-s = build_session(validate(cfg_for(cache, run, "rollout=vllm", "rollout.enforce_eager=true", "policy=tiny_llama",
+s = build_session(validate(cfg_for(cache, run, "rollout=vllm", "rollout.vllm.enforce_eager=true", "policy=tiny_llama",
                                    "+policy.arch.head_dim=32", "policy.lora.r=4", "credit=datc")))
 out = {"settings": s.engine.describe()}
 for it in range(2):
@@ -199,7 +199,7 @@ print("RESULT", json.dumps(out))
 
 
 def test_a_lora_policy_pushes_only_its_adapters_and_samples_as_the_merged_push_does(tmp_path):
-    """rollout.lora_sync=auto with a Llama LoRA policy: the adapters alone go to vLLM's LoRA path
+    """rollout.vllm.lora_sync=auto with a Llama LoRA policy: the adapters alone go to vLLM's LoRA path
     (the base once); after two updates and a move of the adapters the engine's log-probs are the
     trainer's, and equal the merged push's to rounding on the same tokens."""
     r = subprocess.run([sys.executable, "-c", ADAPTER_CHECK, str(tmp_path / "cache"), str(tmp_path / "run")],
@@ -213,9 +213,9 @@ def test_a_lora_policy_pushes_only_its_adapters_and_samples_as_the_merged_push_d
 
 
 def test_an_adapter_push_vllm_cannot_take_is_one_line_before_any_model(tmp_path):
-    with pytest.raises(ConfigError, match=r"^rollout.lora_sync: adapter pushes the LoRA adapters to vLLM's LoRA path, "
+    with pytest.raises(ConfigError, match=r"^rollout.vllm.lora_sync: adapter pushes the LoRA adapters to vLLM's LoRA path, "
                                           r"which vLLM's GPT2LMHeadModel does not have"):
-        validate(cfg_for(tmp_path / "cache", tmp_path / "run", *VLLM, "policy.lora.r=4", "rollout.lora_sync=adapter"))
+        validate(cfg_for(tmp_path / "cache", tmp_path / "run", *VLLM, "policy.lora.r=4", "rollout.vllm.lora_sync=adapter"))
 
 
 FAIL_AT_NTH_GENERATE = """
@@ -268,12 +268,12 @@ def test_heads_the_cpu_backend_cannot_run_are_one_line_before_any_model(tmp_path
 def test_a_kv_cache_smaller_than_one_sequence_is_one_line_before_any_model(tmp_path):
     # vLLM itself refuses it only once the engine starts, in its own traceback
     with pytest.raises(ConfigError) as e:
-        validate(cfg_for(tmp_path / "c", tmp_path / "r", *VLLM, "rollout.kv_cache_memory_bytes=1024"))
+        validate(cfg_for(tmp_path / "c", tmp_path / "r", *VLLM, "rollout.vllm.kv_cache_memory_bytes=1024"))
     msg = str(e.value)
-    assert msg.startswith("rollout.kv_cache_memory_bytes: 1024 bytes hold less than one sequence") and "\n" not in msg, msg
+    assert msg.startswith("rollout.vllm.kv_cache_memory_bytes: 1024 bytes hold less than one sequence") and "\n" not in msg, msg
     need = int(re.search(r": (\d+) bytes\); give at least", msg).group(1))
     assert need == 2 * 128 * 1024  # 48 tokens: one block of 128 and the one held back; 2 x 2 layers x 32 x 4 bytes a token
-    validate(cfg_for(tmp_path / "c", tmp_path / "r", *VLLM, f"rollout.kv_cache_memory_bytes={need}"))
+    validate(cfg_for(tmp_path / "c", tmp_path / "r", *VLLM, f"rollout.vllm.kv_cache_memory_bytes={need}"))
     assert not (tmp_path / "c").exists()  # nothing prepared
 
 

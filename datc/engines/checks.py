@@ -118,8 +118,8 @@ def check_staleness(c) -> None:
                           f"from torch's global random stream, as does the update's {what}: the run would not be "
                           "repeatable; use one mini-batch per rollout and no LoRA dropout, rollout=torch (its own copy "
                           "draws from its own stream), or max_staleness=0")
-    if r.name == "vllm" and r.sleep_mode == "on":
-        raise ConfigError(f"rollout.sleep_mode: on releases the engine's memory during the update, while "
+    if r.name == "vllm" and r.vllm.sleep_mode == "on":
+        raise ConfigError(f"rollout.vllm.sleep_mode: on releases the engine's memory during the update, while "
                           f"rollout.max_staleness={k} has it sample then; use sleep_mode=auto or off")
     if r.correction == "none":
         warn(f"rollout.max_staleness={k} with rollout.correction=none: samples of policies up to {k} steps old are "
@@ -140,14 +140,14 @@ def check_engine(c) -> None:
                               f"trainer.top_p={t.top_p} samples from the nucleus; use trainer.top_p=1 or "
                               "rollout.correction=none")
         return
-    if not 0 < r.gpu_memory_utilization <= 1:
-        raise ConfigError(f"rollout.gpu_memory_utilization: must be in (0, 1], got {r.gpu_memory_utilization}")
+    if not 0 < r.vllm.gpu_memory_utilization <= 1:
+        raise ConfigError(f"rollout.vllm.gpu_memory_utilization: must be in (0, 1], got {r.vllm.gpu_memory_utilization}")
     for key in ("max_model_len", "kv_cache_memory_bytes"):
-        value = getattr(r, key)
+        value = getattr(r.vllm, key)
         if value is not None and value <= 0:
-            raise ConfigError(f"rollout.{key}: must be > 0 or null, got {value}")
-    if r.max_model_len is not None and r.max_model_len < c.data.max_prompt_tokens + t.max_new_tokens:
-        raise ConfigError(f"rollout.max_model_len: {r.max_model_len} is less than data.max_prompt_tokens + "
+            raise ConfigError(f"rollout.vllm.{key}: must be > 0 or null, got {value}")
+    if r.vllm.max_model_len is not None and r.vllm.max_model_len < c.data.max_prompt_tokens + t.max_new_tokens:
+        raise ConfigError(f"rollout.vllm.max_model_len: {r.vllm.max_model_len} is less than data.max_prompt_tokens + "
                           f"trainer.max_new_tokens = {c.data.max_prompt_tokens + t.max_new_tokens}")
     if r.correction != "none" and t.top_p < 1:
         raise ConfigError(f"rollout.correction: {r.correction!r} compares the trainer's full-vocabulary log-probs with "
@@ -158,7 +158,7 @@ def check_engine(c) -> None:
     cfg = _arch_config(c)
     if cfg is None:
         return
-    if r.kv_cache_memory_bytes is not None:
+    if r.vllm.kv_cache_memory_bytes is not None:
         _check_kv_cache(c, cfg)
     arch, head = architecture_of(cfg)
     vllm_logs_to_the_run_log()
@@ -169,9 +169,9 @@ def check_engine(c) -> None:
     if arch not in supported:
         raise ConfigError(f"rollout.name: vllm cannot run the policy's architecture {arch!r}; use rollout=torch "
                           "(architectures vLLM runs: vllm.ModelRegistry.get_supported_archs())")
-    if r.lora_sync == "adapter" and c.policy.lora.r and not vllm_takes_lora(arch):
-        raise ConfigError(f"rollout.lora_sync: adapter pushes the LoRA adapters to vLLM's LoRA path, which vLLM's "
-                          f"{arch} does not have; use rollout.lora_sync=merged or auto (the adapters folded in)")
+    if r.vllm.lora_sync == "adapter" and c.policy.lora.r and not vllm_takes_lora(arch):
+        raise ConfigError(f"rollout.vllm.lora_sync: adapter pushes the LoRA adapters to vLLM's LoRA path, which vLLM's "
+                          f"{arch} does not have; use rollout.vllm.lora_sync=merged or auto (the adapters folded in)")
     if current_platform.is_cpu() and head is not None:
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
@@ -197,7 +197,7 @@ def vllm_takes_lora(arch: str | None) -> bool:
 
 
 def _check_kv_cache(c, cfg: dict) -> None:
-    """``rollout.kv_cache_memory_bytes`` (the CPU backend's cache; a GPU sizes its own from
+    """``rollout.vllm.kv_cache_memory_bytes`` (the CPU backend's cache; a GPU sizes its own from
     ``gpu_memory_utilization``) must hold one sequence of the engine's length, or vLLM refuses
     only once the engine starts ("No available memory for the cache blocks")."""
     import torch
@@ -212,13 +212,13 @@ def _check_kv_cache(c, cfg: dict) -> None:
         conf = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
     except (ValueError, TypeError):
         return
-    dtype = resolve_dtype(c.policy.dtype if r.dtype == "auto" else r.dtype, torch.device("cpu"))
-    max_len = r.max_model_len or (c.data.max_prompt_tokens + c.trainer.max_new_tokens)
+    dtype = resolve_dtype(c.policy.dtype if r.vllm.dtype == "auto" else r.vllm.dtype, torch.device("cpu"))
+    max_len = r.vllm.max_model_len or (c.data.max_prompt_tokens + c.trainer.max_new_tokens)
     per_token = kv_bytes_per_token(conf, dtype)
     # vLLM keeps the cache in blocks of CPU_BLOCK tokens and holds one block back (its null block)
     need = (-(-max_len // CPU_BLOCK) + 1) * CPU_BLOCK * per_token
-    if r.kv_cache_memory_bytes < need:
-        raise ConfigError(f"rollout.kv_cache_memory_bytes: {r.kv_cache_memory_bytes} bytes hold less than one sequence "
+    if r.vllm.kv_cache_memory_bytes < need:
+        raise ConfigError(f"rollout.vllm.kv_cache_memory_bytes: {r.vllm.kv_cache_memory_bytes} bytes hold less than one sequence "
                           f"of the engine's {max_len} tokens in vLLM's CPU cache ({per_token} bytes a token in "
                           f"{str(dtype).split('.')[-1]}, blocks of {CPU_BLOCK} tokens plus the one vLLM holds back: "
                           f"{need} bytes); give at least that, or null (sized for one generation call)")

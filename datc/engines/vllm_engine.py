@@ -99,13 +99,13 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's allowed max_lora_r
 
 
 def lora_sync_for(c, arch: str | None) -> tuple[str, str]:
-    """(``adapter`` or ``merged``, why) for ``rollout.lora_sync`` of a run: ``adapter`` pushes
+    """(``adapter`` or ``merged``, why) for ``rollout.vllm.lora_sync`` of a run: ``adapter`` pushes
     only the LoRA adapters (vLLM's LoRA path) where the policy trains them and vLLM's model class
     for its architecture takes LoRA; ``merged`` pushes every weight with the adapters folded in.
     (``adapter`` where vLLM cannot was refused before any model loaded: :mod:`datc.engines.checks`.)"""
-    want = c.rollout.lora_sync
+    want = c.rollout.vllm.lora_sync
     if not c.policy.lora.r or want == "merged":
-        return "merged", "" if not c.policy.lora.r else "rollout.lora_sync=merged"
+        return "merged", "" if not c.policy.lora.r else "rollout.vllm.lora_sync=merged"
     if want == "auto" and not vllm_takes_lora(arch):
         return "merged", f"vLLM's {arch} takes no LoRA adapters: the adapters are folded into a whole-weight push"
     return "adapter", ""
@@ -163,7 +163,7 @@ class VLLMEngine(RolloutEngine):
         self.pushes = 0
         self.push_s = 0.0
         self.push_bytes = 0  # of the last push
-        self.adapters: AdapterPush | None = None  # rollout.lora_sync resolved to adapter
+        self.adapters: AdapterPush | None = None  # rollout.vllm.lora_sync resolved to adapter
 
     @classmethod
     def build(cls, c, m, device, dist) -> VLLMEngine:
@@ -177,22 +177,22 @@ class VLLMEngine(RolloutEngine):
 
         from datc.models.build import resolve_dtype
 
-        dtype = resolve_dtype(c.policy.dtype if r.dtype == "auto" else r.dtype, device)
+        dtype = resolve_dtype(c.policy.dtype if r.vllm.dtype == "auto" else r.vllm.dtype, device)
         config = m.policy.config
-        max_len = r.max_model_len or (c.data.max_prompt_tokens + c.trainer.max_new_tokens)
+        max_len = r.vllm.max_model_len or (c.data.max_prompt_tokens + c.trainer.max_new_tokens)
         kwargs: dict[str, Any] = {}
         # an engine sampling ahead (max_staleness > 0) never sleeps: it works while the update runs
-        sleep = r.max_staleness == 0 and (r.sleep_mode == "on" or (r.sleep_mode == "auto" and device.type == "cuda"))
+        sleep = r.max_staleness == 0 and (r.vllm.sleep_mode == "on" or (r.vllm.sleep_mode == "auto" and device.type == "cuda"))
         if device.type == "cuda":
-            kwargs["gpu_memory_utilization"] = r.gpu_memory_utilization
+            kwargs["gpu_memory_utilization"] = r.vllm.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = sleep
         else:
             if sleep and dist.is_main:
-                log.warning("rollout.sleep_mode=on is off for this run: vLLM's CPU backend has no sleep mode")
+                log.warning("rollout.vllm.sleep_mode=on is off for this run: vLLM's CPU backend has no sleep mode")
             sleep = False
             rows = c.trainer.generation_batch_size or c.trainer.batch_size // max(dist.world_size, 1)
             need = int(1.25 * rows * max_len * kv_bytes_per_token(config, dtype))
-            kwargs["kv_cache_memory_bytes"] = r.kv_cache_memory_bytes or max(need, 16 * 2**20)
+            kwargs["kv_cache_memory_bytes"] = r.vllm.kv_cache_memory_bytes or max(need, 16 * 2**20)
         if dist.enabled:
             kwargs["distributed_executor_backend"] = "external_launcher"
         remove_stale_config_dirs()
@@ -202,7 +202,7 @@ class VLLMEngine(RolloutEngine):
             cfg.architectures = [type(m.policy).__name__]
         lora_sync, why = lora_sync_for(c, cfg.architectures[0])
         if why and dist.is_main:
-            log.info("rollout.lora_sync: %s (%s)", lora_sync, why)
+            log.info("rollout.vllm.lora_sync: %s (%s)", lora_sync, why)
         if lora_sync == "adapter":
             r_max = next(r for r in LORA_RANKS if r >= c.policy.lora.r)
             kwargs.update(enable_lora=True, max_lora_rank=r_max, max_loras=1)
@@ -210,7 +210,7 @@ class VLLMEngine(RolloutEngine):
         m.tok.save_pretrained(tmp.name)
         t0 = time.perf_counter()
         llm = LLM(model=tmp.name, tokenizer=tmp.name, dtype=str(dtype).removeprefix("torch."), max_model_len=max_len,
-                  seed=c.seed, enforce_eager=r.enforce_eager, load_format="dummy", tensor_parallel_size=1,
+                  seed=c.seed, enforce_eager=r.vllm.enforce_eager, load_format="dummy", tensor_parallel_size=1,
                   logprobs_mode="processed_logprobs", **kwargs)
         settings = {"name": cls.name, "dtype": str(dtype), "max_model_len": max_len, "sleep_mode": sleep,
                     "start_s": round(time.perf_counter() - t0, 1),

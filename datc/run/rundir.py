@@ -83,7 +83,9 @@ def identity(cfg: dict[str, Any]) -> dict[str, Any]:
         # the synchronous step (rollout.max_staleness: 0) and the LoRA push at its default (auto): a run keeps
         # the identity it had before the options
         at_default = {"max_staleness": 0, "lora_sync": "auto"}
-        ident["rollout"] = {k: v for k, v in ident["rollout"].items() if not (k in at_default and v == at_default[k])}
+        # rollout.vllm.* sat in rollout itself before it had its node: flattened, a run keeps its identity
+        flat = {**{k: v for k, v in ident["rollout"].items() if k != "vllm"}, **(ident["rollout"].get("vllm") or {})}
+        ident["rollout"] = {k: v for k, v in flat.items() if not (k in at_default and v == at_default[k])}
     backend = ident.pop("backend", None)
     if isinstance(backend, dict) and backend.get("name") == "fsdp2":
         ident["backend"] = {"name": "fsdp2"}
