@@ -124,6 +124,34 @@ def test_the_own_copy_reports_the_log_probs_it_sampled_with_and_draws_from_its_o
                                                 strict=True))
 
 
+def test_an_engine_error_on_its_thread_reaches_the_step_that_trains_on_the_batch(prepared_cache, tmp_path):
+    """The engine fails while sampling batch 1 ahead (on its own thread, during step 0): step 0
+    trains as usual, step 1 raises the engine's EngineError (what ``datc-train`` says in one line,
+    keeping the checkpoints), and the stream closes without waiting on anything."""
+    from datc.engines.base import EngineError
+    from datc.step import train_step
+    from datc.training.session import build_session
+
+    s = build_session(validate(cfg_for(prepared_cache, tmp_path / "run", *ASYNC)))
+    sample, calls = s.engine.sample, []
+
+    def failing(*args, **kwargs):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 2:
+            raise EngineError("rollout engine: injected failure")
+        return sample(*args, **kwargs)
+
+    s.engine.sample = failing
+    try:
+        assert "loss/total" in train_step(s, 0).metrics
+        with pytest.raises(EngineError, match="injected failure"):
+            train_step(s, 1)
+    finally:
+        t0 = time.perf_counter()
+        s.stream.close()
+    assert time.perf_counter() - t0 < 5 and all(n.startswith("datc-rollout") for n in calls) and len(calls) == 2
+
+
 def test_a_stale_run_killed_at_a_checkpoint_resumes_to_the_uninterrupted_run(prepared_cache, tmp_path):
     overrides = [*ASYNC, "trainer.steps=6", "trainer.checkpoint_every=2", "trainer.eval_every=3"]
     cache = prepared_cache

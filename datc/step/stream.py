@@ -53,7 +53,6 @@ STATE_KEY = "rollout_stream"  # the checkpoint's entry for the batches in flight
 class Batch:
     """One step's prompts on this rank (whole groups) and their per-prompt seeds."""
 
-    step: int
     examples: list[dict]
     seeds: list[int]
 
@@ -64,7 +63,7 @@ def batch_for(s, it: int) -> Batch:
     indices = s.sampler.indices(it)
     shard = s.dist.shard(len(indices))
     # per-prompt seeds for an engine with its own sampler: (run seed, step, position, prompt)
-    return Batch(it, [s.assets.train[i] for i in indices[shard]], prompt_seeds(s.c.seed, it, indices)[shard])
+    return Batch([s.assets.train[i] for i in indices[shard]], prompt_seeds(s.c.seed, it, indices)[shard])
 
 
 def version_of(batch: int, k: int) -> int:
