@@ -100,6 +100,9 @@ def test_the_missing_vllm_message_points_at_the_vllm_environment_where_it_is_bui
     (["rollout=sglang"], "datc-train: rollout=sglang: no such option in rollout/; choose one of torch, vllm"),
     (["rollout=vllm", "trainer.top_p=0.9"], "datc-train: rollout.correction: 'token_truncate' compares"),
     (["rollout=vllm", "rollout.vllm.gpu_memory_utilization=0"], "datc-train: rollout.vllm.gpu_memory_utilization: must be in (0, 1]"),
+    # FSDP2 holds a LoRA policy's adapters as shards: the adapter push (save_pretrained of the modules) cannot write them
+    (["rollout=vllm", "backend=fsdp2", "policy=tiny_llama", "policy.lora.r=4", "rollout.vllm.lora_sync=adapter"],
+     "datc-train: rollout.vllm.lora_sync: adapter writes the LoRA adapters from the policy's own modules, which FSDP2"),
 ])
 def test_bad_engine_commands_are_one_line_and_exit_2(tmp_path, overrides, line):
     import subprocess
@@ -128,3 +131,11 @@ def test_the_engine_config_folders_of_killed_runs_are_removed_and_live_ones_kept
         (d / "config.json").write_text("{}")
     assert remove_stale_config_dirs(str(tmp_path)) == [str(stale)]
     assert not stale.exists() and live.exists() and other.exists()
+
+
+def test_lora_sync_auto_folds_the_adapters_under_fsdp2():
+    from datc.engines.vllm_engine import lora_sync_for
+
+    c = validate(cfg_for("/tmp/c", "/tmp/r", "policy=tiny_llama", "policy.lora.r=4", "backend=fsdp2"))
+    assert lora_sync_for(c, "LlamaForCausalLM") == ("merged", "FSDP2 holds the adapters as shards: they are folded "
+                                                               "into a whole-weight push")

@@ -236,14 +236,14 @@ vllm.LLM.generate = generate
 """
 
 
-# FSDP2 with two ranks and external_launcher is not here: such a run ends in vLLM's own teardown
-# at interpreter exit ("Invalid process group specified", exit 1), which ZeRO-3's run does not.
-@pytest.mark.parametrize("backend", ["deepspeed=zero3"])
+@pytest.mark.parametrize("backend", ["deepspeed=zero3", "backend=fsdp2"])
 def test_two_sharded_ranks_each_run_an_engine_kept_in_step_with_the_sharded_policy(tmp_path, backend):
-    """Two processes (gloo), ZeRO-3, ``external_launcher``: each rank's engine gets the whole
-    parameters (gathered from the shards, ``datc.backends.plugins.whole_parameters``) before
+    """Two processes (gloo), ZeRO-3 or FSDP2, ``external_launcher``: each rank's engine gets the
+    whole parameters (gathered from the shards, ``datc.backends.plugins.whole_state``) before
     every rollout, so its log-probs stay the trainer's after every update (a stale engine would
-    be off by about 0.1 after one step, as the sync test measures)."""
+    be off by about 0.1 after one step, as the sync test measures). FSDP2's ``state_dict`` gives
+    DTensor shards even while unsharded: the push failed there ("mixed torch.Tensor and DTensor")
+    until the backend gave its whole state (``get_model_state_dict``, full on every rank)."""
     run = tmp_path / "z3"
     port = 29653 if backend.startswith("deepspeed") else 29657
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", "-m", "datc.train",

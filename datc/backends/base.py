@@ -124,6 +124,12 @@ class Backend:
         return param.detach()
 
     @classmethod
+    def whole_state(cls, module) -> dict[str, torch.Tensor]:
+        """``module``'s state dict with whole tensors on every rank, where they are (no copy),
+        read inside :meth:`whole` (an engine's weight push; collective where partitioned)."""
+        return module.state_dict()
+
+    @classmethod
     def full_state_dict(cls, module) -> dict[str, torch.Tensor]:
         """``module``'s parameters and buffers whole, on the CPU (collective where partitioned)."""
         return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}

@@ -112,6 +112,14 @@ class FSDP2Backend(Backend):
         return param.full_tensor().detach()
 
     @classmethod
+    def whole_state(cls, module) -> dict[str, torch.Tensor]:
+        """Every rank gets every tensor whole: FSDP2's ``state_dict`` hands out its DTensor shards
+        even while the parameters are unsharded, which an engine cannot load."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True))
+
+    @classmethod
     def full_state_dict(cls, module) -> dict[str, torch.Tensor]:
         """Every rank calls this (the gathers are collective); rank 0 gets the whole state."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

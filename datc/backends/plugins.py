@@ -7,6 +7,7 @@ so no module outside ``datc/backends/`` knows a backend's markers."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,17 @@ def full_state_dict(module) -> dict[str, torch.Tensor]:
     module = getattr(module, "module", module)
     owner = _owner(module)
     return (owner or Backend).full_state_dict(module)
+
+
+@contextlib.contextmanager
+def whole_state(module) -> Iterator[dict[str, torch.Tensor]]:
+    """:func:`whole_parameters`, giving ``module``'s state dict with every tensor whole on every
+    rank (collective where partitioned: every rank enters it). The owner is asked before the
+    parameters are whole (unsharded, they no longer say who partitioned them)."""
+    module = getattr(module, "module", module)
+    owner = _owner(module)
+    with owner.whole(module) if owner is not None else contextlib.nullcontext():
+        yield (owner or Backend).whole_state(module)
 
 
 def gathered(param: torch.Tensor) -> torch.Tensor:

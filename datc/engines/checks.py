@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 
+from datc.backends.checks import backend_name
 from datc.errors import ConfigError, warn
 
 CPU_BLOCK = 128  # tokens per KV-cache block of vLLM's CPU backend (vllm/platforms/cpu.py, attention other than MLA)
@@ -95,8 +96,6 @@ def check_staleness(c) -> None:
     """``rollout.max_staleness``: a count, on one process with the plain backend; a correction
     of none with k > 0 trains on past policies' samples as if they were the current one's
     (allowed, as an ablation: one warning line)."""
-    from datc.backends.checks import backend_name
-
     r, k = c.rollout, c.rollout.max_staleness
     if k < 0:
         raise ConfigError(f"rollout.max_staleness: must be 0 (sample, then train) or a number of policy versions k > 0 "
@@ -149,6 +148,9 @@ def check_engine(c) -> None:
     if r.vllm.max_model_len is not None and r.vllm.max_model_len < c.data.max_prompt_tokens + t.max_new_tokens:
         raise ConfigError(f"rollout.vllm.max_model_len: {r.vllm.max_model_len} is less than data.max_prompt_tokens + "
                           f"trainer.max_new_tokens = {c.data.max_prompt_tokens + t.max_new_tokens}")
+    if r.vllm.lora_sync == "adapter" and c.policy.lora.r and backend_name(c) == "fsdp2":
+        raise ConfigError("rollout.vllm.lora_sync: adapter writes the LoRA adapters from the policy's own modules, which "
+                          "FSDP2 holds as shards; use rollout.vllm.lora_sync=merged or auto (the adapters folded in)")
     if r.correction != "none" and t.top_p < 1:
         raise ConfigError(f"rollout.correction: {r.correction!r} compares the trainer's full-vocabulary log-probs with "
                           f"the sampler's, which vLLM renormalizes over the top-p nucleus (trainer.top_p={t.top_p}); "

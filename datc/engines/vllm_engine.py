@@ -35,7 +35,8 @@ from typing import Any
 
 import torch
 
-from datc.backends.plugins import partitioned, whole_parameters
+from datc.backends.checks import backend_name
+from datc.backends.plugins import partitioned, whole_state
 from datc.engines.base import EngineError, RolloutEngine, SamplingArgs
 from datc.engines.checks import kv_bytes_per_token, vllm_logs_to_the_run_log, vllm_takes_lora
 from datc.engines.rollout import Rollout, encode_prompts, response_mask_from_ids
@@ -74,15 +75,16 @@ def _engine_errors(doing: str):
         raise EngineError(f"the rollout engine (vllm) failed while {doing} ({type(e).__name__}: {first_line(e)})") from e
 
 
-def hf_weights(policy, fold: bool = True) -> list[tuple[str, torch.Tensor]]:
-    """The policy's weights under the Hugging Face checkpoint names vLLM loads: its state dict,
+def hf_weights(policy, fold: bool = True, state: dict[str, torch.Tensor] | None = None) -> list[tuple[str, torch.Tensor]]:
+    """The policy's weights under the Hugging Face checkpoint names vLLM loads: its state dict
+    (``state``, where a backend gives the whole one: :func:`datc.backends.plugins.whole_state`),
     with LoRA adapters (peft) folded into their base weights (``base_layer.weight +
     get_delta_weight``) and the adapters' own tensors left out. ``fold=False``: the base weights
     alone (the adapters go to vLLM's LoRA path, :class:`AdapterPush`)."""
     lora = {name: mod for name, mod in policy.named_modules()
             if hasattr(mod, "base_layer") and hasattr(mod, "get_delta_weight")}
     out = []
-    for key, value in policy.state_dict().items():
+    for key, value in (policy.state_dict() if state is None else state).items():
         if ".lora_" in key:
             continue
         if ".base_layer." in key:
@@ -106,6 +108,8 @@ def lora_sync_for(c, arch: str | None) -> tuple[str, str]:
     want = c.rollout.vllm.lora_sync
     if not c.policy.lora.r or want == "merged":
         return "merged", "" if not c.policy.lora.r else "rollout.vllm.lora_sync=merged"
+    if want == "auto" and backend_name(c) == "fsdp2":  # (adapter with fsdp2: refused by the checks)
+        return "merged", "FSDP2 holds the adapters as shards: they are folded into a whole-weight push"
     if want == "auto" and not vllm_takes_lora(arch):
         return "merged", f"vLLM's {arch} takes no LoRA adapters: the adapters are folded into a whole-weight push"
     return "adapter", ""
@@ -232,8 +236,8 @@ class VLLMEngine(RolloutEngine):
         if self.adapters is None or not self.adapters.base_pushed:
             fold = self.adapters is None
             if partitioned(policy):  # ZeRO-3, FSDP2: the whole parameters, for the push only
-                with whole_parameters(policy):
-                    weights = [(k, v.clone()) for k, v in hf_weights(policy, fold)]
+                with whole_state(policy) as state:
+                    weights = [(k, v.clone()) for k, v in hf_weights(policy, fold, state)]
             else:
                 weights = hf_weights(policy, fold)
             self.load(weights)
