@@ -76,9 +76,14 @@ def _identity(*overrides: str) -> dict:
 def test_the_vllm_node_keeps_every_run_identity():
     """rollout.vllm.* sat in rollout itself before: a run's identity (and so its name and its
     resume) is the one it had, for the built-in engine and for vLLM; an old config still validates."""
+    from datc.run.rundir import identity
+
     old = json.loads((RECORD / "run.json").read_text())["identity"]["rollout"]
     assert "enforce_eager" in old and "vllm" not in old
-    assert _identity()["rollout"] == old
+    assert _identity()["rollout"] == old  # the run name's path: through the schema
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        resolved = _resolved(compose(config_name="train"))  # the run id's path: the config as composed
+    assert "vllm" not in resolved["rollout"] and identity(resolved)["rollout"] == old
     assert _identity("rollout=vllm", "rollout.vllm.enforce_eager=true")["rollout"] == {
         **old, "name": "vllm", "correction": "token_truncate", "enforce_eager": True}
     from omegaconf import OmegaConf

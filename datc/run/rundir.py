@@ -12,6 +12,7 @@ One process writes a run directory at a time: :meth:`RunDir.open` takes an exclu
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import uuid
@@ -20,7 +21,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from datc.config import ConfigError
+from datc.config import ConfigError, VLLMConfig
 from datc.run.atomic import (  # no torch: the run name's resolver imports this
     atomic_write_json,
     atomic_write_text,
@@ -83,8 +84,11 @@ def identity(cfg: dict[str, Any]) -> dict[str, Any]:
         # the synchronous step (rollout.max_staleness: 0) and the LoRA push at its default (auto): a run keeps
         # the identity it had before the options
         at_default = {"max_staleness": 0, "lora_sync": "auto"}
-        # rollout.vllm.* sat in rollout itself before it had its node: flattened, a run keeps its identity
-        flat = {**{k: v for k, v in ident["rollout"].items() if k != "vllm"}, **(ident["rollout"].get("vllm") or {})}
+        # rollout.vllm.* sat in rollout itself before it had its node (the built-in engine's config
+        # too, at the defaults): flattened, with the defaults where a config has no such node, a
+        # run keeps its identity
+        vllm = {**dataclasses.asdict(VLLMConfig()), **(ident["rollout"].get("vllm") or {})}
+        flat = {**{k: v for k, v in ident["rollout"].items() if k != "vllm"}, **vllm}
         ident["rollout"] = {k: v for k, v in flat.items() if not (k in at_default and v == at_default[k])}
     backend = ident.pop("backend", None)
     if isinstance(backend, dict) and backend.get("name") == "fsdp2":
