@@ -84,6 +84,9 @@ def test_the_vllm_node_keeps_every_run_identity():
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         resolved = _resolved(compose(config_name="train"))  # the run id's path: the config as composed
     assert "vllm" not in resolved["rollout"] and identity(resolved)["rollout"] == old
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        resolved = _resolved(compose(config_name="train", overrides=["rollout=vllm"]))
+    assert identity(resolved)["rollout"] == {**old, "name": "vllm", "correction": "token_truncate"}
     assert _identity("rollout=vllm", "rollout.vllm.enforce_eager=true")["rollout"] == {
         **old, "name": "vllm", "correction": "token_truncate", "enforce_eager": True}
     from omegaconf import OmegaConf
