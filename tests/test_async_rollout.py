@@ -149,7 +149,8 @@ def test_an_engine_error_on_its_thread_reaches_the_step_that_trains_on_the_batch
     finally:
         t0 = time.perf_counter()
         s.stream.close()
-    assert time.perf_counter() - t0 < 5 and all(n.startswith("datc-rollout") for n in calls) and len(calls) == 2
+    # the failing call was batch 1's; step 1 may have handed batch 2 to the engine before it read the error
+    assert time.perf_counter() - t0 < 5 and all(n.startswith("datc-rollout") for n in calls) and len(calls) in (2, 3)
 
 
 def test_a_stale_run_killed_at_a_checkpoint_resumes_to_the_uninterrupted_run(prepared_cache, tmp_path):
