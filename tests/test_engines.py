@@ -133,9 +133,9 @@ def test_the_engine_config_folders_of_killed_runs_are_removed_and_live_ones_kept
     assert not stale.exists() and live.exists() and other.exists()
 
 
-def test_lora_sync_auto_folds_the_adapters_under_fsdp2():
+def test_lora_sync_auto_folds_the_adapters_under_fsdp2(tmp_path):
     from datc.engines.vllm_engine import lora_sync_for
 
-    c = validate(cfg_for("/tmp/c", "/tmp/r", "policy=tiny_llama", "policy.lora.r=4", "backend=fsdp2"))
+    c = validate(cfg_for(tmp_path / "c", tmp_path / "r", "policy=tiny_llama", "policy.lora.r=4", "backend=fsdp2"))
     assert lora_sync_for(c, "LlamaForCausalLM") == ("merged", "FSDP2 holds the adapters as shards: they are folded "
                                                                "into a whole-weight push")
