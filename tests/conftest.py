@@ -199,6 +199,15 @@ def same_batch_runs(prepared_cache, tmp_path_factory):
     return SameBatchRuns(prepared_cache, shared_dir(tmp_path_factory, "same_batch"))
 
 
+@pytest.fixture(scope="session")
+def resume_runs(prepared_cache, tmp_path_factory):
+    """The 2-process save-and-resume runs of tests/distributed/resume.py (ZeRO-3, LoRA under
+    ZeRO-2/3, FSDP2), made once per test run by the first worker that asks."""
+    from tests.distributed.resume import ResumeRuns
+
+    return ResumeRuns(prepared_cache, shared_dir(tmp_path_factory, "resume"))
+
+
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
 

@@ -17,13 +17,12 @@ import pytest
 import torch
 
 from datc.backends.launch import build
-from tests.conftest import assert_same_metrics, copy_as_killed
-from tests.distributed.same_batch import free_port
+from tests.conftest import assert_same_metrics
+from tests.distributed.same_batch import CASES as SAME_BATCH_CASES
+from tests.distributed.same_batch import overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "distributed" / "same_batch_worker.py"
-COMMON = ["debug=fast", "trainer.steps=3", "trainer.batch_size=16", "trainer.mini_batch_size=16",
-          "trainer.micro_batch_size=4", "trainer.num_generations=4"]
 # The two processes reduce sums (losses, gradients) in another order than one: fp32 rounding. The
 # largest gaps measured (3 steps, lr 5e-4): metrics 2.6e-5 relative (datc, tiny_llama), parameters
 # 4e-7 (grpo, tiny_gpt2); the tolerances are DeepSpeed's (tests/test_distributed.py).
@@ -32,12 +31,7 @@ LOSS_RTOL, PARAM_ATOL = 1e-4, 1e-5
 # then reduced in another order; measured largest parameter gap 7.5e-9. DeepSpeed's bf16
 # tolerance (4e-5, under 3% of the steps' 1.5e-3 movement) holds it with room.
 PARAM_ATOL_BF16 = 4e-5
-CASES = {  # (credit, policy, dtype, lora)
-    "grpo-gpt2-fp32": ["credit=grpo", "policy=tiny_gpt2", "policy.dtype=float32"],
-    "datc-llama-fp32": ["credit=datc", "policy=tiny_llama", "policy.dtype=float32"],
-    "datc-gpt2-bf16": ["credit=datc", "policy=tiny_gpt2", "policy.dtype=bfloat16"],
-    "datc-gpt2-lora": ["credit=datc", "policy=tiny_gpt2", "policy.dtype=float32", "policy.lora.r=4"],
-}
+CASES = [n for n in SAME_BATCH_CASES if SAME_BATCH_CASES[n][0] == "fsdp2"]  # run in the same-batch launch
 
 
 def _env(cache_dir) -> dict[str, str]:
@@ -46,40 +40,25 @@ def _env(cache_dir) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "DATC_CACHE": str(cache_dir), "PYTHONPATH": str(ROOT)}
 
 
-def _run_cases(cache_dir, out: Path, nproc: int, cases: dict[str, list[str]], port: int) -> dict[str, dict]:
-    """Every case in one interpreter (``tests/distributed/same_batch_worker.py``, as the DeepSpeed cases)."""
-    spec = out.with_suffix(".json")
-    spec.write_text(json.dumps({n: [*COMMON, f"cache_dir={cache_dir}", *o] for n, o in cases.items()}))
-    head = [sys.executable] if nproc == 1 else [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-                                                  f"--master_port={port}"]
-    proc = subprocess.run([*head, str(WORKER), str(out), str(spec)], env=_env(cache_dir), capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return torch.load(out)
-
-
 @pytest.fixture(scope="module")
-def runs(cache_dir, tmp_path_factory):
-    """Every case on one plain process (shared prompts off: the two FSDP2 ranks' forwards are
-    collective, so they forward whole prompts, and the one process is told to match) and on two
-    FSDP2 processes, one interpreter per side; and, after the plain cases in the one process, a
-    one-rank FSDP2 run of ``datc-llama-fp32`` at the default ``share_prompts`` (ONE_RANK)."""
-    tmp = tmp_path_factory.mktemp("fsdp2")
-    one = _run_cases(cache_dir, tmp / "one.pt", 1, {**{n: [*o, "trainer.share_prompts=false"] for n, o in CASES.items()},
-                                                     ONE_RANK: [*CASES["datc-llama-fp32"], "backend=fsdp2"]}, 0)
-    two = _run_cases(cache_dir, tmp / "two.pt", 2, {n: [*o, "backend=fsdp2"] for n, o in CASES.items()}, free_port())
-    return {**{n: (one[n], two[n]) for n in CASES}, ONE_RANK: (one["datc-llama-fp32"], one[ONE_RANK])}
-
-
-ONE_RANK = "datc-llama-fp32-fsdp2-one-rank"
+def one_rank(prepared_cache, tmp_path_factory):
+    """A one-rank FSDP2 run of ``fsdp2-datc-llama-fp32`` at the default ``share_prompts``, in its own
+    interpreter (FSDP2 joins a process group, which the test process must not keep)."""
+    out = tmp_path_factory.mktemp("fsdp2") / "one_rank.pt"
+    spec = out.with_suffix(".json")
+    spec.write_text(json.dumps({"one-rank": [*overrides("fsdp2-datc-llama-fp32", prepared_cache, 2)]}))
+    proc = subprocess.run([sys.executable, str(WORKER), str(out), str(spec)], env=_env(prepared_cache),
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return torch.load(out)["one-rank"]
 
 
 @pytest.mark.slow
-def test_one_fsdp2_rank_shares_prompts_outside_the_update_and_matches_one_plain_process(runs):
+def test_one_fsdp2_rank_shares_prompts_outside_the_update_and_matches_one_plain_process(same_batch_runs, one_rank):
     """One FSDP2 rank forwards each prompt once in its no-grad passes but not in the update: the
     update's gradient through a shared prompt's KV cache reached a resharded block ("setStorage:
     ... storage of size 0", on tiny Llama and Qwen3 both) before the backend declared it."""
-    plain, fsdp2 = runs[ONE_RANK]
+    plain, fsdp2 = same_batch_runs.one("fsdp2-datc-llama-fp32"), one_rank
     assert (fsdp2["backend"], fsdp2["world_size"], fsdp2["synced"]) == ("fsdp2", 1, False)
     assert fsdp2["share_prompts"] and not fsdp2["share_update_prompts"]
     for a, b in zip(plain["steps"], fsdp2["steps"], strict=True):
@@ -90,9 +69,9 @@ def test_one_fsdp2_rank_shares_prompts_outside_the_update_and_matches_one_plain_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(CASES))
-def test_two_fsdp2_processes_match_one_on_the_same_global_batch(runs, name):
-    one, two = runs[name]
+@pytest.mark.parametrize("name", CASES)
+def test_two_fsdp2_processes_match_one_on_the_same_global_batch(same_batch_runs, name):
+    one, two = same_batch_runs.one(name), same_batch_runs.two(name)
     assert (one["backend"], one["world_size"], two["backend"], two["world_size"]) == ("plain", 1, "fsdp2", 2)
     # the plan the backend declared: collective forwards, whole prompts, parameters unsharded once per sampling call
     assert two["synced"] and two["gather_generation"] and not two["share_prompts"] and not one["share_prompts"]
@@ -114,18 +93,12 @@ def _launch(*overrides, nproc=2):
 
 
 @pytest.mark.slow
-def test_an_fsdp2_run_resumes_as_uninterrupted_and_exports_its_shards(cache_dir, tmp_path):
+def test_an_fsdp2_run_resumes_as_uninterrupted_and_exports_its_shards(resume_runs, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from datc.run.export import export_checkpoint
 
-    overrides = ["debug=fast", "backend=fsdp2", "credit=datc", "trainer.steps=4", "trainer.checkpoint_every=2",
-                 f"cache_dir={cache_dir}", "trainer.keep_checkpoints=3"]
-    full = tmp_path / "full"
-    launch = _launch(*overrides, f"run_dir={full}")
-    assert launch.argv[1:4] == ["-m", "torch.distributed.run", "--nnodes"]
-    proc = subprocess.run(launch.argv, env={**_env(cache_dir), **launch.env}, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    full = resume_runs.full("fsdp2")
     ckpt = full / "checkpoints" / "step_0000002"
     assert (ckpt / "dcp" / ".metadata").is_file() and {p.name for p in ckpt.glob("rank_*.pt")} == {"rank_00000.pt",
                                                                                                    "rank_00001.pt"}
@@ -137,18 +110,14 @@ def test_an_fsdp2_run_resumes_as_uninterrupted_and_exports_its_shards(cache_dir,
         _warm_policy,  # found through the cache's own index (it may hold other draws)
     )
 
-    warm = AutoModelForCausalLM.from_pretrained(_warm_policy(cache_dir)).eval()
+    warm = AutoModelForCausalLM.from_pretrained(_warm_policy(resume_runs.cache_dir)).eval()
     ids = torch.randint(4, 100, (2, 10), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(exported(input_ids=ids).logits, final(input_ids=ids).logits, rtol=0, atol=0)
         assert not torch.equal(warm(input_ids=ids).logits, final(input_ids=ids).logits)  # it trained
 
-    resumed = tmp_path / "resumed"  # as a kill -9 after the step-2 checkpoint would have left it
-    copy_as_killed(full, resumed, 2, 3)
-    launch = _launch(*overrides, f"run_dir={resumed}")
-    proc = subprocess.run(launch.argv, env={**_env(cache_dir), **launch.env}, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "resumed" in proc.stderr + proc.stdout
+    resumed = resume_runs.resumed("fsdp2")  # as a kill -9 after the step-2 checkpoint would have left it
+    assert f"resumed {resumed} from its checkpoint of step 2 of 4" in resume_runs.resume_log
     assert_same_metrics(full, resumed)
 
     # one process cannot resume it, nor DeepSpeed: one line, before anything loads into the model

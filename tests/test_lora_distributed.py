@@ -6,18 +6,11 @@ adapter exported from DeepSpeed's shards is the one ``final/`` holds."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 import torch
 
-from tests.conftest import assert_same_metrics, copy_as_killed
-from tests.distributed.same_batch import LORA, free_port
-from tests.test_distributed import (
-    _env,
-    _launch_cmd,
-    assert_two_match_one,
-)
+from tests.conftest import assert_same_metrics
+from tests.test_distributed import assert_two_match_one
 
 pytestmark = pytest.mark.slow
 
@@ -30,20 +23,14 @@ def test_two_lora_processes_match_one_on_the_same_global_batch(same_batch_runs, 
 
 
 @pytest.mark.parametrize("stage", ["zero2", "zero3"])
-def test_a_lora_run_under_deepspeed_saves_adapters_and_resumes_as_uninterrupted(prepared_cache, tmp_path, stage):
-    cache_dir = prepared_cache  # the testbed prepared in this process: the ranks only read it
+def test_a_lora_run_under_deepspeed_saves_adapters_and_resumes_as_uninterrupted(resume_runs, tmp_path, stage):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     from datc.run.export import export_checkpoint
     from tests.test_distributed import _warm_policy
 
-    overrides = ["debug=fast", f"deepspeed={stage}", "credit=datc", "trainer.steps=4", "trainer.checkpoint_every=2",
-                 f"cache_dir={cache_dir}", "trainer.keep_checkpoints=3", *LORA]
-    full = tmp_path / "full"
-    launch = _launch_cmd(*overrides, f"run_dir={full}", port=free_port())
-    proc = subprocess.run(launch.argv, env={**_env(cache_dir), **launch.env}, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    full = resume_runs.full(f"lora-{stage}")
     ckpt = full / "checkpoints" / "step_0000002"
     files = sorted(ckpt.glob("*model_states.pt"))
     assert files
@@ -52,7 +39,7 @@ def test_a_lora_run_under_deepspeed_saves_adapters_and_resumes_as_uninterrupted(
         assert all("lora_" in k for k in module), sorted(module)[:4]  # the adapters, not the frozen base
         assert module or stage == "zero3", f.name  # ZeRO-3's live in its optimizer's fp32 partitions
 
-    base = _warm_policy(cache_dir)
+    base = _warm_policy(resume_runs.cache_dir)
     ids = torch.randint(4, 100, (2, 10), generator=torch.Generator().manual_seed(0))
 
     def logits(path):
@@ -65,9 +52,6 @@ def test_a_lora_run_under_deepspeed_saves_adapters_and_resumes_as_uninterrupted(
     with torch.no_grad():
         assert not torch.equal(AutoModelForCausalLM.from_pretrained(base).eval()(input_ids=ids).logits, final)
 
-    resumed = tmp_path / "resumed"  # "killed" after its step-2 checkpoint
-    copy_as_killed(full, resumed, 2, 3)
-    launch = _launch_cmd(*overrides, f"run_dir={resumed}", port=free_port())
-    proc = subprocess.run(launch.argv, env={**_env(cache_dir), **launch.env}, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    resumed = resume_runs.resumed(f"lora-{stage}")  # "killed" after its step-2 checkpoint, then resumed
+    assert f"resumed {resumed} from its checkpoint of step 2 of 4" in resume_runs.resume_log
     assert_same_metrics(full, resumed)

@@ -54,10 +54,12 @@ class DeepSpeedBackend(Backend):
             # DeepSpeed JIT-compiles a shared-memory all-reduce kernel when it starts on CPU (about a
             # minute with a C++ toolchain, a failure without one). gloo does the collectives instead.
             sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
-        if not torch.distributed.is_initialized():
+        owns = not torch.distributed.is_initialized()
+        if owns:
             deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl", verbose=False,
                                        timeout=datetime.timedelta(seconds=c.backend.timeout_s))
-        d = Dist(torch.distributed.get_rank(), torch.distributed.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)), True)
+        d = Dist(torch.distributed.get_rank(), torch.distributed.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)), True,
+                 owns_group=owns)
         if not cpu:
             torch.cuda.set_device(d.local_rank)
         return d

@@ -37,6 +37,7 @@ class Dist:
     world_size: int = 1
     local_rank: int = 0
     enabled: bool = False
+    owns_group: bool = True  # this run joined the process group, so it leaves it (not one its caller made)
 
     @property
     def is_main(self) -> bool:
@@ -81,8 +82,9 @@ class Dist:
 
     def close(self) -> None:
         """Leave the process group (all ranks, at the end of a run): without it, gloo's threads
-        can abort the interpreter at exit."""
-        if self.enabled and torch.distributed.is_initialized():
+        can abort the interpreter at exit. A group the caller had made before the run (a script
+        running several ``train`` calls in one launch) stays for the caller."""
+        if self.enabled and self.owns_group and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
     def tensor_sum(self, x: torch.Tensor) -> torch.Tensor:

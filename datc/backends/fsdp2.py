@@ -59,10 +59,12 @@ class FSDP2Backend(Backend):
         collectives' timeout (a rank that stops answering ends the others' waits after it)."""
         export_env()
         cpu = not torch.cuda.is_available()
-        if not torch.distributed.is_initialized():
+        owns = not torch.distributed.is_initialized()
+        if owns:
             torch.distributed.init_process_group("gloo" if cpu else "nccl",
                                                  timeout=datetime.timedelta(seconds=c.backend.timeout_s))
-        d = Dist(torch.distributed.get_rank(), torch.distributed.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)), True)
+        d = Dist(torch.distributed.get_rank(), torch.distributed.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)), True,
+                 owns_group=owns)
         if not cpu:
             torch.cuda.set_device(d.local_rank)
         return d

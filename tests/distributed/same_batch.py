@@ -1,9 +1,10 @@
-"""The same-global-batch comparisons of tests/test_distributed.py and tests/test_lora_distributed.py,
-run once per test session: every 2-process DeepSpeed configuration in one ``torchrun`` launch (one
-process group, the interpreters and DeepSpeed started once, not once per case), every one-process
-plain reference in this process. A case is (stage, credit, dtype, extra overrides); the reference
-is the same configuration without DeepSpeed, told to match ZeRO-3's whole-prompt forwards
-(``trainer.share_prompts=false``) where the two-process run is ZeRO-3."""
+"""The same-global-batch comparisons of tests/test_distributed.py, tests/test_lora_distributed.py and
+tests/test_fsdp2.py, run once per test session: every 2-process configuration (DeepSpeed's, then
+FSDP2's) in one ``torchrun`` launch (one process group, the interpreters and the libraries started
+once, not once per case), every one-process plain reference in this process. A case is (backend,
+credit, dtype, extra overrides); the reference is the same configuration on the plain backend,
+told to match the whole-prompt forwards of ZeRO-3 and FSDP2 (``trainer.share_prompts=false``)
+where the two-process run is one of those."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ COMMON = ["debug=fast", "trainer.steps=3", "trainer.batch_size=16", "trainer.min
           "trainer.micro_batch_size=4", "trainer.num_generations=4"]
 LORA = ["policy.lora.r=4"]
 
-# name -> (stage, credit, dtype, extra overrides of both runs, extra overrides of the 2-process run only)
+# name -> (backend of the 2-process run: zero2, zero3 or fsdp2; credit, dtype, extra overrides of
+# both runs, extra overrides of the 2-process run only)
 CASES: dict[str, tuple[str, str, str, list[str], list[str]]] = {
     # the full policy (tests/test_distributed.py); bf16: torch autocast, fp32 master weights
     "zero2-grpo-float32": ("zero2", "grpo", "float32", [], []),
@@ -40,6 +42,11 @@ CASES: dict[str, tuple[str, str, str, list[str], list[str]]] = {
     # LoRA policies (tests/test_lora_distributed.py)
     "lora-zero2": ("zero2", "datc", "float32", LORA, []),
     "lora-zero3": ("zero3", "datc", "float32", LORA, []),
+    # FSDP2 (tests/test_fsdp2.py): both testbed families, bf16, LoRA
+    "fsdp2-grpo-gpt2-fp32": ("fsdp2", "grpo", "float32", ["policy=tiny_gpt2"], []),
+    "fsdp2-datc-llama-fp32": ("fsdp2", "datc", "float32", ["policy=tiny_llama"], []),
+    "fsdp2-datc-gpt2-bf16": ("fsdp2", "datc", "bfloat16", ["policy=tiny_gpt2"], []),
+    "fsdp2-datc-gpt2-lora": ("fsdp2", "datc", "float32", ["policy=tiny_gpt2", *LORA], []),
 }
 TWO_ONLY = {"zero3-grpo-synced", "zero3-datc-synced"}  # compared with another 2-process run, not with one process
 
@@ -47,9 +54,9 @@ TWO_ONLY = {"zero3-grpo-synced", "zero3-datc-synced"}  # compared with another 2
 def overrides(name: str, cache_dir, nproc: int) -> list[str]:
     stage, credit, dtype, both, two_only = CASES[name]
     base = [*COMMON, f"cache_dir={cache_dir}", f"credit={credit}", f"policy.dtype={dtype}", *both]
-    if nproc == 1:  # ZeRO-3 with two ranks forwards whole prompts (every rank must make the same calls)
-        return [*base, f"trainer.share_prompts={str(stage != 'zero3').lower()}"]
-    return [*base, f"deepspeed={stage}", *two_only]
+    if nproc == 1:  # ZeRO-3 and FSDP2 with two ranks forward whole prompts (every rank makes the same calls)
+        return [*base, f"trainer.share_prompts={str(stage not in ('zero3', 'fsdp2')).lower()}"]
+    return [*base, "backend=fsdp2" if stage == "fsdp2" else f"deepspeed={stage}", *two_only]
 
 
 def env(cache_dir) -> dict[str, str]:
@@ -74,7 +81,7 @@ def one_process(cache_dir) -> dict[str, dict]:
 
 
 def two_processes(cache_dir, out_dir: Path) -> dict[str, dict]:
-    """Every case's 2-process DeepSpeed run, all in one ``torchrun`` launch."""
+    """Every case's 2-process run, all in one ``torchrun`` launch."""
     spec, out = out_dir / "spec.json", out_dir / "two.pt"
     spec.write_text(json.dumps({n: overrides(n, cache_dir, 2) for n in CASES}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",

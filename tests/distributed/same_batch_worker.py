@@ -31,8 +31,8 @@ from datc.utils import quiet_libraries
 SESSION_SEED = 0  # the global RNG before each session is built (LoRA's adapters draw from it)
 
 
-def run_one(overrides: list[str]) -> tuple[dict, object]:
-    """One configuration's steps; returns (its result on rank 0, or {} elsewhere; its Dist)."""
+def run_one(overrides: list[str]) -> dict:
+    """One configuration's steps; its result on rank 0 ({} on the others)."""
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         c = validate(compose(config_name="train", overrides=overrides))
     t = c.trainer
@@ -53,18 +53,18 @@ def run_one(overrides: list[str]) -> tuple[dict, object]:
            "gather_generation": s.plan.gather_generation,
            "synced": s.plan.synced_gpus, "backend": s.backend.name} if dist.is_main else {}
     dist.barrier()
-    return out, dist
+    return out
 
 
 def run_all(spec: dict[str, list[str]]) -> dict[str, dict]:
     """Every configuration of ``spec`` in turn; {name: result} (rank 0's; {} on the others)."""
     torch.set_num_threads(1)
     quiet_libraries()
-    results, dist = {}, None
+    results = {}
     for name, overrides in spec.items():
-        results[name], dist = run_one(overrides)
-    if dist is not None:
-        dist.close()
+        results[name] = run_one(overrides)
+    if torch.distributed.is_initialized():  # joined by the first configuration, left after the last
+        torch.distributed.destroy_process_group()
     return results
 
 
