@@ -5,7 +5,6 @@ tests/test_vllm_engine.py."""
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 
@@ -14,6 +13,7 @@ import torch
 
 from datc.config import ConfigError, validate
 from datc.step.stream import version_of
+from tests import cli
 from tests.conftest import cfg_for, comparable, kill_at_checkpoint, metric_rows, train_cmd
 
 ASYNC = ["rollout.max_staleness=1", "rollout.correction=token_truncate"]
@@ -156,13 +156,15 @@ def test_an_engine_error_on_its_thread_reaches_the_step_that_trains_on_the_batch
 def test_a_stale_run_killed_at_a_checkpoint_resumes_to_the_uninterrupted_run(prepared_cache, tmp_path):
     overrides = [*ASYNC, "trainer.steps=6", "trainer.checkpoint_every=2", "trainer.eval_every=3"]
     cache = prepared_cache
-    subprocess.run(train_cmd(cache, tmp_path / "full", *overrides), check=True, capture_output=True)
+    full = cli.run(train_cmd(cache, tmp_path / "full", *overrides))
+    assert full.returncode == 0, full.stderr[-2000:]
     killed = tmp_path / "killed"
     kill_at_checkpoint(train_cmd(cache, killed, *overrides), killed, 2)
     state = torch.load(killed / "checkpoints" / "step_0000002" / "state.pt", weights_only=False)
     [b] = state["rollout_stream"]["batches"]  # batch 2, sampled with the weights of step 1, kept
     assert b == 2 and state["rollout_stream"]["batches"][2]["versions"].unique().tolist() == [1]
-    subprocess.run(train_cmd(cache, killed, *overrides), check=True, capture_output=True)
+    resumed = cli.run(train_cmd(cache, killed, *overrides))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert comparable(metric_rows(killed)) == comparable(metric_rows(tmp_path / "full"))
 
 

@@ -16,6 +16,7 @@ from datc.engines import ENGINES, prompt_seeds
 from datc.engines.vllm_engine import hf_weights, kv_bytes_per_token
 from datc.models.build import build_causal_lm
 from datc.models.lora import add_adapters
+from tests import cli
 from tests.conftest import cfg_for
 
 GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 32, "n_positions": 32}
@@ -105,12 +106,11 @@ def test_the_missing_vllm_message_points_at_the_vllm_environment_where_it_is_bui
      "datc-train: rollout.vllm.lora_sync: adapter writes the LoRA adapters from the policy's own modules, which FSDP2"),
 ])
 def test_bad_engine_commands_are_one_line_and_exit_2(tmp_path, overrides, line):
-    import subprocess
     import sys
 
     cmd = [sys.executable, "-m", "datc.train", "debug=fast", f"cache_dir={tmp_path / 'c'}", f"run_dir={tmp_path / 'r'}",
            *overrides]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    r = cli.run(cmd)
     assert r.returncode == 2 and r.stderr.startswith(line) and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "r").exists() and not (tmp_path / "c").exists()
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +14,7 @@ from datc.models.build import load_pretrained
 from datc.run.checkpoint import checkpoint_dirs, load_checkpoint
 from datc.run.export import export_checkpoint
 from datc.training.trainer import train
+from tests import cli
 from tests.conftest import cfg_for
 
 pytestmark = pytest.mark.slow
@@ -55,8 +54,8 @@ def test_a_run_leaves_a_hugging_face_checkpoint_and_any_checkpoint_exports(cache
 
     # An earlier checkpoint, through the command line.
     out = tmp_path / "exported"
-    proc = subprocess.run([sys.executable, "-m", "datc.run.export", str(run), "--checkpoint", first.name.split("_")[1].lstrip("0"),
-                           "--out", str(out)], capture_output=True, text=True, timeout=300, env=os.environ)
+    proc = cli.run([sys.executable, "-m", "datc.run.export", str(run), "--checkpoint", first.name.split("_")[1].lstrip("0"),
+                    "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-2000:]
     exported = AutoModelForCausalLM.from_pretrained(out)
     torch.testing.assert_close(logits_of(exported, ids), logits_of(trained_policy(run, first), ids), rtol=0, atol=0)
@@ -69,7 +68,7 @@ def test_a_run_leaves_a_hugging_face_checkpoint_and_any_checkpoint_exports(cache
 
 
 def test_export_errors_are_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "datc.run.export", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    proc = cli.run([sys.executable, "-m", "datc.run.export", str(tmp_path)])
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f"datc-export: {tmp_path}: not a datc run directory (no config.yaml)"]
 
@@ -91,8 +90,7 @@ def test_an_export_writes_what_it_says_or_refuses_and_replaces_only_its_own_run_
     export_checkpoint(run, first, out)
     was = _weights(out)
     # Another step to the same place: refused in one line, the earlier weights kept (the old reading kept them and said it wrote)
-    proc = subprocess.run([sys.executable, "-m", "datc.run.export", str(run), "--checkpoint", str(last), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc = cli.run([sys.executable, "-m", "datc.run.export", str(run), "--checkpoint", str(last), "--out", str(out)])
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "earlier export of this run" in proc.stderr and "--replace" in proc.stderr
     assert all(torch.equal(was[k], v) for k, v in _weights(out).items())

@@ -9,8 +9,6 @@ trained policy's logits; the memory plan counts the adapters exactly."""
 from __future__ import annotations
 
 import copy
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from datc.run.checkpoint import checkpoint_dirs, load_checkpoint
 from datc.step import train_step
 from datc.training.session import build_session
 from datc.training.trainer import train
+from tests import cli
 from tests.conftest import cfg_for, comparable, kill_at_checkpoint, metric_rows, train_cmd
 from tests.test_zero_advantage_skip import forced  # noqa: F401  the fixture: forced ties, NaNs, identical groups
 
@@ -228,16 +227,14 @@ def test_final_holds_the_adapter_and_the_merged_export_loads_with_plain_transfor
     torch.testing.assert_close(logits_of(adapted, ids), want, rtol=0, atol=0)
 
     out = tmp_path / "merged"
-    proc = subprocess.run([sys.executable, "-m", "datc.run.export", str(run), "--merge", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, env=os.environ)
+    proc = cli.run([sys.executable, "-m", "datc.run.export", str(run), "--merge", "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not (out / "adapter_config.json").exists()
     merged = AutoModelForCausalLM.from_pretrained(out)  # plain transformers, no peft
     assert not any("lora" in n for n, _ in merged.named_parameters())
     torch.testing.assert_close(logits_of(merged, ids), want, rtol=1e-5, atol=1e-5)  # W + (alpha/r) BA: rounding
 
-    proc = subprocess.run([sys.executable, "-m", "datc.run.export", str(run), "--out", str(tmp_path / "adapter")],
-                          capture_output=True, text=True, timeout=300, env=os.environ)
+    proc = cli.run([sys.executable, "-m", "datc.run.export", str(run), "--out", str(tmp_path / "adapter")])
     assert proc.returncode == 0, proc.stderr[-2000:]
     again = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path), tmp_path / "adapter")
     torch.testing.assert_close(logits_of(again, ids), want, rtol=0, atol=0)

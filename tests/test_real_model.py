@@ -116,7 +116,7 @@ def test_two_datc_steps_on_the_real_model(tmp_path):
                "reward.train.test_prompts=1", "reward.train.batch_size=8"]
     run = ["credit=datc", "trainer.steps=2", "trainer.batch_size=4", "trainer.num_generations=2",
            "trainer.mini_batch_size=4", "trainer.micro_batch_size=4", "trainer.max_new_tokens=8", "trainer.eval_size=2",
-           "trainer.eval_batch_size=2", "trainer.eval_every=2", "trainer.checkpoint_every=2", "trainer.threads=2",
+           "trainer.eval_batch_size=2", "trainer.eval_every=2", "trainer.checkpoint_every=2", "trainer.threads=1",
            f"run_dir={tmp_path / 'run'}"]
     from hydra import compose, initialize_config_dir
 

@@ -28,6 +28,7 @@ from datc.run.checkpoint import (
 )
 from datc.run.rundir import RunDir
 from datc.run.signals import Interrupted
+from tests import cli
 from tests.conftest import cfg_for, comparable, metric_rows
 
 REPO = Path(__file__).resolve().parents[1]
@@ -456,14 +457,14 @@ def test_hydra_errors_are_one_line_and_exit_2(tmp_path, override, line):
 @pytest.mark.slow
 def test_a_refused_command_leaves_the_run_and_no_stray_directory(cache_dir, tmp_path):
     run = tmp_path / "r"
-    assert subprocess.run(_cli(cache_dir, run), capture_output=True, timeout=300).returncode == 0
+    assert cli.run(_cli(cache_dir, run)).returncode == 0
     hydra_files = {p.name: p.read_bytes() for p in (run / ".hydra").iterdir()}
     assert set(hydra_files) == {"config.yaml", "hydra.yaml", "overrides.yaml"}
-    r = subprocess.run(_cli(cache_dir, run, "trainer.lr=1e-3"), capture_output=True, text=True, timeout=300)
+    r = cli.run(_cli(cache_dir, run, "trainer.lr=1e-3"))
     assert r.returncode == 2 and "holds another run" in r.stderr
     assert {p.name: p.read_bytes() for p in (run / ".hydra").iterdir()} == hydra_files  # untouched
     for override in ("trainer.resume=must", "trainer.num_generations=1"):
-        r = subprocess.run(_cli(cache_dir, tmp_path / "fresh", override), capture_output=True, text=True, timeout=300)
+        r = cli.run(_cli(cache_dir, tmp_path / "fresh", override))
         assert r.returncode == 2, r.stderr
         assert not (tmp_path / "fresh").exists(), list((tmp_path / "fresh").iterdir())
 
@@ -569,8 +570,7 @@ def test_bad_data_files_are_one_line_and_leave_no_directories(cache_dir, tmp_pat
     elif name == "ok":
         data.write_text('{"prompt": "one two"}\n{"prompt": "three four"}\n')
     run = tmp_path / "new" / "deeper" / "r"
-    r = subprocess.run(_cli(cache_dir, run, f"data.path={data}", *overrides), capture_output=True, text=True,
-                       timeout=300, cwd=REPO)
+    r = cli.run(_cli(cache_dir, run, f"data.path={data}", *overrides), cwd=REPO)
     err = [ln for ln in r.stderr.splitlines() if "Setting accelerator to CPU" not in ln]
     assert r.returncode == 2 and len(err) == 1 and err[0].startswith(line.format(path=data)), r.stderr
     assert not (tmp_path / "new").exists()
@@ -641,8 +641,7 @@ def test_data_files_datasets_cannot_read_are_one_real_line_and_leave_no_director
     data = tmp_path / f"{name}.jsonl"
     data.write_bytes(content)
     run = tmp_path / "new" / "deeper" / "r"
-    r = subprocess.run(_cli(cache_dir, run, f"data.path={data}", "data.eval_split=train"), capture_output=True,
-                       text=True, timeout=300, cwd=REPO)
+    r = cli.run(_cli(cache_dir, run, f"data.path={data}", "data.eval_split=train"), cwd=REPO)
     err = [ln for ln in r.stderr.splitlines() if "Setting accelerator to CPU" not in ln]
     assert r.returncode == 2 and len(err) == 1 and err[0].startswith(line.format(path=data)), r.stderr
     assert "no detail" not in err[0] and "DatasetGenerationError" not in err[0]
