@@ -168,7 +168,7 @@ def prepared_cache(cache_dir):
 class Sweep:
     dir: Path  # hydra.sweep.dir: one run directory per job
     cmd: list[str]  # the command without its hydra.sweep.dir
-    env: dict[str, str]
+    env: dict[str, str]  # on top of the test process's (tests/cli.py)
 
 
 @pytest.fixture(scope="session")
@@ -176,14 +176,16 @@ def finished_sweep(prepared_cache, tmp_path_factory) -> Sweep:
     """A finished multirun sweep of four jobs, ``datc-train -m debug=fast seed=0,1 credit=grpo,datc``
     in its own process (the cache through ``DATC_CACHE``), run once per test run (by the first
     worker that asks): the sweep tests read it, or rerun its command on a copy."""
-    env = {**os.environ, "DATC_CACHE": str(prepared_cache)}
+    from tests import cli
+
+    env = {"DATC_CACHE": str(prepared_cache)}
     cmd = [sys.executable, "-m", "datc.train", "-m", "debug=fast", "seed=0,1", "credit=grpo,datc"]
     folder = shared_dir(tmp_path_factory, "sweep")
     sweep, done = folder / "sweep", folder / "finished"
     with once_per_run(folder):
         if not done.exists():
             shutil.rmtree(sweep, ignore_errors=True)  # a worker's earlier attempt that failed
-            r = subprocess.run([*cmd, f"hydra.sweep.dir={sweep}"], capture_output=True, text=True, timeout=900, env=env)
+            r = cli.run([*cmd, f"hydra.sweep.dir={sweep}"], timeout=900, env=env)
             assert r.returncode == 0, r.stderr[-2000:]
             done.touch()
     return Sweep(sweep, cmd, env)

@@ -7,7 +7,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from datc.data.prepare import ensure_assets
 from datc.models.build import load_pretrained
 from datc.run.checkpoint import latest_checkpoint, load_checkpoint
 from datc.training.trainer import train
+from tests import cli
 from tests.conftest import cfg_for, comparable, kill_at_checkpoint, metric_rows, train_cmd
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,7 +139,7 @@ def test_an_interrupted_sweep_reruns_only_what_is_missing(finished_sweep, tmp_pa
     (lost / "summary.json").unlink()
     for ckpt in sorted((lost / "checkpoints").iterdir())[1:]:
         shutil.rmtree(ckpt)
-    assert subprocess.run(cmd, capture_output=True, timeout=900, env=env).returncode == 0
+    assert cli.run(cmd, timeout=900, env=env).returncode == 0
     assert (done / "metrics.jsonl").stat().st_mtime_ns == kept_mtime  # the finished job was not redone
     assert (lost / "summary.json").exists()
     steps = [r["step"] for r in metric_rows(lost) if "loss/total" in r]
