@@ -4,16 +4,21 @@ stages, a batch run again that redoes nothing, and datc-compare --tuned reading 
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
+import scripts.tuned_sweep
 from datc.report import main as compare
 from scripts.tuned_sweep import main as tuned_sweep
+from tests import cli
 
 pytestmark = pytest.mark.slow
 
 
-def test_the_sweep_runs_its_stages_resumes_and_is_reported(cache_dir, tmp_path, capsys):
+def test_the_sweep_runs_its_stages_resumes_and_is_reported(cache_dir, tmp_path, capsys, monkeypatch):
+    # each stage's `datc-train -m` grid forked from the command server (tests/cli.py): a process of its own
+    monkeypatch.setattr(scripts.tuned_sweep, "subprocess", SimpleNamespace(run=lambda cmd: cli.run(cmd, timeout=900)))
     root = tmp_path / "tuned"
     args = ["--policy", "tiny_gpt2", "--data", "keywords", "--schemes", "datc_identity", "--root", str(root),
             "--eval-draws", "0", "--eval-seeds", "200,201", "debug=fast", "trainer.steps=1", "trainer.eval_every=1",
