@@ -35,6 +35,7 @@ CASES = {  # name -> overrides (every one with debug=fast)
     "datc-recompute": ["credit=datc", "trainer.reuse_rollout_logits=never", "trainer.micro_batch_size=4"],
     "grpo-zero2-2proc": ["credit=grpo", "deepspeed=zero2", "--nproc=2"],
     "datc-zero3-2proc": ["credit=datc", "deepspeed=zero3", "--nproc=2"],
+    "datc-fsdp2-2proc": ["credit=datc", "backend=fsdp2", "--nproc=2"],
 }
 
 

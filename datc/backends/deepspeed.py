@@ -23,7 +23,7 @@ import torch
 
 from datc.backends.base import Backend, Declares, PolicyOptimizer
 from datc.backends.deepspeed_config import deepspeed_config, inference_config
-from datc.backends.distributed import Dist, export_env
+from datc.backends.distributed import Dist, export_env, join_group
 from datc.config import TrainConfig
 from datc.run.checkpoint import load_engine_checkpoint, save_engine_checkpoint
 
@@ -54,15 +54,8 @@ class DeepSpeedBackend(Backend):
             # DeepSpeed JIT-compiles a shared-memory all-reduce kernel when it starts on CPU (about a
             # minute with a C++ toolchain, a failure without one). gloo does the collectives instead.
             sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
-        owns = not torch.distributed.is_initialized()
-        if owns:
-            deepspeed.init_distributed(dist_backend="gloo" if cpu else "nccl", verbose=False,
-                                       timeout=datetime.timedelta(seconds=c.backend.timeout_s))
-        d = Dist(torch.distributed.get_rank(), torch.distributed.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)), True,
-                 owns_group=owns)
-        if not cpu:
-            torch.cuda.set_device(d.local_rank)
-        return d
+        return join_group(lambda: deepspeed.init_distributed(
+            dist_backend="gloo" if cpu else "nccl", verbose=False, timeout=datetime.timedelta(seconds=c.backend.timeout_s)))
 
     @property
     def synced(self) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +104,20 @@ class Dist:
         """This rank's contiguous share of ``n`` items (``n`` divisible by the world size)."""
         per = n // self.world_size
         return slice(self.rank * per, (self.rank + 1) * per)
+
+
+def join_group(init: Callable[[], None]) -> Dist:
+    """This process in the run's process group: ``init()`` joins it unless the caller already has
+    (a script running several runs in one launch; the group then stays the caller's, see
+    :meth:`Dist.close`); on GPUs the rank's own device is made current."""
+    owns = not torch.distributed.is_initialized()
+    if owns:
+        init()
+    d = Dist(torch.distributed.get_rank(), torch.distributed.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)), True,
+             owns_group=owns)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(d.local_rank)
+    return d
 
 
 def env_world_size() -> int:

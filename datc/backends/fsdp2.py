@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from typing import Any
 import torch
 
 from datc.backends.base import Backend, Declares, PolicyOptimizer
-from datc.backends.distributed import Dist, export_env
+from datc.backends.distributed import Dist, export_env, join_group
 from datc.backends.plain import TorchOptimizer
 from datc.config import ConfigError, TrainConfig
 from datc.run.checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
@@ -58,16 +57,9 @@ class FSDP2Backend(Backend):
         """Join the process group: gloo on a CPU, NCCL on GPUs, with ``backend.timeout_s`` as the
         collectives' timeout (a rank that stops answering ends the others' waits after it)."""
         export_env()
-        cpu = not torch.cuda.is_available()
-        owns = not torch.distributed.is_initialized()
-        if owns:
-            torch.distributed.init_process_group("gloo" if cpu else "nccl",
-                                                 timeout=datetime.timedelta(seconds=c.backend.timeout_s))
-        d = Dist(torch.distributed.get_rank(), torch.distributed.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)), True,
-                 owns_group=owns)
-        if not cpu:
-            torch.cuda.set_device(d.local_rank)
-        return d
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        return join_group(lambda: torch.distributed.init_process_group(
+            backend, timeout=datetime.timedelta(seconds=c.backend.timeout_s)))
 
     def build_optimizer(self, policy, trainable: list, make_scheduler) -> tuple[Any, PolicyOptimizer]:
         from torch.distributed.device_mesh import init_device_mesh
