@@ -131,6 +131,35 @@ def test_an_fsdp2_run_resumes_as_uninterrupted_and_exports_its_shards(resume_run
         load_engine_checkpoint(last, engine=None, rank=0, world_size=2)
 
 
+@pytest.mark.slow
+def test_a_lora_run_under_fsdp2_saves_adapters_and_resumes_as_uninterrupted(resume_runs, tmp_path):
+    from peft import PeftModel
+    from torch.distributed.checkpoint import FileSystemReader
+    from transformers import AutoModelForCausalLM
+
+    from datc.run.export import export_checkpoint
+    from tests.test_distributed import _warm_policy
+
+    full = resume_runs.full("lora-fsdp2")
+    saved = FileSystemReader(str(full / "checkpoints" / "step_0000002" / "dcp")).read_metadata().state_dict_metadata
+    model = [k for k in saved if k.startswith("model.")]
+    assert model and all("lora_" in k for k in model), model[:4]  # the adapters' shards, not the frozen base
+    base = _warm_policy(resume_runs.cache_dir)
+    ids = torch.randint(4, 100, (2, 10), generator=torch.Generator().manual_seed(0))
+
+    def logits(path):
+        with torch.no_grad():
+            return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), path).eval()(input_ids=ids).logits
+
+    final = logits(full / "final")  # the adapter gathered from the shards at the end of the run
+    torch.testing.assert_close(logits(export_checkpoint(full, 4, tmp_path / "exported")), final, rtol=0, atol=1e-6)
+    with torch.no_grad():
+        assert not torch.equal(AutoModelForCausalLM.from_pretrained(base).eval()(input_ids=ids).logits, final)  # it trained
+    resumed = resume_runs.resumed("lora-fsdp2")  # "killed" after its step-2 checkpoint, then resumed
+    assert f"resumed {resumed} from its checkpoint of step 2 of 4" in resume_runs.resume_log
+    assert_same_metrics(full, resumed)
+
+
 def test_a_checkpoint_of_another_backend_is_refused_by_the_plain_one(tmp_path):
     from datc.backends.plain import TorchOptimizer
     from datc.config import ConfigError

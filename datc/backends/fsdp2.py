@@ -182,8 +182,12 @@ class FSDP2Optimizer(TorchOptimizer):
     def _state_dicts(self):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-        # a LoRA policy's frozen base is not the run's to save: it is reloaded
-        return get_state_dict(self.module, self.opt, options=StateDictOptions(ignore_frozen_params=True))
+        # a LoRA policy's frozen base is not the run's to save: it is reloaded. torch drops a frozen
+        # parameter under one of its names only (named_parameters lists a tied tensor once), so
+        # tied GPT-2's frozen lm_head.weight, the embedding again, stayed in every checkpoint
+        model_sd, optim_sd = get_state_dict(self.module, self.opt, options=StateDictOptions(ignore_frozen_params=True))
+        frozen = {n for n, p in self.module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        return {k: v for k, v in model_sd.items() if k not in frozen}, optim_sd
 
     def save(self, run_path: Path, step: int, rng: Any, elapsed: float, keep: int,
              extra: dict[str, Any] | None = None) -> None:
@@ -206,7 +210,13 @@ class FSDP2Optimizer(TorchOptimizer):
         model_sd, optim_sd = self._state_dicts()  # the shapes to load into (optimizer state initialized)
         box = {"model": model_sd, "optim": optim_sd}
         dcp.load(box, checkpoint_id=str(ckpt / DCP_DIR))
-        set_state_dict(self.module, self.opt, model_state_dict=box["model"], optim_state_dict=box["optim"],
-                       options=StateDictOptions(ignore_frozen_params=True))
+        # not strict: a LoRA policy's checkpoint has no frozen base (it is the warm start, already
+        # loaded); every trainable parameter must be in it, checked here instead
+        missing, unexpected = set_state_dict(self.module, self.opt, model_state_dict=box["model"], optim_state_dict=box["optim"],
+                                             options=StateDictOptions(ignore_frozen_params=True, strict=False))
+        trainable = {n for n, p in self.module.named_parameters() if p.requires_grad}
+        if unexpected or trainable & set(missing):
+            raise RuntimeError(f"{ckpt}: the checkpoint does not fit the policy (trainable parameters missing: "
+                               f"{sorted(trainable & set(missing))[:4]}, unexpected: {sorted(unexpected)[:4]})")
         self.sched.load_state_dict(state["scheduler"])
         return state

@@ -1,5 +1,6 @@
 """The 2-process save-and-resume runs of tests/test_distributed.py (ZeRO-3),
-tests/test_lora_distributed.py (LoRA under ZeRO-2 and ZeRO-3) and tests/test_fsdp2.py (FSDP2),
+tests/test_lora_distributed.py (LoRA under ZeRO-2 and ZeRO-3) and tests/test_fsdp2.py (FSDP2, the
+full policy and LoRA),
 made once per test run in three launches instead of two per case:
 
 1. ZeRO-3's uninterrupted run through ``datc-launch`` (DeepSpeed's launcher: its command line, its
@@ -27,6 +28,7 @@ WORKER = ROOT / "tests" / "distributed" / "runs_worker.py"
 COMMON = ["debug=fast", "credit=datc", "trainer.steps=4", "trainer.checkpoint_every=2", "trainer.keep_checkpoints=3"]
 CASES: dict[str, list[str]] = {  # name -> the backend's overrides, in the order the launches run them
     "fsdp2": ["backend=fsdp2"],
+    "lora-fsdp2": ["backend=fsdp2", *LORA],
     "zero3": ["deepspeed=zero3"],
     "lora-zero2": ["deepspeed=zero2", *LORA],
     "lora-zero3": ["deepspeed=zero3", *LORA],
