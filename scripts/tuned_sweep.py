@@ -168,10 +168,14 @@ def stage_commands(stage: str, m: dict[str, Any], folder: Path, schemes: list[st
         lr, knob = _chosen(st, s, "lr"), _chosen(st, s, "knob") if spec["knob"] else None
         if lr != spec["lr"] or knob != spec["knob_default"]:
             tuned.append([f"credit={s}", f"trainer.lr={_num(lr)}", *([f"{spec['knob']}={_num(knob)}"] if spec["knob"] else [])])
+    # seed by seed, every scheme's runs at a seed one after the other: a batch cut between two
+    # seeds leaves whole pairs, so a later batch whose prepare made other assets (a real model's
+    # reward model prepared again on another machine) never splits a pair (datc.report.tuning)
     for draw, ss in m["evaluation"]["seeds"].items():
-        at = [f"prepare_seed={draw}", "seed=" + ",".join(map(str, ss))]
-        cmds.append([*_base(m, folder, EVAL_DIR), "credit=" + ",".join(specs), *at])  # the default configurations
-        cmds += [[*_base(m, folder, EVAL_DIR), *t, *at] for t in tuned]
+        for seed in ss:
+            at = [f"prepare_seed={draw}", f"seed={seed}"]
+            cmds.append([*_base(m, folder, EVAL_DIR), "credit=" + ",".join(specs), *at])  # the default configurations
+            cmds += [[*_base(m, folder, EVAL_DIR), *t, *at] for t in tuned]
     return cmds
 
 

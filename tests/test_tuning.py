@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from datc.report import main
-from datc.report.tuning import MANIFEST, knob_for, read_setting
+from datc.report.tuning import MANIFEST, TuningError, knob_for, read_setting
 
 LR = 5e-4
 SELECT, EVAL = [100, 101], {"0": [200, 201], "1": [202, 203]}
@@ -123,3 +123,42 @@ def test_the_knob_follows_the_scheme_declarations():
     assert knob_for({"name": "gcpo", "normalizer": "rank_power", "alpha": 2.15}, "scores") == "alpha"
     assert knob_for({"name": "grail", "std": 0.5}, "weights") == "std"
     assert knob_for({"name": "grpo"}, "weights") is None
+
+
+def _trained_on(run_dir: Path, reward_sha: str) -> None:
+    """An inputs.json as a run writes it, its reward model's weights hashed to ``reward_sha``."""
+    files = {"policy": {"model.safetensors": "p" * 64}, "reward": {"model.safetensors": reward_sha * 64},
+             "data": {"train.jsonl": "d" * 64}}
+    (run_dir / "inputs.json").write_text(json.dumps({"inputs": {
+        kind: {"files": {n: {"hashed": "whole", "sha256": h, "size": 1} for n, h in fs.items()}, "path": "/cache"}
+        for kind, fs in files.items()}}))
+
+
+def test_runs_trained_on_other_assets_are_compared_only_where_they_may_be(tmp_path, capsys):
+    # A real model's reward model prepared again on another machine is another reward model (the
+    # sampled pool differs): a scheme's candidates must share one, and so must the runs paired at
+    # a seed; different seeds may differ (as asset draws do), said in a warning.
+    folder = sweep(tmp_path / "runs")
+    for d in (folder / "select").iterdir():
+        _trained_on(d, "a")
+    for d in (folder / "eval").iterdir():
+        _trained_on(d, "a" if "-s200-" in d.name or "-s201-" in d.name else "b")  # draw 0 on a, draw 1 on b
+    st = read_setting(folder)
+    assert st.schemes["datc"].lr == 2 * LR and not any("sets of assets" in w for w in st.warnings)  # a set per draw
+    for d in (folder / "eval").glob("*-s203-*"):
+        _trained_on(d, "c")  # seed 203's pair on a third reward model, still one pair on one
+    assert any("span 3 sets of assets over 2 draw(s)" in w for w in read_setting(folder).warnings)
+
+    [run] = (folder / "eval").glob("*-grpo-*-s202-*")
+    _trained_on(run, "c")  # grpo at seed 202 trained on another reward model than datc at 202
+    with pytest.raises(SystemExit) as e:
+        main(["--tuned", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err and "evaluation seed 202" in err, err
+    assert "were trained on different assets (reward/model.safetensors differ" in err and "one prepare cache" in err
+    _trained_on(run, "b")
+
+    [run] = (folder / "select").glob("*-datc-*-s101-lr0.00025-*")
+    _trained_on(run, "b")  # one of datc's candidates trained on another reward model
+    with pytest.raises(TuningError, match=r"datc's selection: .* were trained on different assets \(reward/model.safetensors"):
+        read_setting(folder)

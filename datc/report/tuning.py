@@ -150,6 +150,38 @@ def _identity(run: Run) -> dict[str, Any] | None:
     return ident if isinstance(ident, dict) else None
 
 
+def _assets(run: Run) -> dict[str, str] | None:
+    """What the run trained on: ``{"reward/model.safetensors": sha256, ...}`` from the
+    ``inputs.json`` beside its summary (the prepared policy, reward model and data files); None
+    without one."""
+    try:
+        inputs = json.loads((Path(run.source).parent / "inputs.json").read_text()).get("inputs", {})
+    except (OSError, ValueError):
+        return None
+    return {f"{kind}/{name}": meta["sha256"] for kind, v in inputs.items() if isinstance(v, dict)
+            for name, meta in (v.get("files") or {}).items() if isinstance(meta, dict) and "sha256" in meta}
+
+
+def _one_asset_set(groups: Mapping[str, list[Run]], why: str) -> int:
+    """Refuses (:class:`TuningError`) a group of runs trained on different assets (a reward model
+    prepared again on another machine is another reward model); returns the number of distinct
+    asset sets over all groups. Runs without an ``inputs.json`` are not checked."""
+    every: set[str] = set()
+    for label, runs in groups.items():
+        seen: dict[str, Run] = {}
+        for r in runs:
+            if (a := _assets(r)) is not None:
+                seen.setdefault(json.dumps(a, sort_keys=True), r)
+        if len(seen) > 1:
+            (x, ra), (y, rb) = list(seen.items())[:2]
+            ax, ay = json.loads(x), json.loads(y)
+            files = sorted(k for k in set(ax) | set(ay) if ax.get(k) != ay.get(k))
+            raise TuningError(f"{label}: {ra.run_name} and {rb.run_name} were trained on different assets ({', '.join(files[:3])} "
+                              f"differ{': the prepare step made them again, e.g. on another machine' if files else ''}); {why}")
+        every |= set(seen)
+    return len(every)
+
+
 def _coordinates(run: Run, spec: Mapping[str, Any]) -> tuple[float, float | None, str] | None:
     """A run's (learning rate, knob value, the rest of its config as JSON), from its run.json."""
     ident = _identity(run)
@@ -215,7 +247,9 @@ def read_setting(folder: str | Path) -> SettingTuning:
             for r in runs:
                 if r.credit != scheme:
                     continue
-                if (r.data, r.policy) != (data, policy):
+                # the folder names the policy's config (smollm2_135m_instruct), a run the policy's own
+                # name (smollm2_135m): one policy per folder is held by the config check below
+                if r.data != data:
                     raise TuningError(f"{r.source}: a run of {r.data} / {r.policy} in the folder of {data} / {policy}")
                 coords = _coordinates(r, spec)
                 if coords is None:
@@ -253,6 +287,18 @@ def read_setting(folder: str | Path) -> SettingTuning:
         matched, more = _load_matched(folder, m["selection"]["seeds"])
     except ValueError as e:
         raise TuningError(str(e)) from None
+    # A scheme's candidates are compared on one set of assets, and so are the runs paired at a seed;
+    # different seeds may have different ones (another draw of the same prepare step, as prepare_seed gives).
+    _one_asset_set({f"{data} / {policy}, {sc.scheme}'s selection": [r for r in sel.runs if r.credit == sc.scheme]
+                    for sc in schemes.values()}, "a selection compares its candidates on one draw's assets: "
+                   "run the scheme's selection again in one prepare cache")
+    at_seed: dict[str, list[Run]] = {}
+    for r in [*(r for sc in schemes.values() for r in sc.tuned + sc.default), *(r for _, r in matched)]:
+        at_seed.setdefault(f"{data} / {policy}, evaluation seed {r.seed}", []).append(r)
+    sets = _one_asset_set(at_seed, "the runs paired at a seed must share their assets: run them again in one prepare cache")
+    if sets > len(m["evaluation"]["seeds"]):
+        warns.append(f"{data} / {policy}: the evaluation's seeds span {sets} sets of assets over "
+                     f"{len(m['evaluation']['seeds'])} draw(s) (prepared again between seeds); every pair is within one")
     return SettingTuning(data, policy, m, schemes, warns + more, matched, read_search(folder).get("baseline"))
 
 
