@@ -19,7 +19,7 @@ import torch
 from datc.backends.launch import build
 from tests.conftest import assert_same_metrics
 from tests.distributed.same_batch import CASES as SAME_BATCH_CASES
-from tests.distributed.same_batch import overrides
+from tests.distributed.same_batch import env, overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "distributed" / "same_batch_worker.py"
@@ -34,20 +34,14 @@ PARAM_ATOL_BF16 = 4e-5
 CASES = [n for n in SAME_BATCH_CASES if SAME_BATCH_CASES[n][0] == "fsdp2"]  # run in the same-batch launch
 
 
-def _env(cache_dir) -> dict[str, str]:
-    import os
-
-    return {**os.environ, "OMP_NUM_THREADS": "1", "DATC_CACHE": str(cache_dir), "PYTHONPATH": str(ROOT)}
-
-
 @pytest.fixture(scope="module")
 def one_rank(prepared_cache, tmp_path_factory):
     """A one-rank FSDP2 run of ``fsdp2-datc-llama-fp32`` at the default ``share_prompts``, in its own
     interpreter (FSDP2 joins a process group, which the test process must not keep)."""
     out = tmp_path_factory.mktemp("fsdp2") / "one_rank.pt"
     spec = out.with_suffix(".json")
-    spec.write_text(json.dumps({"one-rank": [*overrides("fsdp2-datc-llama-fp32", prepared_cache, 2)]}))
-    proc = subprocess.run([sys.executable, str(WORKER), str(out), str(spec)], env=_env(prepared_cache),
+    spec.write_text(json.dumps({"one-rank": overrides("fsdp2-datc-llama-fp32", prepared_cache, 2)}))  # backend=fsdp2
+    proc = subprocess.run([sys.executable, str(WORKER), str(out), str(spec)], env=env(prepared_cache),
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(out)["one-rank"]
@@ -158,6 +152,17 @@ def test_a_lora_run_under_fsdp2_saves_adapters_and_resumes_as_uninterrupted(resu
     resumed = resume_runs.resumed("lora-fsdp2")  # "killed" after its step-2 checkpoint, then resumed
     assert f"resumed {resumed} from its checkpoint of step 2 of 4" in resume_runs.resume_log
     assert_same_metrics(full, resumed)
+
+
+def test_a_non_strict_load_still_needs_every_trainable_parameter(tmp_path):
+    from datc.backends.fsdp2 import check_loaded
+
+    lora = {"h.0.attn.lora_A.weight", "h.0.attn.lora_B.weight"}
+    check_loaded(tmp_path, lora, ["wte.weight", "h.0.attn.base_layer.weight"], [])  # the frozen base: reloaded, fine
+    with pytest.raises(RuntimeError, match=r"trainable parameters missing: \['h.0.attn.lora_B.weight'\], unexpected: \[\]"):
+        check_loaded(tmp_path, lora, ["wte.weight", "h.0.attn.lora_B.weight"], [])
+    with pytest.raises(RuntimeError, match=r"unexpected: \['h.9.mlp.weight'\]"):
+        check_loaded(tmp_path, lora, [], ["h.9.mlp.weight"])
 
 
 def test_a_checkpoint_of_another_backend_is_refused_by_the_plain_one(tmp_path):

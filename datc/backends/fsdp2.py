@@ -214,9 +214,14 @@ class FSDP2Optimizer(TorchOptimizer):
         # loaded); every trainable parameter must be in it, checked here instead
         missing, unexpected = set_state_dict(self.module, self.opt, model_state_dict=box["model"], optim_state_dict=box["optim"],
                                              options=StateDictOptions(ignore_frozen_params=True, strict=False))
-        trainable = {n for n, p in self.module.named_parameters() if p.requires_grad}
-        if unexpected or trainable & set(missing):
-            raise RuntimeError(f"{ckpt}: the checkpoint does not fit the policy (trainable parameters missing: "
-                               f"{sorted(trainable & set(missing))[:4]}, unexpected: {sorted(unexpected)[:4]})")
+        check_loaded(ckpt, {n for n, p in self.module.named_parameters() if p.requires_grad}, missing, unexpected)
         self.sched.load_state_dict(state["scheduler"])
         return state
+
+
+def check_loaded(ckpt: Path, trainable: set[str], missing: list[str], unexpected: list[str]) -> None:
+    """After a load that was not strict: every trainable parameter came from the checkpoint and
+    nothing in it was left over (a frozen base may be missing: it is the warm start, loaded)."""
+    if unexpected or trainable & set(missing):
+        raise RuntimeError(f"{ckpt}: the checkpoint does not fit the policy (trainable parameters missing: "
+                           f"{sorted(trainable & set(missing))[:4]}, unexpected: {sorted(unexpected)[:4]})")

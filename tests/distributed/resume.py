@@ -17,10 +17,9 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-from tests.distributed.same_batch import LORA, env, free_port
+from tests.distributed.same_batch import LORA, env, free_port, torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "distributed" / "runs_worker.py"
@@ -108,8 +107,4 @@ class ResumeRuns:
         """The named cases' runs under ``side/`` in one ``torchrun`` launch; its stderr."""
         spec = self.folder / f"{side}.json"
         spec.write_text(json.dumps({n: overrides(n, self.cache_dir, self.folder / side / n) for n in names}))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-               str(WORKER), str(spec)]
-        proc = subprocess.run(cmd, env=env(self.cache_dir), capture_output=True, text=True, timeout=1200)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        return proc.stderr
+        return torchrun(self.cache_dir, WORKER, str(spec), timeout=1200).stderr

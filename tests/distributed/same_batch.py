@@ -80,14 +80,20 @@ def one_process(cache_dir) -> dict[str, dict]:
         torch.set_num_threads(threads)
 
 
+def torchrun(cache_dir, script: Path, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+    """``script`` with ``args`` on two gloo ranks started by ``torchrun`` on a free port; asserts it succeeded."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+           str(script), *args]
+    proc = subprocess.run(cmd, env=env(cache_dir), capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
 def two_processes(cache_dir, out_dir: Path) -> dict[str, dict]:
     """Every case's 2-process run, all in one ``torchrun`` launch."""
     spec, out = out_dir / "spec.json", out_dir / "two.pt"
     spec.write_text(json.dumps({n: overrides(n, cache_dir, 2) for n in CASES}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-           str(WORKER), str(out), str(spec)]
-    proc = subprocess.run(cmd, env=env(cache_dir), capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    torchrun(cache_dir, WORKER, str(out), str(spec))
     return torch.load(out)
 
 
