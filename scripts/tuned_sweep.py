@@ -11,8 +11,9 @@ Stages (``--stage all`` runs them in order):
   default, on the selection draw and seeds (one ``datc-train -m`` grid per group of schemes);
 - ``knob``: at each scheme's chosen rate, its knob x0.5 and x2 (``tau`` for the schemes that share
   the weight step under its softmax, a peer's own knob otherwise: :func:`datc.report.tuning.knob_for`);
-- ``eval``: each scheme's chosen configuration and its default one on the evaluation draws and
-  seeds, which the selection never saw;
+- ``eval``: each scheme's chosen configuration on the evaluation draws and seeds, which the
+  selection never saw, then the default configurations of the schemes whose choice moved
+  (``--lane K/N`` splits the seeds among batches run side by side);
 - ``kl``: the matched-KL control (:mod:`datc.report.matched_kl`): for every scheme whose tuned gain
   over the tuned baseline is resolved, the baseline's rate searched on the selection seeds until
   its mean final KL is within ±20% of the scheme's (a few rounds, the rates tried kept in
@@ -75,6 +76,18 @@ def seeds(text: str) -> list[int]:
         a, _, b = part.partition("-")
         out += list(range(int(a), int(b) + 1)) if b else [int(a)]
     return out
+
+
+def lane(text: str) -> tuple[int, int]:
+    """``K/N``: the k-th of every n evaluation seeds (0 <= k < n)."""
+    k, _, n = text.partition("/")
+    try:
+        k_, n_ = int(k), int(n)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not K/N (e.g. 0/2)") from None
+    if not 0 <= k_ < n_:
+        raise argparse.ArgumentTypeError(f"{text!r}: K must be in 0..N-1")
+    return k_, n_
 
 
 def _num(x: float) -> str:
@@ -143,8 +156,10 @@ def _sel(m: dict[str, Any]) -> list[str]:
     return [f"prepare_seed={m['selection']['prepare_seed']}", "seed=" + ",".join(map(str, m["selection"]["seeds"]))]
 
 
-def stage_commands(stage: str, m: dict[str, Any], folder: Path, schemes: list[str]) -> list[list[str]]:
-    """The ``datc-train -m`` override lists of one stage for ``schemes``."""
+def stage_commands(stage: str, m: dict[str, Any], folder: Path, schemes: list[str],
+                   lane: tuple[int, int] = (0, 1)) -> list[list[str]]:
+    """The ``datc-train -m`` override lists of one stage for ``schemes``; ``lane=(k, n)`` keeps the
+    evaluation seeds k, k+n, k+2n... (n batches side by side, one per core, share the seeds)."""
     specs = {s: m["schemes"][s] for s in schemes}
     if stage == "lr":
         groups: dict[tuple[float, ...], list[str]] = {}
@@ -163,19 +178,23 @@ def stage_commands(stage: str, m: dict[str, Any], folder: Path, schemes: list[st
             cmds.append([*_base(m, folder, SELECT_DIR), f"credit={s}", f"trainer.lr={_num(lr)}",
                          f"{spec['knob']}=" + ",".join(map(_num, values)), *_sel(m)])
         return cmds
-    tuned = []
+    tuned, moved = [], []  # every scheme's chosen configuration; the schemes whose choice is not their default
     for s, spec in specs.items():
         lr, knob = _chosen(st, s, "lr"), _chosen(st, s, "knob") if spec["knob"] else None
         if lr != spec["lr"] or knob != spec["knob_default"]:
             tuned.append([f"credit={s}", f"trainer.lr={_num(lr)}", *([f"{spec['knob']}={_num(knob)}"] if spec["knob"] else [])])
-    # seed by seed, every scheme's runs at a seed one after the other: a batch cut between two
+            moved.append(s)
+        else:
+            tuned.append([f"credit={s}"])
+    # the tuned configurations first (the comparison's claim rests on them), then the default ones;
+    # each seed by seed, every scheme's runs at a seed one after the other: a batch cut between two
     # seeds leaves whole pairs, so a later batch whose prepare made other assets (a real model's
     # reward model prepared again on another machine) never splits a pair (datc.report.tuning)
-    for draw, ss in m["evaluation"]["seeds"].items():
-        for seed in ss:
-            at = [f"prepare_seed={draw}", f"seed={seed}"]
-            cmds.append([*_base(m, folder, EVAL_DIR), "credit=" + ",".join(specs), *at])  # the default configurations
-            cmds += [[*_base(m, folder, EVAL_DIR), *t, *at] for t in tuned]
+    at_seeds = [(draw, seed) for draw, ss in m["evaluation"]["seeds"].items() for seed in ss]
+    at_seeds = at_seeds[lane[0]::lane[1]]
+    for configs in (tuned, [["credit=" + ",".join(moved)]] if moved else []):
+        for draw, seed in at_seeds:
+            cmds += [[*_base(m, folder, EVAL_DIR), *c, f"prepare_seed={draw}", f"seed={seed}"] for c in configs]
     return cmds
 
 
@@ -243,6 +262,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--select-seeds", type=seeds, default=seeds("100,101"))
     p.add_argument("--eval-draws", default="0,1,2", help="prepare_seeds of the evaluation, the seeds split evenly among them")
     p.add_argument("--eval-seeds", type=seeds, default=seeds("200-205"))
+    p.add_argument("--lane", type=lane, default=(0, 1), metavar="K/N",
+                   help="eval stage: this batch's share of the evaluation seeds (the k-th of every n; "
+                        "run n batches side by side, 0/2 and 1/2 on two cores)")
     p.add_argument("--dry-run", action="store_true", help="print the commands only")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="passed to every run")
     return p
@@ -290,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"# stage kl: no matched-KL control without the baseline {args.baseline} in the sweep")
                 continue
             for _ in range(MAX_ROUNDS + 2 if stage == "kl" else 1):  # kl: a round's choice reads the round before
-                cmds = kl_round(m, folder, args.baseline) if stage == "kl" else stage_commands(stage, m, folder, list(new["schemes"]))
+                cmds = (kl_round(m, folder, args.baseline) if stage == "kl"
+                        else stage_commands(stage, m, folder, list(new["schemes"]), args.lane))
                 for overrides in cmds:
                     cmd = [sys.executable, "-m", "datc.train", "-m", *overrides]
                     print("datc-train -m " + " ".join(shlex.quote(o) for o in overrides), flush=True)

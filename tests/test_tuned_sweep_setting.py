@@ -5,6 +5,7 @@ Hydra's override step before any run started)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -36,17 +37,30 @@ def test_the_setting_composes_with_hydra(experiment, policy, data, swept, tmp_pa
     assert Path(cfg.hydra.sweep.dir) == tmp_path / "select"
 
 
-def test_the_evaluation_runs_seed_by_seed_so_a_cut_batch_leaves_whole_pairs(tmp_path):
+def test_the_evaluation_runs_tuned_pairs_seed_by_seed_then_the_defaults_and_lanes_share_the_seeds(tmp_path):
     # tests/test_tuning.py's hand-made sweep: grpo chose its default, datc x2 with tau 0.5
-    from scripts.tuned_sweep import stage_commands
-    from tests.test_tuning import EVAL, sweep
+    from scripts.tuned_sweep import lane, stage_commands
+    from tests.test_tuning import EVAL, LR, sweep
 
     folder = sweep(tmp_path / "runs")
     m = {**json.loads((folder / MANIFEST).read_text()), "experiment": "four_settings", "overrides": []}
-    cmds = stage_commands("eval", m, folder, ["grpo", "datc"])
-    at = [[o for o in c if o.startswith(("seed=", "prepare_seed=", "credit="))] for c in cmds]
+
+    def at(cmds):
+        return [[o for o in c if o.startswith(("seed=", "prepare_seed=", "credit=", "trainer.lr="))] for c in cmds]
+
+    order = [(d, s) for d, ss in EVAL.items() for s in ss]
     expected = []
-    for draw, seeds in EVAL.items():
-        for s in seeds:  # every scheme at a seed (the defaults, then datc's tuned one) before the next seed
-            expected += [["credit=grpo,datc", f"prepare_seed={draw}", f"seed={s}"], ["credit=datc", f"prepare_seed={draw}", f"seed={s}"]]
-    assert at == expected
+    for d, s in order:  # every scheme's chosen configuration at a seed before the next seed
+        expected += [["credit=grpo", f"prepare_seed={d}", f"seed={s}"],
+                     ["credit=datc", f"trainer.lr={2 * LR!r}", f"prepare_seed={d}", f"seed={s}"]]
+    expected += [["credit=datc", f"prepare_seed={d}", f"seed={s}"] for d, s in order]  # datc's default after
+    assert at(stage_commands("eval", m, folder, ["grpo", "datc"])) == expected
+
+    lanes = [at(stage_commands("eval", m, folder, ["grpo", "datc"], (k, 2))) for k in (0, 1)]
+    assert sorted(map(tuple, lanes[0] + lanes[1])) == sorted(map(tuple, expected))  # the lanes split the runs
+    seeds_of = [{c[-1] for c in cmds} for cmds in lanes]
+    assert not seeds_of[0] & seeds_of[1] and seeds_of[0] == {f"seed={s}" for _, s in order[0::2]}
+    assert lane("1/2") == (1, 2)
+    for bad in ("2/2", "x/2", "1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            lane(bad)
