@@ -158,7 +158,20 @@ def test_runs_trained_on_other_assets_are_compared_only_where_they_may_be(tmp_pa
     assert "were trained on different assets (reward/model.safetensors differ" in err and "one prepare cache" in err
     _trained_on(run, "b")
 
+    # the matched-KL control's search for grpo's rate (off grpo's grid) in another session: it chooses
+    # nothing, so its runs may be on another reward model than grpo's candidates
+    for seed in (100, 101):
+        write_run(folder / "select", "grpo", seed, 3 * LR, 0.2)
+    for d in (folder / "select").glob("*-grpo-*-lr0.0015-*"):
+        _trained_on(d, "b")
+    assert read_setting(folder).schemes["grpo"].lr == LR
+
     [run] = (folder / "select").glob("*-datc-*-s101-lr0.00025-*")
     _trained_on(run, "b")  # one of datc's candidates trained on another reward model
     with pytest.raises(TuningError, match=r"datc's selection: .* were trained on different assets \(reward/model.safetensors"):
+        read_setting(folder)
+    _trained_on(run, "a")
+    [run] = (folder / "select").glob("*-datc-*-s100-lr0.001-tau2.0")
+    _trained_on(run, "b")  # a knob candidate at the chosen rate: on the path too
+    with pytest.raises(TuningError, match=r"datc's selection"):
         read_setting(folder)

@@ -222,6 +222,15 @@ def _coordinate_search(scheme: str, spec: Mapping[str, Any], cands: list[Candida
     return lrs[i], None if j is None else ks[j]
 
 
+def _on_path(spec: Mapping[str, Any], lr_chosen: float | None, lr: float, knob: float | None) -> bool:
+    """Whether a selection run at (``lr``, ``knob``) is a point of the scheme's coordinate search:
+    the rate grid at the knob's default, or the knob grid at the chosen rate."""
+    if any(_same(lr, float(x)) for x in spec["lr_grid"]) and _same(knob, spec.get("knob_default")):
+        return True
+    return (lr_chosen is not None and _same(lr, lr_chosen) and bool(spec.get("knob"))
+            and any(_same(knob, float(k)) for k in spec["knob_grid"]))
+
+
 def read_setting(folder: str | Path) -> SettingTuning:
     """One setting's tuned sweep: its manifest, every scheme's candidates and choice, and the
     evaluation runs of the chosen and the default configurations. Refuses (:class:`TuningError`)
@@ -240,7 +249,7 @@ def read_setting(folder: str | Path) -> SettingTuning:
     n_seeds = len(m["selection"]["seeds"])
     rests: dict[str, set[str]] = {}  # the config less the searched coordinates and the scheme's fields: one per setting
     schemes_rest: dict[str, set[str]] = {}  # a scheme's fields less its knob: one per scheme
-    schemes = {}
+    schemes, on_path = {}, {}
     for scheme, spec in m["schemes"].items():
         placed: dict[str, list[tuple[Run, float, float | None]]] = {SELECT_DIR: [], EVAL_DIR: []}
         for where, runs in ((SELECT_DIR, sel.runs), (EVAL_DIR, ev.runs)):
@@ -276,6 +285,7 @@ def read_setting(folder: str | Path) -> SettingTuning:
             warns.append(f"{data} / {policy}, {scheme}: {len(other)} evaluation run(s) of neither the chosen nor the "
                          f"default configuration (e.g. {other[0].run_name}): left out")
         schemes[scheme] = SchemeTuning(scheme, dict(spec), cands, lr, knob, deduplicate(tuned).runs, deduplicate(default).runs)
+        on_path[scheme] = [r for r, x, k in placed[SELECT_DIR] if _on_path(spec, lr, x, k)]
     if stray := sorted({r.credit for r in sel.runs + ev.runs} - set(m["schemes"])):
         warns.append(f"{data} / {policy}: runs of scheme(s) {', '.join(stray)} that its {MANIFEST} does not list: left out")
     split = next((v for v in schemes_rest.values() if len(v) > 1), None) or (set(rests) if len(rests) > 1 else None)
@@ -287,10 +297,12 @@ def read_setting(folder: str | Path) -> SettingTuning:
         matched, more = _load_matched(folder, m["selection"]["seeds"])
     except ValueError as e:
         raise TuningError(str(e)) from None
-    # A scheme's candidates are compared on one set of assets, and so are the runs paired at a seed;
-    # different seeds may have different ones (another draw of the same prepare step, as prepare_seed gives).
-    _one_asset_set({f"{data} / {policy}, {sc.scheme}'s selection": [r for r in sel.runs if r.credit == sc.scheme]
-                    for sc in schemes.values()}, "a selection compares its candidates on one draw's assets: "
+    # A scheme's candidates on its search path are compared on one set of assets, and so are the runs
+    # paired at a seed; different seeds may have different ones (another draw of the same prepare
+    # step, as prepare_seed gives). Selection runs off the path (the matched-KL control's search for
+    # the baseline's rate) choose nothing: the control's evaluation runs are checked at their seeds.
+    _one_asset_set({f"{data} / {policy}, {s}'s selection": rs for s, rs in on_path.items()},
+                   "a selection compares its candidates on one draw's assets: "
                    "run the scheme's selection again in one prepare cache")
     at_seed: dict[str, list[Run]] = {}
     for r in [*(r for sc in schemes.values() for r in sc.tuned + sc.default), *(r for _, r in matched)]:
