@@ -198,10 +198,12 @@ def stage_commands(stage: str, m: dict[str, Any], folder: Path, schemes: list[st
     return cmds
 
 
-def kl_round(m: dict[str, Any], folder: Path, baseline: str) -> list[list[str]]:
+def kl_round(m: dict[str, Any], folder: Path, baseline: str, lane: tuple[int, int] = (0, 1)) -> list[list[str]]:
     """One round of the matched-KL control: the baseline at a new rate on the selection seeds for
     each resolved gain without a matched rate yet, and the matched rates' evaluation runs not yet
-    finished. Empty when nothing is left to run."""
+    finished. Empty when nothing is left to run. ``lane=(k, n)``: the k-th of every n evaluation
+    seeds; the search itself runs in lane 0 only (its rounds read each other), so the other lanes
+    have work once a rate is matched."""
     st = read_setting(folder)
     if baseline not in st.schemes:
         raise Refused(f"--stage kl: the baseline {baseline} is not a scheme of {folder / MANIFEST}")
@@ -214,10 +216,13 @@ def kl_round(m: dict[str, Any], folder: Path, baseline: str) -> list[list[str]]:
         entry = search.setdefault(row.scheme, {"target_kl": row.target_kl, "tried": []})
         if row.lr is not None:
             if len(row.matched) < n_eval:
-                for draw, ss in m["evaluation"]["seeds"].items():
+                at_seeds = [(draw, seed) for draw, ss in m["evaluation"]["seeds"].items() for seed in ss][lane[0]::lane[1]]
+                for draw in dict.fromkeys(d for d, _ in at_seeds):
                     cmds.append([*_base(m, folder, MATCHED_DIR), f"credit={baseline}", f"trainer.lr={_num(row.lr)}",
-                                 f"prepare_seed={draw}", "seed=" + ",".join(map(str, ss))])
+                                 f"prepare_seed={draw}", "seed=" + ",".join(str(x) for d, x in at_seeds if d == draw)])
             continue
+        if lane[0]:
+            continue  # the search runs in lane 0
         if any(within(row.target_kl, t, 0.1) for t in asked):
             continue  # a target within ±10% of one searched for in this round waits for that round's runs
         asked.append(row.target_kl)
@@ -263,8 +268,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-draws", default="0,1,2", help="prepare_seeds of the evaluation, the seeds split evenly among them")
     p.add_argument("--eval-seeds", type=seeds, default=seeds("200-205"))
     p.add_argument("--lane", type=lane, default=(0, 1), metavar="K/N",
-                   help="eval stage: this batch's share of the evaluation seeds (the k-th of every n; "
-                        "run n batches side by side, 0/2 and 1/2 on two cores)")
+                   help="eval and kl stages: this batch's share of the evaluation seeds (the k-th of every n; "
+                        "run n batches side by side, 0/2 and 1/2 on two cores); kl's search runs in lane 0")
     p.add_argument("--dry-run", action="store_true", help="print the commands only")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="passed to every run")
     return p
@@ -312,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"# stage kl: no matched-KL control without the baseline {args.baseline} in the sweep")
                 continue
             for _ in range(MAX_ROUNDS + 2 if stage == "kl" else 1):  # kl: a round's choice reads the round before
-                cmds = (kl_round(m, folder, args.baseline) if stage == "kl"
+                cmds = (kl_round(m, folder, args.baseline, args.lane) if stage == "kl"
                         else stage_commands(stage, m, folder, list(new["schemes"]), args.lane))
                 for overrides in cmds:
                     cmd = [sys.executable, "-m", "datc.train", "-m", *overrides]

@@ -71,12 +71,15 @@ def test_a_round_searches_on_the_selection_seeds_then_evaluates_the_matched_rate
     assert _arg(cmd, "hydra.sweep.dir").endswith("select") and _arg(cmd, "seed") == "100,101"
     assert json.loads((folder / "matched.json").read_text()) == {"datc": {"target_kl": 0.8, "tried": [0.002]}, "baseline": "grpo"}
     assert kl_round(m, folder, "grpo") == [cmd]  # the same round again until its runs finish
+    assert kl_round(m, folder, "grpo", (1, 2)) == []  # the search runs in lane 0 only
     for seed in SELECT:  # grpo at x4: KL 0.75 on the selection seeds, within 20% of 0.8
         write_run(folder / "select", "grpo", seed, 4 * LR, 0.35, kl=0.75)
     cmds = kl_round(m, folder, "grpo")
     assert [(_arg(c, "prepare_seed"), _arg(c, "seed")) for c in cmds] == [("0", "200,201"), ("1", "202,203")]
     assert all(_arg(c, "hydra.sweep.dir").endswith(MATCHED_DIR) and float(_arg(c, "trainer.lr")) == pytest.approx(4 * LR)
                for c in cmds)
+    lanes = [[(_arg(c, "prepare_seed"), _arg(c, "seed")) for c in kl_round(m, folder, "grpo", (k, 2))] for k in (0, 1)]
+    assert lanes == [[("0", "200"), ("1", "202")], [("0", "201"), ("1", "203")]]  # two batches share the seeds
     for draw, seeds in EVAL.items():  # the matched grpo: 0.45 + ..., so datc's gain shrinks to +0.050
         for seed in seeds:
             write_run(folder / MATCHED_DIR, "grpo", seed, 4 * LR, 0.45 + 0.01 * (seed % 3), draw=int(draw), kl=0.9)
