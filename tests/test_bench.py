@@ -284,3 +284,22 @@ def test_the_load_lines_flag_a_moved_repeat_and_restate_the_ratios_without_it():
     assert "within ±5%, or the cap: 3 repeats, 12 s of blocks" in text
     assert "Over the 2 unflagged repeats: credit=grpo / TRL 1.55; credit=datc / credit=grpo 1.15." in text
     assert _load_lines({}) == []  # results from before the load was kept
+
+
+def test_the_flop_count_by_phase_covers_the_whole_step(cache_dir, tmp_path):
+    """scripts/bench/flops.py counts each phase of the spine on its own; the phases add up to the
+    count of the whole step (no matmul of the step falls outside them) and each one did work."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from datc.config import validate
+    from datc.training.session import build_session
+    from scripts.bench.flops import PHASES, count_flops, mm_gflops
+    from tests.conftest import cfg_for
+
+    s = build_session(validate(cfg_for(cache_dir, tmp_path / "unused", "credit=datc")))
+    torch.manual_seed(0)
+    with FlopCounterMode(display=False) as whole:
+        counts = count_flops(s, 0, s.c.trainer.max_new_tokens)
+    assert set(counts) == set(PHASES) and all(counts[p] > 0 for p in PHASES), counts
+    assert sum(counts.values()) == whole.get_total_flops()
+    assert mm_gflops(64, 64, 64, threads=1, min_s=0.01, repeats=1) > 0
