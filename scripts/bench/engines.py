@@ -136,8 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     preset = REAL if a.scale == "real" else TESTBED
     if a.child:
-        from datc.utils import quiet_libraries
+        from datc.utils import keep_freed_memory, quiet_libraries
 
+        keep_freed_memory()  # as datc-train does (trainer.keep_freed_memory)
         quiet_libraries()
         extra = TESTBED_VLLM if a.scale == "testbed" and a.child == "vllm" else []
         print("BLOCK " + json.dumps(child(a.child, [*preset, *extra, *a.overrides], a.steps, a.warmup, a.max_new_tokens)))

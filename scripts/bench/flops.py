@@ -1,7 +1,7 @@
 """Achieved FLOP/s of each phase of this project's training step against the machine's matmul
 peak (issue: "the rollout near the floor").
 
-    python -m scripts.bench.flops --scale real --threads 1 2 [hydra overrides]
+    python -m scripts.bench.flops --scale real --threads 1,2 --credits grpo,datc [hydra overrides]
     -> results/bench/flops.json, results/bench/flops.md
 
 1. **The peak**: fp32 ``torch.mm`` on square matrices (256 to 2048; the best of each size's
@@ -108,16 +108,16 @@ def timed(s, first_it: int, steps: int, threads: list[int], forced: int) -> dict
 
 
 def table(res: dict[str, Any]) -> str:
-    rows = ["| threads | phase | GFLOP per step | median s | achieved GFLOP/s | of the square peak |", "|---|---|---|---|---|---|"]
-    for t, by_phase in res["time_s"].items():
-        peak = res["peaks"][t]["peak_gflops"]
-        total = 0
-        for p in (*PHASES, "step"):
-            fl = sum(res["flops"].values()) if p == "step" else res["flops"][p]
-            total += 0 if p == "step" else fl
-            sec = statistics.median(by_phase[p])
-            g = fl / sec / 1e9
-            rows.append(f"| {t} | {p} | {fl / 1e9:.1f} | {sec:.2f} | {g:.2f} | {g / peak:.0%} |")
+    rows = ["| credit | threads | phase | GFLOP per step | median s | achieved GFLOP/s | of the square peak |",
+            "|---|---|---|---|---|---|---|"]
+    for credit, r in res["credits"].items():
+        for t, by_phase in r["time_s"].items():
+            peak = res["peaks"][t]["peak_gflops"]
+            for p in (*PHASES, "step"):
+                fl = sum(r["flops"].values()) if p == "step" else r["flops"][p]
+                sec = statistics.median(by_phase[p])
+                g = fl / sec / 1e9 if sec > 0 else 0.0
+                rows.append(f"| {credit} | {t} | {p} | {fl / 1e9:.1f} | {sec:.2f} | {g:.1f} | {g / peak:.0%} |")
     return "\n".join(rows)
 
 
@@ -135,7 +135,7 @@ Written by `{res['command']}` (`scripts/bench/flops.py`) at commit `{res['commit
 {res['machine']['torch']}, {res['machine']['cpus']} CPUs ({res['machine']['cpu']}); load average (1, 5, 15 min)
 {la['start']} at the start, {la['end']} at the end; {res['wall_s']:.0f} s.
 
-Work: {res['work']}. FLOPs counted by `torch.utils.flop_counter.FlopCounterMode` around each phase of
+Work: {res['work']}; each credit scheme in its own session. FLOPs counted by `torch.utils.flop_counter.FlopCounterMode` around each phase of
 one step (matmuls, attention, convolutions, backward included; elementwise work is not counted, so
 an achieved figure is a floor); times are the median of {res['steps']} steps per thread count, the
 counts alternating, from each step's `perf/` figures (`reward` holds the reference and reward-model
@@ -156,10 +156,11 @@ Shapes: {shapes}.
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scripts.bench.flops", description=__doc__.split("\n\n")[0])
     ap.add_argument("--scale", choices=list(SCALES), default="real")
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--threads", type=lambda x: [int(t) for t in x.split(",")], default=[1, 2], help="comma-separated, e.g. 1,2")
     ap.add_argument("--steps", type=int, default=2, help="timed steps per thread count")
     ap.add_argument("--out", default=str(OUT))
-    ap.add_argument("overrides", nargs="*", help="hydra overrides (e.g. credit=datc, cache_dir=...)")
+    ap.add_argument("--credits", type=lambda x: x.split(","), default=["grpo", "datc"], help="comma-separated credit configs, each its own session")
+    ap.add_argument("overrides", nargs="*", help="hydra overrides (e.g. cache_dir=...)")
     a = ap.parse_args(argv)
     from datc.run.provenance import load_average, provenance
     from datc.utils import atomic_write_json, atomic_write_text, keep_freed_memory, quiet_libraries
@@ -169,28 +170,28 @@ def main(argv: list[str] | None = None) -> int:
     quiet_libraries()
     sc = SCALES[a.scale]
     t_start, load_start = time.time(), load_average()
-    s = datc_session([*sc.overrides, *a.overrides], sc.max_new_tokens)
-    t = s.c.trainer
-    forced = t.max_new_tokens if sc.force_length else 0
-    cfg = s.m.policy.config
-    hidden = getattr(cfg, "hidden_size", None) or cfg.n_embd
-    inner = getattr(cfg, "intermediate_size", None) or 4 * hidden
-    shapes = {"decode MLP": (t.batch_size, hidden, inner), "decode LM head": (t.batch_size, hidden, cfg.vocab_size)}
-    pk = peaks(a.threads, shapes)
-    torch.set_num_threads(max(a.threads))
-    step(s, 0, forced)  # warm-up
-    flops = count_flops(s, 1, forced)
-    times = timed(s, 2, a.steps, a.threads, forced)
     res: dict[str, Any] = {
         **provenance(" ".join(["python -m scripts.bench.flops", *(argv if argv is not None else sys.argv[1:])]), "transformers"),
-        "scale": a.scale, "credit": s.c.credit['name'], "steps": a.steps, "shapes": shapes, "peaks": pk,
-        "flops": flops, "time_s": times,
-        "work": (f"`credit={s.c.credit['name']}`, {t.batch_size // t.num_generations} prompts × {t.num_generations} responses of "
-                 f"{t.max_new_tokens} tokens{' (forced)' if forced else ''}, policy {s.c.policy.name} "
-                 f"({sum(p.numel() for p in s.m.policy.parameters()) / 1e6:.3g}M parameters), micro-batch {t.micro_batch_size}, "
-                 f"dtype {s.c.policy.dtype}, the built-in sampler"),
-        "wall_s": round(time.time() - t_start, 1), "load_average_1_5_15min": {"start": load_start, "end": load_average()},
-    }
+        "scale": a.scale, "steps": a.steps, "credits": {}}
+    for credit in a.credits:
+        s = datc_session([*sc.overrides, f"credit={credit}", *a.overrides], sc.max_new_tokens)
+        t = s.c.trainer
+        forced = t.max_new_tokens if sc.force_length else 0
+        if "peaks" not in res:  # once, at the first session's shapes
+            cfg = s.m.policy.config
+            hidden = getattr(cfg, "hidden_size", None) or cfg.n_embd
+            inner = getattr(cfg, "intermediate_size", None) or 4 * hidden
+            res["shapes"] = {"decode MLP": (t.batch_size, hidden, inner), "decode LM head": (t.batch_size, hidden, cfg.vocab_size)}
+            res["peaks"] = peaks(a.threads, res["shapes"])
+            res["work"] = (f"{t.batch_size // t.num_generations} prompts × {t.num_generations} responses of "
+                           f"{t.max_new_tokens} tokens{' (forced)' if forced else ''}, policy {s.c.policy.name} "
+                           f"({sum(p.numel() for p in s.m.policy.parameters()) / 1e6:.3g}M parameters), micro-batch "
+                           f"{t.micro_batch_size}, dtype {s.c.policy.dtype}, the built-in sampler")
+        torch.set_num_threads(max(a.threads))
+        step(s, 0, forced)  # warm-up
+        res["credits"][credit] = {"flops": count_flops(s, 1, forced), "time_s": timed(s, 2, a.steps, a.threads, forced)}
+        del s
+    res.update(wall_s=round(time.time() - t_start, 1), load_average_1_5_15min={"start": load_start, "end": load_average()})
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = "flops" if a.scale == "real" else f"flops_{a.scale}"
