@@ -286,19 +286,22 @@ def test_the_load_lines_flag_a_moved_repeat_and_restate_the_ratios_without_it():
     assert _load_lines({}) == []  # results from before the load was kept
 
 
-def test_the_flop_count_by_phase_covers_the_whole_step(cache_dir, tmp_path):
+@pytest.mark.parametrize("overrides", [[], ["policy=tiny_llama", "+reward.init=policy", "+reward.train.trainable_layers=1"]],
+                         ids=["gpt2", "llama-shared-trunk"])
+def test_the_flop_count_by_phase_covers_the_whole_step(cache_dir, tmp_path, overrides):
     """scripts/bench/flops.py counts each phase of the spine on its own; the phases add up to the
-    count of the whole step (no matmul of the step falls outside them) and each one did work."""
-    from torch.utils.flop_counter import FlopCounterMode
-
+    count of the whole step (no matmul of the step falls outside them) and each one did work. With
+    the shared trunk the reward model's input gradient is taken to a leaf (which torch's own
+    FlopCounterMode's module hooks refuse)."""
     from datc.config import validate
     from datc.training.session import build_session
-    from scripts.bench.flops import PHASES, count_flops, mm_gflops
+    from scripts.bench.flops import PHASES, count_flops, flop_counter, mm_gflops
     from tests.conftest import cfg_for
 
-    s = build_session(validate(cfg_for(cache_dir, tmp_path / "unused", "credit=datc")))
+    s = build_session(validate(cfg_for(cache_dir, tmp_path / "unused", "credit=datc", *overrides)))
+    assert s.plan.trunk if overrides else True
     torch.manual_seed(0)
-    with FlopCounterMode(display=False) as whole:
+    with flop_counter() as whole:
         counts = count_flops(s, 0, s.c.trainer.max_new_tokens)
     assert set(counts) == set(PHASES) and all(counts[p] > 0 for p in PHASES), counts
     assert sum(counts.values()) == whole.get_total_flops()

@@ -67,6 +67,28 @@ def peaks(threads: list[int], shapes: dict[str, tuple[int, int, int]]) -> dict[s
     return out
 
 
+class _NoModules:
+    """A stand-in for FlopCounterMode's module tracker: every count goes to "Global"."""
+
+    parents = frozenset({"Global"})
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def flop_counter() -> FlopCounterMode:
+    """torch's FlopCounterMode without its per-module breakdown: the module tracker's backward
+    hooks refuse ``autograd.grad`` to a leaf ("A leaf node was passed to
+    _will_engine_execute_node"), which the reward model's input gradient on the shared trunk
+    (``datc.forward.trunk``) is. Totals only (``get_total_flops``)."""
+    fc = FlopCounterMode(display=False)
+    fc.mod_tracker = _NoModules()
+    return fc
+
+
 def count_flops(s, it: int, forced: int) -> dict[str, int]:
     """One step of ``s`` with a FLOP counter around each phase; the FLOPs by phase."""
     import datc.step as spine
@@ -76,7 +98,7 @@ def count_flops(s, it: int, forced: int) -> dict[str, int]:
 
     def counted(phase: str, fn):
         def run(*a, **k):
-            with FlopCounterMode(display=False) as fc:
+            with flop_counter() as fc:
                 out = fn(*a, **k)
             counts[phase] += fc.get_total_flops()
             return out
