@@ -186,10 +186,12 @@ def stage_commands(stage: str, m: dict[str, Any], folder: Path, schemes: list[st
             moved.append(s)
         else:
             tuned.append([f"credit={s}"])
-    # the tuned configurations first (the comparison's claim rests on them), then the default ones;
-    # each seed by seed, every scheme's runs at a seed one after the other: a batch cut between two
-    # seeds leaves whole pairs, so a later batch whose prepare made other assets (a real model's
-    # reward model prepared again on another machine) never splits a pair (datc.report.tuning)
+    # the chosen configurations first (the comparison's claim rests on them), then the default ones
+    # of the schemes whose choice moved; each phase seed by seed, every scheme's runs at a seed one
+    # after the other, so a batch cut between two seeds leaves whole chosen pairs. A later batch
+    # whose prepare made other assets (a real model's reward model prepared again on another
+    # machine) never splits a chosen pair; a default pair may span the two phases, and
+    # datc.report.tuning checks the chosen and the default pairs at a seed apart.
     at_seeds = [(draw, seed) for draw, ss in m["evaluation"]["seeds"].items() for seed in ss]
     at_seeds = at_seeds[lane[0]::lane[1]]
     for configs in (tuned, [["credit=" + ",".join(moved)]] if moved else []):
@@ -222,6 +224,8 @@ def kl_round(m: dict[str, Any], folder: Path, baseline: str, lane: tuple[int, in
                                  f"prepare_seed={draw}", "seed=" + ",".join(str(x) for d, x in at_seeds if d == draw)])
             continue
         if lane[0]:
+            print(f"tuned_sweep: lane {lane[0]}/{lane[1]}: {st.setting}, {row.scheme}: {baseline}'s rate is still being "
+                  "searched in lane 0; start this lane again once a rate is matched", file=sys.stderr)
             continue  # the search runs in lane 0
         if any(within(row.target_kl, t, 0.1) for t in asked):
             continue  # a target within ±10% of one searched for in this round waits for that round's runs
@@ -239,7 +243,8 @@ def kl_round(m: dict[str, Any], folder: Path, baseline: str, lane: tuple[int, in
             entry["tried"].append(lr)
         cmds.append([*_base(m, folder, SELECT_DIR), f"credit={baseline}", f"trainer.lr={_num(lr)}", *_sel(m)])
     search["baseline"] = baseline  # the scheme the control ran at other rates (datc-compare shows it against that one)
-    write_search(folder, search)
+    if not lane[0]:  # the search's file is lane 0's: another lane writing it back could drop a rate lane 0 added
+        write_search(folder, search)
     return [c for i, c in enumerate(cmds) if c not in cmds[:i]]
 
 
@@ -286,6 +291,11 @@ def protocol(args: argparse.Namespace) -> dict[str, Any]:
                       "(METHOD §6: evaluate on fresh seeds)")
     if bad := [o for o in args.overrides if "=" not in o or o.split("=")[0].lstrip("+~").startswith(RESERVED)]:
         raise Refused(f"override {bad[0]!r}: not KEY=VALUE, or sets what the sweep sets ({', '.join(RESERVED)})")
+    if args.lane[1] > 1 and args.stage not in ("eval", "kl"):
+        raise Refused(f"--lane {args.lane[0]}/{args.lane[1]} splits the evaluation seeds: it is for --stage eval or kl, "
+                      f"not {args.stage} (two lanes of a selection stage would run the same runs at once)")
+    if args.lane[1] > len(args.eval_seeds):
+        raise Refused(f"--lane {args.lane[0]}/{args.lane[1]}: more lanes than the {len(args.eval_seeds)} evaluation seeds")
     per = len(args.eval_seeds) // len(draws)
     extra = [o for o in args.overrides if not o.startswith("hydra")]
     schemes = [s for s in args.schemes.split(",") if s]

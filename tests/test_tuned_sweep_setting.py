@@ -64,3 +64,15 @@ def test_the_evaluation_runs_tuned_pairs_seed_by_seed_then_the_defaults_and_lane
     for bad in ("2/2", "x/2", "1"):
         with pytest.raises(argparse.ArgumentTypeError):
             lane(bad)
+
+
+def test_lanes_are_refused_where_they_would_run_a_run_twice_or_nothing(tmp_path, capsys):
+    from scripts.tuned_sweep import main
+
+    base = ["--policy", "tiny_gpt2", "--data", "keywords", "--schemes", "grpo", "--root", str(tmp_path), "--dry-run"]
+    assert main([*base, "--stage", "lr", "--lane", "0/2"]) == 2
+    assert "it is for --stage eval or kl, not lr" in capsys.readouterr().err
+    assert main([*base, "--stage", "all", "--lane", "1/2"]) == 2
+    assert main([*base, "--stage", "eval", "--lane", "0/7"]) == 2  # 6 evaluation seeds by default
+    assert "more lanes than the 6 evaluation seeds" in capsys.readouterr().err
+    assert main([*base, "--stage", "eval", "--lane", "1/2"]) == 0

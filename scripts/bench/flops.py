@@ -1,5 +1,5 @@
 """Achieved FLOP/s of each phase of this project's training step against the machine's matmul
-peak (issue: "the rollout near the floor").
+peak: how near its floor each phase runs.
 
     python -m scripts.bench.flops --scale real --threads 1,2 --credits grpo,datc [hydra overrides]
     -> results/bench/flops.json, results/bench/flops.md
