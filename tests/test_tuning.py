@@ -92,6 +92,7 @@ def test_the_table_reports_choice_selection_score_and_evaluation_apart(tmp_path,
     assert cells[8] == "4 (1 collapsed: seed 203) / 4"  # the collapsed run is named, not folded in silently
     assert "Selection: draw 0, seeds 100, 101. Evaluation" in md
     assert "| datc | lr 0.0005 (×1), credit.tau 0.5 | off the search path (not eligible) | 0.990" in md
+    assert "- datc − grpo: 4 pairs, ±0.000; detectable: 0.000" in md  # the same difference on every seed
     report = json.loads((out / "evaluation" / "report.json").read_text())
     assert {tuple(r["seeds"]) for r in report["rows"]} == {(200, 201, 202, 203)}  # no selection seed
     assert "1 collapsed" in (out / "evaluation" / "table.md").read_text()
@@ -188,3 +189,14 @@ def test_runs_trained_on_other_assets_are_compared_only_where_they_may_be(tmp_pa
     _trained_on(run, "b")  # a knob candidate at the chosen rate: on the path too
     with pytest.raises(TuningError, match=r"datc's selection"):
         read_setting(folder)
+
+
+def test_the_detectable_difference_is_the_planning_formula_by_hand():
+    from datc.report.statistics import detectable_difference, t_interval
+
+    # differences 0.1, 0.2, 0.3: n 3, sd 0.1; t(0.975, 2) = 4.302653, t(0.80, 2) = 1.060660
+    iv = t_interval([0.1, 0.2, 0.3])
+    assert iv.half_width == pytest.approx(4.302653 * 0.1 / 3 ** 0.5, rel=1e-6)
+    assert detectable_difference(iv) == pytest.approx((4.302653 + 1.060660) * 0.1 / 3 ** 0.5, rel=1e-6)
+    assert detectable_difference(iv, power=0.5) == pytest.approx(iv.half_width, rel=1e-9)  # t(0.5) = 0
+    assert detectable_difference(t_interval([0.2])) is None

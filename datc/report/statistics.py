@@ -157,6 +157,18 @@ def t_interval(values: Iterable[float | None]) -> Interval:
     return Interval(float(xs.mean()), float(t * xs.std(ddof=1) / math.sqrt(len(xs))), len(xs))
 
 
+def detectable_difference(iv: Interval, power: float = 0.8) -> float | None:
+    """The smallest true mean difference that a two-sided 95% t-test on these paired differences
+    would detect with probability ``power``, at their number ``n`` and observed standard
+    deviation ``s``: ``(t_{0.975, n-1} + t_{power, n-1}) · s / √n`` (the usual planning formula
+    for a one-sample t-test, central-t approximation; e.g. Cohen, *Statistical Power Analysis*,
+    ch. 2). ``None`` below 2 values."""
+    if iv.half_width is None or iv.n < 2:
+        return None
+    t_a = stats.t.ppf(0.5 + CONFIDENCE / 2, iv.n - 1)
+    return float(iv.half_width * (t_a + stats.t.ppf(power, iv.n - 1)) / t_a)
+
+
 def paired_difference(
     runs: Sequence[Run], baseline_runs: Sequence[Run], key: str
 ) -> PairedDifference:

@@ -18,6 +18,7 @@ from datc.report.statistics import (
     Report,
     build_report,
     collapsed_seeds,
+    detectable_difference,
     paired_difference,
     t_interval,
 )
@@ -86,6 +87,10 @@ def setting_markdown(st: SettingTuning, baseline: str) -> str:
         cells.append(f"{len(sc.tuned)}{collapse_note(collapsed_seeds(sc.tuned))} / {len(sc.default)}"
                      f"{collapse_note(collapsed_seeds(sc.default))}")
         lines.append("| " + " | ".join(cells) + " |")
+    if power := _power_lines(st, baseline):
+        lines += ["", "Power of the tuned comparison (paired by seed): the 95% half-width reached and the smallest "
+                  "difference such a test detects 80% of the time at this number of pairs and the observed spread "
+                  "of the differences:", "", *power]
     if control := matched_markdown(st.control(baseline), baseline, float(base.spec["lr"]) if base else 1.0):
         lines += ["", control.rstrip("\n")]
     lines += ["", "Every candidate on the selection seeds:", "",
@@ -94,6 +99,18 @@ def setting_markdown(st: SettingTuning, baseline: str) -> str:
         sc = st.schemes[name]
         lines += [f"| {name} | {sc.label(c.lr, c.knob)} | {_step(sc, c, name == st.kl_baseline)} | {_score_text(c, n_sel)} |" for c in sc.candidates]
     return "\n".join(lines) + "\n"
+
+
+def _power_lines(st: SettingTuning, baseline: str) -> list[str]:
+    base = st.schemes.get(baseline)
+    if base is None or not base.tuned:
+        return []
+    out = []
+    for name in sorted(s for s in st.schemes if s != baseline):
+        d = paired_difference(st.schemes[name].tuned, base.tuned, "final_gold").diff
+        if (mde := detectable_difference(d)) is not None:
+            out.append(f"- {name} − {baseline}: {d.n} pairs, ±{d.half_width:.3f}; detectable: {mde:.3f}")
+    return out
 
 
 def _step(sc: SchemeTuning, c: Candidate, searched: bool = False) -> str:
