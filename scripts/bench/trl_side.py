@@ -142,13 +142,15 @@ def _timed_trainer_class():
 
 
 def build_trl(session, steps: int, seed: int, max_new_tokens: int | None = None, force_length: bool = False,
-              out_dir: str | None = None):
+              out_dir: str | None = None, use_vllm: bool = False):
     """A TRL ``GRPOTrainer`` configured like ``session``'s trainer, on the same assets: the same
     policy checkpoint loaded the same way, the same reward model, the prompts as
     :func:`trl_dataset` gives them; ``trainer.micro_batch_size`` is TRL's
     ``per_device_train_batch_size``, accumulated over ``batch_size / micro_batch_size`` micro-batches
     (``gradient_accumulation_steps`` = ``steps_per_generation``: one generation of the whole batch
-    and one optimizer step per rollout, as here)."""
+    and one optimizer step per rollout, as here). ``use_vllm``: TRL samples with its own vLLM in
+    colocate mode (``vllm_mode="colocate"``, in this process), the forced length through vLLM's
+    ``min_tokens``."""
     from trl import GRPOConfig
 
     from datc.data.tokenizer import load_tokenizer
@@ -174,14 +176,14 @@ def build_trl(session, steps: int, seed: int, max_new_tokens: int | None = None,
         lr_scheduler_type=t.lr_scheduler, warmup_steps=t.warmup_steps, max_grad_norm=t.max_grad_norm,
         max_steps=steps, logging_steps=max(steps, 1), save_strategy="no", report_to="none", use_cpu=True,
         bf16=False, fp16=False, seed=seed, data_seed=seed, disable_tqdm=True, dataloader_num_workers=0,
-        use_vllm=False, log_completions=False,
+        use_vllm=use_vllm, **({"vllm_mode": "colocate"} if use_vllm else {}), log_completions=False,
         # The plain k3 KL, as this project's loss. TRL 1.16's default (True) multiplies the KL by
         # the ratio: the same value on-policy, but a different gradient (the ratio is differentiated).
         use_bias_correction_kl=False,
         # TRL's GRPOConfig turns gradient checkpointing on by default (a second forward pass in the
         # backward); this project does not checkpoint, so neither does TRL here.
         gradient_checkpointing=False,
-        generation_kwargs={"min_new_tokens": T} if force_length else None,
+        generation_kwargs=({"min_tokens" if use_vllm else "min_new_tokens": T} if force_length else None),
     )
     policy = load_pretrained("causal_lm", a.policy_path, "policy.path")
     rm = freeze(load_pretrained("reward", a.reward_path, "reward.path"))
@@ -196,6 +198,9 @@ def build_trl(session, steps: int, seed: int, max_new_tokens: int | None = None,
 
 
 def run_trl_block(session, steps: int, warmup: int, seed: int, **kw) -> list[dict[str, float]]:
+    """``warmup + steps`` steps of TRL's trainer; the timed rows of the last ``steps``. TRL must not
+    change torch's thread count (refused), except with ``use_vllm``, whose engine sets it for the
+    whole process as vLLM's CPU worker does for this project's engine too (each row says it)."""
     from transformers.utils import logging as hf_logging
 
     threads = torch.get_num_threads()
@@ -204,6 +209,6 @@ def run_trl_block(session, steps: int, warmup: int, seed: int, **kw) -> list[dic
     with contextlib.redirect_stdout(io.StringIO()):  # the Trainer prints its final log line
         trainer.train()
     torch.set_num_threads(threads)
-    if any(r["threads"] != threads for r in clock.rows):
+    if not kw.get("use_vllm") and any(r["threads"] != threads for r in clock.rows):
         raise RuntimeError(f"TRL's run changed torch's thread count from {threads}")
     return clock.rows[warmup:]
