@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -248,6 +249,20 @@ def kl_round(m: dict[str, Any], folder: Path, baseline: str, lane: tuple[int, in
     return [c for i, c in enumerate(cmds) if c not in cmds[:i]]
 
 
+def prune_checkpoints(folder: Path) -> int:
+    """Removes the ``checkpoints/`` of every finished run (its ``summary.json`` written) under
+    ``folder``'s stage folders; returns how many. A finished run never resumes, and the tables read
+    its ``summary.json``, ``run.json`` and ``inputs.json``; its ``final/`` weights stay. At the real
+    scale a run's two kept checkpoints take about 3 GB (a real-model batch filled a disk)."""
+    n = 0
+    for d in (SELECT_DIR, EVAL_DIR, MATCHED_DIR):
+        for run in sorted((folder / d).glob("*/")):
+            if (run / "summary.json").is_file() and (run / "checkpoints").is_dir():
+                shutil.rmtree(run / "checkpoints")
+                n += 1
+    return n
+
+
 def _chosen(st, scheme: str, what: str) -> float:
     sc = st.schemes[scheme]
     value = sc.lr if what == "lr" else sc.knob
@@ -275,6 +290,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lane", type=lane, default=(0, 1), metavar="K/N",
                    help="eval and kl stages: this batch's share of the evaluation seeds (the k-th of every n; "
                         "run n batches side by side, 0/2 and 1/2 on two cores); kl's search runs in lane 0")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep finished runs' checkpoints (by default removed after each command: a finished run never resumes)")
     p.add_argument("--dry-run", action="store_true", help="print the commands only")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="passed to every run")
     return p
@@ -336,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"tuned_sweep: a run of stage {stage} failed (exit {rc}); run the stage again to resume",
                               file=sys.stderr)
                         return rc
+                    if not args.dry_run and not args.keep_checkpoints:
+                        prune_checkpoints(folder)
                 if not cmds:
                     break
     except (Refused, TuningError) as e:

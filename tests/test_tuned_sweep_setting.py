@@ -76,3 +76,17 @@ def test_lanes_are_refused_where_they_would_run_a_run_twice_or_nothing(tmp_path,
     assert main([*base, "--stage", "eval", "--lane", "0/7"]) == 2  # 6 evaluation seeds by default
     assert "more lanes than the 6 evaluation seeds" in capsys.readouterr().err
     assert main([*base, "--stage", "eval", "--lane", "1/2"]) == 0
+
+
+def test_finished_runs_lose_their_checkpoints_and_unfinished_ones_keep_them(tmp_path):
+    from scripts.tuned_sweep import prune_checkpoints
+
+    for stage, name, done in (("select", "a", True), ("eval", "b", True), ("eval", "c", False), ("matched", "d", True)):
+        run = tmp_path / stage / name
+        (run / "checkpoints" / "step_0000004").mkdir(parents=True)
+        (run / "final").mkdir()
+        if done:
+            (run / "summary.json").write_text("{}")
+    assert prune_checkpoints(tmp_path) == 3
+    assert [p.parent.name for p in sorted(tmp_path.glob("*/*/checkpoints"))] == ["c"]  # the unfinished run resumes from it
+    assert len(list(tmp_path.glob("*/*/final"))) == 4 and prune_checkpoints(tmp_path) == 0
