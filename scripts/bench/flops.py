@@ -34,6 +34,7 @@ from unittest import mock
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from scripts.bench.render import write_result
 from scripts.bench.scales import OUT, SCALES
 
 PHASES = ("rollout", "reward", "credit", "update")  # as the step's perf/<phase>_s figures time them
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="hydra overrides (e.g. cache_dir=...)")
     a = ap.parse_args(argv)
     from datc.run.provenance import load_average, provenance
-    from datc.utils import atomic_write_json, atomic_write_text, keep_freed_memory, quiet_libraries
+    from datc.utils import keep_freed_memory, quiet_libraries
     from scripts.bench.datc_side import datc_session, step
 
     keep_freed_memory()
@@ -214,12 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         res["credits"][credit] = {"flops": count_flops(s, 1, forced), "time_s": timed(s, 2, a.steps, a.threads, forced)}
         del s
     res.update(wall_s=round(time.time() - t_start, 1), load_average_1_5_15min={"start": load_start, "end": load_average()})
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = "flops" if a.scale == "real" else f"flops_{a.scale}"
-    atomic_write_json(out / f"{stem}.json", res)
-    atomic_write_text(out / f"{stem}.md", markdown(res))
-    print((out / f"{stem}.md").read_text())
+    print(write_result(Path(a.out), stem, res, markdown(res)).read_text())
     return 0
 
 

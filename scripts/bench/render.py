@@ -217,3 +217,14 @@ def write_markdown(out: Path) -> list[Path]:
             atomic_write_text(path, render(res[k], res[other]))
             written.append(path)
     return written
+
+
+def write_result(out: Path, stem: str, res: dict[str, Any], markdown: str) -> Path:
+    """``res`` as ``out/<stem>.json`` and ``markdown`` as ``out/<stem>.md`` (each written whole, or
+    not at all); the markdown's path."""
+    from datc.utils import atomic_write_json, atomic_write_text
+
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / f"{stem}.json", res)
+    atomic_write_text(out / f"{stem}.md", markdown)
+    return out / f"{stem}.md"
