@@ -253,12 +253,17 @@ def prune_checkpoints(folder: Path) -> int:
     """Removes the ``checkpoints/`` of every finished run (its ``summary.json`` written) under
     ``folder``'s stage folders; returns how many. A finished run never resumes, and the tables read
     its ``summary.json``, ``run.json`` and ``inputs.json``; its ``final/`` weights stay. At the real
-    scale a run's two kept checkpoints take about 3 GB (a real-model batch filled a disk)."""
+    scale a run's two kept checkpoints take about 3 GB (a real-model batch filled a disk). Lanes
+    run side by side prune the same folder: a file another lane removed first is no error."""
+    def gone_already(_fn: Any, _path: str, exc_info: Any) -> None:  # rmtree's onerror: (type, value, tb)
+        if not isinstance(exc_info[1], FileNotFoundError):
+            raise exc_info[1]
+
     n = 0
     for d in (SELECT_DIR, EVAL_DIR, MATCHED_DIR):
         for run in sorted((folder / d).glob("*/")):
             if (run / "summary.json").is_file() and (run / "checkpoints").is_dir():
-                shutil.rmtree(run / "checkpoints")
+                shutil.rmtree(run / "checkpoints", onerror=gone_already)
                 n += 1
     return n
 

@@ -90,3 +90,30 @@ def test_finished_runs_lose_their_checkpoints_and_unfinished_ones_keep_them(tmp_
     assert prune_checkpoints(tmp_path) == 3
     assert [p.parent.name for p in sorted(tmp_path.glob("*/*/checkpoints"))] == ["c"]  # the unfinished run resumes from it
     assert len(list(tmp_path.glob("*/*/final"))) == 4 and prune_checkpoints(tmp_path) == 0
+
+
+def test_pruning_beside_another_lane_ignores_files_that_lane_removed_first(tmp_path, monkeypatch):
+    """Two lanes prune the same folder after their runs: a checkpoint file the other lane removed
+    between the listing and the unlink is no error (a lane crashed on it); other errors still raise."""
+    import os
+
+    from scripts.tuned_sweep import prune_checkpoints
+
+    run = tmp_path / "eval" / "a"
+    (run / "checkpoints" / "step_0000008").mkdir(parents=True)
+    (run / "checkpoints" / "step_0000008" / "model.pt").write_text("x")
+    (run / "summary.json").write_text("{}")
+    real = os.unlink
+
+    def raced(path, *a, **kw):  # the other lane got there first: the file is gone, this unlink fails
+        real(path, *a, **kw)
+        raise FileNotFoundError(2, "No such file or directory", path)
+
+    monkeypatch.setattr(os, "unlink", raced)
+    assert prune_checkpoints(tmp_path) == 1 and not (run / "checkpoints").exists()
+
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "f").write_text("x")
+    monkeypatch.setattr(os, "unlink", lambda *a, **kw: (_ for _ in ()).throw(PermissionError(13, "denied")))
+    with pytest.raises(PermissionError):
+        prune_checkpoints(tmp_path)
