@@ -295,7 +295,7 @@ def test_the_flop_count_by_phase_covers_the_whole_step(cache_dir, tmp_path, over
     FlopCounterMode's module hooks refuse)."""
     from datc.config import validate
     from datc.training.session import build_session
-    from scripts.bench.flops import PHASES, count_flops, flop_counter, mm_gflops
+    from scripts.bench.flops import PHASES, count_flops, flop_counter, mm_gflops, profile_ops
     from tests.conftest import cfg_for
 
     s = build_session(validate(cfg_for(cache_dir, tmp_path / "unused", "credit=datc", *overrides)))
@@ -306,6 +306,9 @@ def test_the_flop_count_by_phase_covers_the_whole_step(cache_dir, tmp_path, over
     assert set(counts) == set(PHASES) and all(counts[p] > 0 for p in PHASES), counts
     assert sum(counts.values()) == whole.get_total_flops()
     assert mm_gflops(64, 64, 64, threads=1, min_s=0.01, repeats=1) > 0
+    ops = profile_ops(s, 1, 1, s.c.trainer.max_new_tokens)  # --ops: the profiler's ranges found every phase
+    assert all(ops[p]["ops"] > 0 and ops[p]["profiled"] > ops[p]["matmul"] + ops[p]["attention"] + ops[p]["other"] > 0
+               for p in PHASES), ops
 
 
 def test_the_flops_table_is_flops_over_median_time_against_the_peak_by_hand():
@@ -320,3 +323,36 @@ def test_the_flops_table_is_flops_over_median_time_against_the_peak_by_hand():
     assert rows["update"][3:] == ["3.0", "1.50", "2.0", "10%"]
     assert rows["credit"][3:] == ["0.0", "0.00", "0.0", "0%"]  # no work in no time: zero, not a division error
     assert rows["step"][3:] == ["6.0", "4.00", "1.5", "8%"]  # the phases' 6 GFLOP over the median step
+
+
+def test_operator_times_are_attributed_to_their_phase_by_hand():
+    """scripts/bench/flops.py --ops: every aten event's own time goes to the phase range above it,
+    by kind; only the operators called from outside another operator are counted as dispatched;
+    events outside every phase range are left out; the time outside operators is the range's
+    time less theirs."""
+    from types import SimpleNamespace as E
+
+    from scripts.bench.flops import op_times, ops_table
+
+    def ev(name, parent=None, self_us=0.0, total_us=0.0):
+        return E(name=name, cpu_parent=parent, self_cpu_time_total=self_us, cpu_time_total=total_us)
+
+    roll, upd = ev("phase:rollout", total_us=10_000), ev("phase:update", total_us=6_000)
+    lin = ev("aten::linear", roll, self_us=100)
+    bwd = ev("autograd::engine::evaluate_function: AddmmBackward0", upd)
+    events = [roll, upd, lin, ev("aten::addmm", lin, self_us=2_000),  # nested in linear: its time, not a dispatch
+              ev("aten::_scaled_dot_product_flash_attention_for_cpu", roll, self_us=1_000),
+              ev("aten::gelu", roll, self_us=500), ev("aten::mm", bwd, self_us=3_000),  # backward: under the update
+              ev("aten::add", None, self_us=9_999), bwd]  # outside every phase: left out
+    t = op_times(events)
+    assert t["rollout"] == {"ops": 3, "matmul": 2.1, "attention": 1.0, "other": 0.5, "profiled": 10.0}
+    assert t["update"] == {"ops": 1, "matmul": 3.0, "attention": 0.0, "other": 0.0, "profiled": 6.0}
+    assert t["reward"]["ops"] == 0 and t["reward"]["profiled"] == 0.0
+
+    res = {"credits": {"grpo": {"ops": t, "ops_threads": 1, "time_s": {"1": {
+        "rollout": [0.008], "reward": [0.0], "credit": [0.0], "update": [0.005], "step": [0.013]}}}}}
+    rows = {r.split("|")[2].strip(): [c.strip() for c in r.strip("|").split("|")] for r in ops_table(res).splitlines()[2:]}
+    assert rows["rollout"][2:] == ["8.0", "10.0", "3", "2.1", "1.0", "0.5", "6.4 (64%)"]
+    assert rows["update"][2:] == ["5.0", "6.0", "1", "3.0", "0.0", "0.0", "3.0 (50%)"]
+    assert rows["reward"][-1] == "0.0 (-)"  # no range, no share
+    assert rows["the four phases"][2:] == ["13.0", "16.0", "4", "5.1", "1.0", "0.5", "9.4 (59%)"]

@@ -14,6 +14,11 @@ peak: how near its floor each phase runs.
    torch runs (backward included; elementwise work is not counted, so achieved FLOP/s is a floor).
 3. **The time**: steps without the counter, the thread counts alternating, each phase's time from
    the step's own ``perf/`` figures; the median over the steps.
+4. **Where the time goes** (``--ops``): steps under ``torch.profiler`` with each phase a labelled
+   range; per phase, the number of torch operators the step dispatched and their own CPU time
+   (matmuls, attention, the rest), and what is left of the phase's median time outside them (the
+   Python around the operators: this project's step, transformers' modules, autograd's
+   bookkeeping). At the testbed's size that share, not the arithmetic, is what bounds the step.
 
 Achieved FLOP/s = the phase's FLOPs / its median time, and its fraction of the peak at the same
 thread count. The response length is forced to the budget (``min_new_tokens``, as ``make
@@ -113,6 +118,66 @@ def count_flops(s, it: int, forced: int) -> dict[str, int]:
     return counts
 
 
+MATMULS = frozenset({"aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::matmul", "aten::linear"})
+
+
+def op_category(name: str) -> str:
+    """``matmul``, ``attention`` or ``other`` for a torch operator's profiler name."""
+    if name in MATMULS:
+        return "matmul"
+    return "attention" if "scaled_dot_product" in name or "flash_attention" in name else "other"
+
+
+def op_times(events, phases: tuple[str, ...] = PHASES) -> dict[str, dict[str, float]]:
+    """By phase, from profiler events (``prof.events()``: ``name``, ``cpu_parent``,
+    ``self_cpu_time_total``, ``cpu_time_total`` in µs) under ranges named ``phase:<phase>``:
+    ``profiled``, the ranges' time in ms; ``ops``, the torch operators dispatched from outside any
+    other operator (what the Python above them called); and the operators' own CPU time in ms by
+    :func:`op_category` (every ``aten::`` event's self time, nested ones included, so the
+    categories add up to all operator time)."""
+    out = {p: {"ops": 0, "matmul": 0.0, "attention": 0.0, "other": 0.0, "profiled": 0.0} for p in phases}
+    for e in events:
+        if e.name.startswith("phase:") and e.name[len("phase:"):] in out:
+            out[e.name[len("phase:"):]]["profiled"] += e.cpu_time_total / 1e3
+        if not e.name.startswith("aten::"):
+            continue
+        phase, top, parent = None, True, e.cpu_parent
+        while parent is not None:
+            if parent.name.startswith("aten::"):
+                top = False
+            elif parent.name.startswith("phase:"):
+                phase = parent.name[len("phase:"):]
+                break
+            parent = parent.cpu_parent
+        if phase not in out:
+            continue
+        out[phase]["ops"] += top
+        out[phase][op_category(e.name)] += e.self_cpu_time_total / 1e3
+    return out
+
+
+def profile_ops(s, first_it: int, steps: int, forced: int) -> dict[str, dict[str, float]]:
+    """``steps`` steps under ``torch.profiler`` (CPU), each phase a range named ``phase:<phase>``;
+    :func:`op_times` per step (operator counts and times divided by ``steps``)."""
+    import datc.step as spine
+    from scripts.bench.datc_side import step
+
+    def labelled(phase: str, fn):
+        def run(*a, **k):
+            with torch.profiler.record_function(f"phase:{phase}"):
+                return fn(*a, **k)
+        return run
+
+    with ExitStack() as stack:
+        for name, phase in SPINE.items():
+            stack.enter_context(mock.patch.object(spine, name, labelled(phase, getattr(spine, name))))
+        stack.enter_context(mock.patch.object(s.stream, "take", labelled("rollout", s.stream.take)))
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for i in range(steps):
+                step(s, first_it + i, forced)
+    return {p: {k: v / steps for k, v in d.items()} for p, d in op_times(prof.events()).items()}
+
+
 def timed(s, first_it: int, steps: int, threads: list[int], forced: int) -> dict[str, dict[str, list[float]]]:
     """``steps`` steps at each thread count, alternating; each phase's seconds per step."""
     from scripts.bench.datc_side import step
@@ -141,6 +206,26 @@ def table(res: dict[str, Any]) -> str:
                 sec = statistics.median(by_phase[p])
                 g = fl / sec / 1e9 if sec > 0 else 0.0
                 rows.append(f"| {credit} | {t} | {p} | {fl / 1e9:.1f} | {sec:.2f} | {g:.1f} | {g / peak:.0%} |")
+    return "\n".join(rows)
+
+
+def ops_table(res: dict[str, Any]) -> str:
+    """Per credit and phase: the median time at the profiled thread count, the operators
+    dispatched, their own time by category, and the time outside them (ms per step)."""
+    rows = ["| credit | phase | median ms | profiled ms | operators | matmul ms | attention ms | other operators ms | outside operators ms (share) |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for credit, r in res["credits"].items():
+        if "ops" not in r:
+            continue
+        by_phase = r["time_s"][str(r["ops_threads"])]
+        tot = {k: sum(d[k] for d in r["ops"].values()) for k in ("ops", "matmul", "attention", "other", "profiled")}
+        for p in (*PHASES, "step"):
+            d = tot if p == "step" else r["ops"][p]
+            ms = (sum(statistics.median(by_phase[q]) for q in PHASES) if p == "step" else statistics.median(by_phase[p])) * 1e3
+            outside = d["profiled"] - d["matmul"] - d["attention"] - d["other"]
+            share = f"{outside / d['profiled']:.0%}" if d["profiled"] > 0 else "-"
+            rows.append(f"| {credit} | {'the four phases' if p == 'step' else p} | {ms:.1f} | {d['profiled']:.1f} | {d['ops']:.0f} | {d['matmul']:.1f} | "
+                        f"{d['attention']:.1f} | {d['other']:.1f} | {outside:.1f} ({share}) |")
     return "\n".join(rows)
 
 
@@ -173,6 +258,24 @@ Shapes: {shapes}.
 ## Each phase
 
 {table(res)}
+{ops_section(res)}"""
+
+
+def ops_section(res: dict[str, Any]) -> str:
+    first = next((r for r in res["credits"].values() if "ops" in r), None)
+    if first is None:
+        return ""
+    return f"""
+## Where the time goes: operators and what is around them (`--ops`, {first['ops_threads']} thread(s))
+
+Per step, from {res['ops_steps']} steps under `torch.profiler`: the phase's time there (profiled; the median
+without the profiler beside it), the torch operators it dispatched (from the Python above them;
+the ones they call inside not counted again), their own CPU time by kind, and what is left
+outside them: the Python that calls them (this project's step, transformers' modules, autograd's
+bookkeeping), plus the profiler's own cost per recorded event (the difference between the two
+time columns bounds it).
+
+{ops_table(res)}
 """
 
 
@@ -183,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=2, help="timed steps per thread count")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--credits", type=lambda x: x.split(","), default=["grpo", "datc"], help="comma-separated credit configs, each its own session")
+    ap.add_argument("--ops", type=int, default=0, metavar="STEPS",
+                    help="also profile this many steps per credit (at the first thread count): operators and the time around them")
     ap.add_argument("overrides", nargs="*", help="hydra overrides (e.g. cache_dir=...)")
     a = ap.parse_args(argv)
     from datc.run.provenance import load_average, provenance
@@ -195,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start, load_start = time.time(), load_average()
     res: dict[str, Any] = {
         **provenance(" ".join(["python -m scripts.bench.flops", *(argv if argv is not None else sys.argv[1:])]), "transformers"),
-        "scale": a.scale, "steps": a.steps, "credits": {}}
+        "scale": a.scale, "steps": a.steps, "ops_steps": a.ops, "credits": {}}
     for credit in a.credits:
         s = datc_session([*sc.overrides, f"credit={credit}", *a.overrides], sc.max_new_tokens)
         t = s.c.trainer
@@ -212,7 +317,10 @@ def main(argv: list[str] | None = None) -> int:
                            f"{t.micro_batch_size}, dtype {s.c.policy.dtype}, the built-in sampler")
         torch.set_num_threads(max(a.threads))
         step(s, 0, forced)  # warm-up
-        res["credits"][credit] = {"flops": count_flops(s, 1, forced), "time_s": timed(s, 2, a.steps, a.threads, forced)}
+        res["credits"][credit] = r = {"flops": count_flops(s, 1, forced), "time_s": timed(s, 2, a.steps, a.threads, forced)}
+        if a.ops:
+            torch.set_num_threads(a.threads[0])
+            r.update(ops=profile_ops(s, 2 + a.steps * len(a.threads), a.ops, forced), ops_threads=a.threads[0])
         del s
     res.update(wall_s=round(time.time() - t_start, 1), load_average_1_5_15min={"start": load_start, "end": load_average()})
     stem = "flops" if a.scale == "real" else f"flops_{a.scale}"
