@@ -17,7 +17,9 @@ Stages (``--stage all`` runs them in order):
 - ``kl``: the matched-KL control (:mod:`datc.report.matched_kl`): for every scheme whose tuned gain
   over the tuned baseline is resolved, the baseline's rate searched on the selection seeds until
   its mean final KL is within ±20% of the scheme's (a few rounds, the rates tried kept in
-  ``matched.json``), then that rate on the evaluation seeds into ``matched/``.
+  ``matched.json``), then that rate on the evaluation seeds into ``matched/`` (``--lane K/N``
+  splits each round's selection seeds and the evaluation seeds; lane 0 chooses the rates, a lane
+  with nothing to run waits for the others).
 
 The grids are Hydra's basic sweeper (``-m`` with comma lists): each run's directory is named by
 its config (``${datc.config_id:}``), so a killed batch run again skips the runs that finished and
@@ -37,8 +39,9 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from datc.report.matched_kl import (
     MATCHED_DIR,
@@ -63,6 +66,7 @@ from datc.report.tuning import (
 
 STAGES = ("lr", "knob", "eval", "kl")
 RUN_NAME = "run_name=${data.name}-${policy.name}-${credit.name}-p${prepare_seed}-s${seed}-${datc.config_id:}"
+POLL_S = 60.0  # --stage kl: how often a lane waiting for the others looks again
 RESERVED = ("seed", "prepare_seed", "credit", "trainer.lr", "policy", "data", "experiment", "run_name", "run_dir", "hydra.sweep")
 
 
@@ -201,12 +205,22 @@ def stage_commands(stage: str, m: dict[str, Any], folder: Path, schemes: list[st
     return cmds
 
 
-def kl_round(m: dict[str, Any], folder: Path, baseline: str, lane: tuple[int, int] = (0, 1)) -> list[list[str]]:
+class KlRound(NamedTuple):
+    """One call of :func:`kl_round`: the commands to run now, and whether this lane waits for the
+    others (a search rate whose other selection seeds another lane runs, or lane 0's next rate)."""
+
+    cmds: list[list[str]]
+    waiting: str | None  # what it waits for (None: nothing)
+
+
+def kl_round(m: dict[str, Any], folder: Path, baseline: str, lane: tuple[int, int] = (0, 1)) -> KlRound:
     """One round of the matched-KL control: the baseline at a new rate on the selection seeds for
     each resolved gain without a matched rate yet, and the matched rates' evaluation runs not yet
-    finished. Empty when nothing is left to run. ``lane=(k, n)``: the k-th of every n evaluation
-    seeds; the search itself runs in lane 0 only (its rounds read each other), so the other lanes
-    have work once a rate is matched."""
+    finished. No commands and nothing to wait for: nothing is left to run. ``lane=(k, n)``: the
+    k-th of every n selection seeds of each searched rate and of the evaluation seeds, so n
+    batches side by side share every round; lane 0 chooses each next rate (its rounds read the
+    round before, complete on every selection seed) and keeps ``matched.json``, the other lanes
+    read it and wait for it between rounds."""
     st = read_setting(folder)
     if baseline not in st.schemes:
         raise Refused(f"--stage kl: the baseline {baseline} is not a scheme of {folder / MANIFEST}")
@@ -214,7 +228,16 @@ def kl_round(m: dict[str, Any], folder: Path, baseline: str, lane: tuple[int, in
     if short := [s for s, sc in st.schemes.items() if sc.lr is None or len(sc.tuned) < n_eval]:
         raise Refused(f"--stage kl: the evaluation is not complete for {', '.join(short)} "
                       f"(of {n_eval} evaluation seeds); run --stage eval first (it resumes where it stopped)")
-    search, cmds, asked = read_search(folder), [], []
+    search, cmds, asked, waiting = read_search(folder), [], [], None
+    share = [int(x) for x in m["selection"]["seeds"]][lane[0]::lane[1]]  # this lane's selection seeds of a rate
+    knob_default = st.schemes[baseline].spec.get("knob_default")
+    done = {c.lr: set(c.seeds) for c in st.schemes[baseline].candidates if c.knob == knob_default}  # finished selection runs by rate
+
+    def search_cmd(lr: float) -> list[str] | None:  # this lane's unfinished selection runs at ``lr``
+        left = [x for x in share if x not in next((v for r, v in done.items() if abs(r / lr - 1) < 1e-6), set())]
+        return [*_base(m, folder, SELECT_DIR), f"credit={baseline}", f"trainer.lr={_num(lr)}",
+                f"prepare_seed={m['selection']['prepare_seed']}", f"seed={','.join(map(str, left))}"] if left else None
+
     for row in sorted(matched_rows(st, baseline, st.matched), key=lambda r: r.target_kl):
         entry = search.setdefault(row.scheme, {"target_kl": row.target_kl, "tried": []})
         if row.lr is not None:
@@ -224,29 +247,39 @@ def kl_round(m: dict[str, Any], folder: Path, baseline: str, lane: tuple[int, in
                     cmds.append([*_base(m, folder, MATCHED_DIR), f"credit={baseline}", f"trainer.lr={_num(row.lr)}",
                                  f"prepare_seed={draw}", "seed=" + ",".join(str(x) for d, x in at_seeds if d == draw)])
             continue
+        if entry.get("stopped"):
+            continue
+        # a rate already asked for whose selection runs are not all finished: the round in flight
+        flight = [lr for lr in entry["tried"] if not any(abs(lr / x - 1) < 1e-6 for x, _ in row.tried)]
+        if flight:
+            if (cmd := search_cmd(flight[-1])) is not None:
+                cmds.append(cmd)
+            else:
+                waiting = f"{row.scheme}: {baseline} at {flight[-1]:g} on the other lanes' selection seeds"
+            continue
         if lane[0]:
-            print(f"tuned_sweep: lane {lane[0]}/{lane[1]}: {st.setting}, {row.scheme}: {baseline}'s rate is still being "
-                  "searched in lane 0; start this lane again once a rate is matched", file=sys.stderr)
-            continue  # the search runs in lane 0
+            waiting = f"{row.scheme}: lane 0's next {baseline} rate"
+            continue  # lane 0 chooses the rate
         if any(within(row.target_kl, t, 0.1) for t in asked):
             continue  # a target within ±10% of one searched for in this round waits for that round's runs
         asked.append(row.target_kl)
         lr = propose_lr(row.tried, row.target_kl)
         if any(abs(lr / x - 1) < 1e-6 for x, _ in row.tried):
-            print(f"tuned_sweep: warning: {st.setting}, {row.scheme}: the search for {baseline}'s rate at KL "
-                  f"{row.target_kl:.3f} came back to a rate it tried ({lr:g}) without a match: stopped", file=sys.stderr)
+            entry["stopped"] = msg = (f"the search for {baseline}'s rate at KL {row.target_kl:.3f} came back to a rate "
+                                      f"it tried ({lr:g}) without a match")
+            print(f"tuned_sweep: warning: {st.setting}, {row.scheme}: {msg}: stopped", file=sys.stderr)
             continue
-        if lr not in entry["tried"]:
-            if len(entry["tried"]) >= MAX_ROUNDS:
-                print(f"tuned_sweep: warning: {st.setting}, {row.scheme}: no {baseline} rate within ±20% of KL "
-                      f"{row.target_kl:.3f} in {MAX_ROUNDS} rounds: stopped", file=sys.stderr)
-                continue
-            entry["tried"].append(lr)
-        cmds.append([*_base(m, folder, SELECT_DIR), f"credit={baseline}", f"trainer.lr={_num(lr)}", *_sel(m)])
+        if len(entry["tried"]) >= MAX_ROUNDS:
+            entry["stopped"] = msg = f"no {baseline} rate within ±20% of KL {row.target_kl:.3f} in {MAX_ROUNDS} rounds"
+            print(f"tuned_sweep: warning: {st.setting}, {row.scheme}: {msg}: stopped", file=sys.stderr)
+            continue
+        entry["tried"].append(lr)
+        if (cmd := search_cmd(lr)) is not None:
+            cmds.append(cmd)
     search["baseline"] = baseline  # the scheme the control ran at other rates (datc-compare shows it against that one)
     if not lane[0]:  # the search's file is lane 0's: another lane writing it back could drop a rate lane 0 added
         write_search(folder, search)
-    return [c for i, c in enumerate(cmds) if c not in cmds[:i]]
+    return KlRound([c for i, c in enumerate(cmds) if c not in cmds[:i]], waiting)
 
 
 def prune_checkpoints(folder: Path) -> int:
@@ -294,7 +327,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-seeds", type=seeds, default=seeds("200-205"))
     p.add_argument("--lane", type=lane, default=(0, 1), metavar="K/N",
                    help="eval and kl stages: this batch's share of the evaluation seeds (the k-th of every n; "
-                        "run n batches side by side, 0/2 and 1/2 on two cores); kl's search runs in lane 0")
+                        "run n batches side by side, 0/2 and 1/2 on two cores); kl: also each searched rate's "
+                        "selection seeds, lane 0 choosing the rates")
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="keep finished runs' checkpoints (by default removed after each command: a finished run never resumes)")
     p.add_argument("--dry-run", action="store_true", help="print the commands only")
@@ -348,9 +382,19 @@ def main(argv: list[str] | None = None) -> int:
             if stage == "kl" and args.stage == "all" and args.baseline not in m["schemes"]:
                 print(f"# stage kl: no matched-KL control without the baseline {args.baseline} in the sweep")
                 continue
-            for _ in range(MAX_ROUNDS + 2 if stage == "kl" else 1):  # kl: a round's choice reads the round before
-                cmds = (kl_round(m, folder, args.baseline, args.lane) if stage == "kl"
-                        else stage_commands(stage, m, folder, list(new["schemes"]), args.lane))
+            rounds, said = 0, None
+            while rounds < (MAX_ROUNDS + 2 if stage == "kl" else 1):  # kl: a round's choice reads the round before
+                if stage == "kl":
+                    cmds, waiting = kl_round(m, folder, args.baseline, args.lane)
+                    if not cmds and waiting and not args.dry_run:  # another lane's runs of this round, or lane 0's next rate
+                        if waiting != said:
+                            print(f"tuned_sweep: lane {args.lane[0]}/{args.lane[1]}: waiting for {waiting}", flush=True)
+                            said = waiting
+                        time.sleep(POLL_S)
+                        continue
+                else:
+                    cmds = stage_commands(stage, m, folder, list(new["schemes"]), args.lane)
+                rounds += 1
                 for overrides in cmds:
                     cmd = [sys.executable, "-m", "datc.train", "-m", *overrides]
                     print("datc-train -m " + " ".join(shlex.quote(o) for o in overrides), flush=True)

@@ -117,3 +117,18 @@ def test_pruning_beside_another_lane_ignores_files_that_lane_removed_first(tmp_p
     monkeypatch.setattr(os, "unlink", lambda *a, **kw: (_ for _ in ()).throw(PermissionError(13, "denied")))
     with pytest.raises(PermissionError):
         prune_checkpoints(tmp_path)
+
+
+def test_a_kl_lane_with_nothing_to_run_waits_and_looks_again(tmp_path, monkeypatch, capsys):
+    """--stage kl: a lane whose share of the round is done (or that waits for lane 0's next rate)
+    sleeps and asks again, saying once what it waits for; it ends when nothing is left."""
+    import scripts.tuned_sweep as ts
+
+    answers = iter([ts.KlRound([], "datc: lane 0's next grpo rate")] * 3 + [ts.KlRound([], None)])
+    monkeypatch.setattr(ts, "kl_round", lambda *a, **k: next(answers))
+    slept = []
+    monkeypatch.setattr(ts.time, "sleep", slept.append)
+    base = ["--policy", "tiny_gpt2", "--data", "keywords", "--schemes", "grpo,datc", "--root", str(tmp_path)]
+    assert ts.main([*base, "--stage", "kl", "--lane", "1/2"]) == 0
+    assert slept == [ts.POLL_S] * 3
+    assert capsys.readouterr().out.count("lane 1/2: waiting for datc: lane 0's next grpo rate") == 1
