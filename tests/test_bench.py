@@ -356,3 +356,25 @@ def test_operator_times_are_attributed_to_their_phase_by_hand():
     assert rows["update"][2:] == ["5.0", "6.0", "1", "3.0", "0.0", "0.0", "3.0 (50%)"]
     assert rows["reward"][-1] == "0.0 (-)"  # no range, no share
     assert rows["the four phases"][2:] == ["13.0", "16.0", "4", "5.1", "1.0", "0.5", "9.4 (59%)"]
+
+
+def test_the_compile_probe_times_both_passes_and_renders_their_ratio():
+    """scripts/bench/compile_probe.py: the no-grad forward returns the logits, the forward and
+    backward leaves no gradient behind (each timed call starts alike); the table shows the ratio."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from scripts.bench.compile_probe import markdown, passes
+
+    torch.manual_seed(0)
+    m = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=8, n_positions=16, vocab_size=11))
+    ids, mask = torch.randint(0, 11, (3, 5)), torch.ones(3, 5, dtype=torch.bool)
+    p = passes(m, ids, mask)
+    assert p["forward"]().shape == (3, 5, 11)
+    p["forward_backward"]()
+    assert all(q.grad is None for q in m.parameters())
+    res = {"command": "c", "commit": "abc", "date": "d", "machine": {"torch": "t", "cpus": 2}, "threads": 1,
+           "shape": "3 rows", "repeats": 3, "calls": 2, "max_abs_diff": 1e-6,
+           "load_average_1_5_15min": {"start": [0.1], "end": [0.2]},
+           "passes": {"forward": {"eager_ms": 2.0, "compiled_ms": 1.0, "ratio": 2.0, "ratio_q1": 1.9, "ratio_q3": 2.1,
+                                  "compile_s": 3.0}}}
+    assert "| forward | 2.00 | 1.00 | **2.00** (1.90 to 2.10) | 3.0 |" in markdown(res)
