@@ -52,6 +52,7 @@ from datc.report.matched_kl import (
     within,
     write_search,
 )
+from datc.report.statistics import same_value
 from datc.report.tuning import (
     EVAL_DIR,
     KNOB_FACTORS,
@@ -157,8 +158,10 @@ def _base(m: dict[str, Any], folder: Path, where: str) -> list[str]:
     return [f"experiment={m['experiment']}", *setting, RUN_NAME, f"hydra.sweep.dir={folder / where}", *m["overrides"]]
 
 
-def _sel(m: dict[str, Any]) -> list[str]:
-    return [f"prepare_seed={m['selection']['prepare_seed']}", "seed=" + ",".join(map(str, m["selection"]["seeds"]))]
+def _sel(m: dict[str, Any], seeds: list[int] | None = None) -> list[str]:
+    """The selection draw and its seeds (``seeds``: these of them)."""
+    return [f"prepare_seed={m['selection']['prepare_seed']}",
+            "seed=" + ",".join(map(str, m["selection"]["seeds"] if seeds is None else seeds))]
 
 
 def stage_commands(stage: str, m: dict[str, Any], folder: Path, schemes: list[str],
@@ -229,14 +232,13 @@ def kl_round(m: dict[str, Any], folder: Path, baseline: str, lane: tuple[int, in
         raise Refused(f"--stage kl: the evaluation is not complete for {', '.join(short)} "
                       f"(of {n_eval} evaluation seeds); run --stage eval first (it resumes where it stopped)")
     search, cmds, asked, waiting = read_search(folder), [], [], None
+    base = st.schemes[baseline]
     share = [int(x) for x in m["selection"]["seeds"]][lane[0]::lane[1]]  # this lane's selection seeds of a rate
-    knob_default = st.schemes[baseline].spec.get("knob_default")
-    done = {c.lr: set(c.seeds) for c in st.schemes[baseline].candidates if c.knob == knob_default}  # finished selection runs by rate
 
     def search_cmd(lr: float) -> list[str] | None:  # this lane's unfinished selection runs at ``lr``
-        left = [x for x in share if x not in next((v for r, v in done.items() if abs(r / lr - 1) < 1e-6), set())]
-        return [*_base(m, folder, SELECT_DIR), f"credit={baseline}", f"trainer.lr={_num(lr)}",
-                f"prepare_seed={m['selection']['prepare_seed']}", f"seed={','.join(map(str, left))}"] if left else None
+        c = base.find(lr, base.spec.get("knob_default"))
+        left = [x for x in share if c is None or x not in c.seeds]
+        return [*_base(m, folder, SELECT_DIR), f"credit={baseline}", f"trainer.lr={_num(lr)}", *_sel(m, left)] if left else None
 
     for row in sorted(matched_rows(st, baseline, st.matched), key=lambda r: r.target_kl):
         entry = search.setdefault(row.scheme, {"target_kl": row.target_kl, "tried": []})
@@ -250,7 +252,7 @@ def kl_round(m: dict[str, Any], folder: Path, baseline: str, lane: tuple[int, in
         if entry.get("stopped"):
             continue
         # a rate already asked for whose selection runs are not all finished: the round in flight
-        flight = [lr for lr in entry["tried"] if not any(abs(lr / x - 1) < 1e-6 for x, _ in row.tried)]
+        flight = [lr for lr in entry["tried"] if not any(same_value(lr, x) for x, _ in row.tried)]
         if flight:
             if (cmd := search_cmd(flight[-1])) is not None:
                 cmds.append(cmd)

@@ -343,7 +343,8 @@ def test_operator_times_are_attributed_to_their_phase_by_hand():
     events = [roll, upd, lin, ev("aten::addmm", lin, self_us=2_000),  # nested in linear: its time, not a dispatch
               ev("aten::_scaled_dot_product_flash_attention_for_cpu", roll, self_us=1_000),
               ev("aten::gelu", roll, self_us=500), ev("aten::mm", bwd, self_us=3_000),  # backward: under the update
-              ev("aten::add", None, self_us=9_999), bwd]  # outside every phase: left out
+              ev("aten::add", None, self_us=9_999), bwd,  # outside every phase: left out
+              ev("rollout", total_us=99_000)]  # a range not named phase:<phase> is no phase's time
     t = op_times(events)
     assert t["rollout"] == {"ops": 3, "matmul": 2.1, "attention": 1.0, "other": 0.5, "profiled": 10.0}
     assert t["update"] == {"ops": 1, "matmul": 3.0, "attention": 0.0, "other": 0.0, "profiled": 6.0}

@@ -31,7 +31,7 @@ import argparse
 import statistics
 import sys
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -95,9 +95,21 @@ def flop_counter() -> FlopCounterMode:
     return fc
 
 
+@contextmanager
+def around_phases(s, wrap):
+    """Every phase of the spine (``datc.step``'s phase functions and the session's rollout
+    ``s.stream.take``) replaced by ``wrap(phase, fn)`` while the block runs."""
+    import datc.step as spine
+
+    with ExitStack() as stack:
+        for name, phase in SPINE.items():
+            stack.enter_context(mock.patch.object(spine, name, wrap(phase, getattr(spine, name))))
+        stack.enter_context(mock.patch.object(s.stream, "take", wrap("rollout", s.stream.take)))
+        yield
+
+
 def count_flops(s, it: int, forced: int) -> dict[str, int]:
     """One step of ``s`` with a FLOP counter around each phase; the FLOPs by phase."""
-    import datc.step as spine
     from scripts.bench.datc_side import step
 
     counts = dict.fromkeys(PHASES, 0)
@@ -110,10 +122,7 @@ def count_flops(s, it: int, forced: int) -> dict[str, int]:
             return out
         return run
 
-    with ExitStack() as stack:
-        for name, phase in SPINE.items():
-            stack.enter_context(mock.patch.object(spine, name, counted(phase, getattr(spine, name))))
-        stack.enter_context(mock.patch.object(s.stream, "take", counted("rollout", s.stream.take)))
+    with around_phases(s, counted):
         step(s, it, forced)
     return counts
 
@@ -137,18 +146,15 @@ def op_times(events, phases: tuple[str, ...] = PHASES) -> dict[str, dict[str, fl
     categories add up to all operator time)."""
     out = {p: {"ops": 0, "matmul": 0.0, "attention": 0.0, "other": 0.0, "profiled": 0.0} for p in phases}
     for e in events:
-        if e.name.startswith("phase:") and e.name[len("phase:"):] in out:
-            out[e.name[len("phase:"):]]["profiled"] += e.cpu_time_total / 1e3
+        if e.name.startswith("phase:") and (p := e.name.removeprefix("phase:")) in out:
+            out[p]["profiled"] += e.cpu_time_total / 1e3
         if not e.name.startswith("aten::"):
             continue
-        phase, top, parent = None, True, e.cpu_parent
-        while parent is not None:
-            if parent.name.startswith("aten::"):
-                top = False
-            elif parent.name.startswith("phase:"):
-                phase = parent.name[len("phase:"):]
-                break
+        top, parent = True, e.cpu_parent
+        while parent is not None and not parent.name.startswith("phase:"):
+            top = top and not parent.name.startswith("aten::")
             parent = parent.cpu_parent
+        phase = parent.name.removeprefix("phase:") if parent is not None else None
         if phase not in out:
             continue
         out[phase]["ops"] += top
@@ -159,7 +165,6 @@ def op_times(events, phases: tuple[str, ...] = PHASES) -> dict[str, dict[str, fl
 def profile_ops(s, first_it: int, steps: int, forced: int) -> dict[str, dict[str, float]]:
     """``steps`` steps under ``torch.profiler`` (CPU), each phase a range named ``phase:<phase>``;
     :func:`op_times` per step (operator counts and times divided by ``steps``)."""
-    import datc.step as spine
     from scripts.bench.datc_side import step
 
     def labelled(phase: str, fn):
@@ -168,13 +173,9 @@ def profile_ops(s, first_it: int, steps: int, forced: int) -> dict[str, dict[str
                 return fn(*a, **k)
         return run
 
-    with ExitStack() as stack:
-        for name, phase in SPINE.items():
-            stack.enter_context(mock.patch.object(spine, name, labelled(phase, getattr(spine, name))))
-        stack.enter_context(mock.patch.object(s.stream, "take", labelled("rollout", s.stream.take)))
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            for i in range(steps):
-                step(s, first_it + i, forced)
+    with around_phases(s, labelled), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for i in range(steps):
+            step(s, first_it + i, forced)
     return {p: {k: v / steps for k, v in d.items()} for p, d in op_times(prof.events()).items()}
 
 
