@@ -64,6 +64,26 @@ def test_same_command_gives_same_metrics(tmp_path):
                       f"run `make demo-results` and commit its figures, README lines included; {diff[:4]}")
 
 
+def test_a_finished_run_leaves_none_of_its_models_behind(cache_dir, tmp_path, monkeypatch):
+    # A sweep's jobs run one after another in one process (datc-train -m): every model of a run
+    # must be gone when it returns, or each job adds its models to the next one's memory.
+    import weakref
+
+    import datc.training.trainer as trainer
+
+    made, build = [], trainer.build_session
+
+    def spy(*args, **kwargs):
+        s = build(*args, **kwargs)
+        made.extend((name, weakref.ref(x)) for name, x in
+                    [("session", s), ("policy", s.m.policy), ("ref", s.m.ref), ("reward model", s.m.rm), ("engine", s.engine)])
+        return s
+
+    monkeypatch.setattr(trainer, "build_session", spy)
+    train(cfg_for(cache_dir, tmp_path / "run", "trainer.steps=2"))
+    assert len(made) == 5 and [name for name, r in made if r() is not None] == []
+
+
 def test_killed_run_resumes_to_the_same_metrics(cache_dir, tmp_path):
     # 6 training prompts, 2 per step: the prompt data's epoch ends every 3 steps, so the resumed
     # part (steps 3 to 6) crosses an epoch boundary; an eval (step 4) falls between checkpoints.

@@ -132,3 +132,28 @@ def test_a_kl_lane_with_nothing_to_run_waits_and_looks_again(tmp_path, monkeypat
     assert ts.main([*base, "--stage", "kl", "--lane", "1/2"]) == 0
     assert slept == [ts.POLL_S] * 3
     assert capsys.readouterr().out.count("lane 1/2: waiting for datc: lane 0's next grpo rate") == 1
+
+
+def test_runs_that_sample_with_vllm_each_get_a_process_and_name_the_same_run_directory(tmp_path, capsys):
+    # vLLM's engine leaves memory behind in its process at every job (about 0.9 GB at the real
+    # scale, measured with every object of the run collected), so where the runs use it each job of
+    # a grid runs as a `datc-train -m` of its own: one value per swept key, the rest unchanged.
+    from scripts.tuned_sweep import main, split_jobs
+
+    grid = ["experiment=four_settings", "credit=grpo,oracle", "trainer.lr=0.0001,0.0002", "seed=100,101",
+            "trainer.adam_betas=[0.9,0.99]", "run_name=${data.name}-s${seed}"]
+    jobs = split_jobs(grid)
+    assert len(jobs) == 8 and len({tuple(j) for j in jobs}) == 8
+    assert {(j[1], j[2], j[3]) for j in jobs} == {(f"credit={c}", f"trainer.lr={lr}", f"seed={s}") for c in ("grpo", "oracle")
+                                                  for lr in ("0.0001", "0.0002") for s in ("100", "101")}
+    assert all(j[0] == grid[0] and j[4] == grid[4] for j in jobs)
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):  # Hydra's escaped interpolation: the same run name
+        cfg = compose(config_name="train", overrides=[jobs[0][5], "seed=100"])
+    assert cfg.run_name == "keywords-s100"
+
+    base = ["--policy", "tiny_gpt2", "--data", "keywords", "--schemes", "grpo,oracle", "--root", str(tmp_path),
+            "--stage", "lr", "--dry-run"]
+    for extra, runs in ([[], 1], [["rollout=vllm"], 12], [["--process-per-job", "yes"], 12], [["--process-per-job", "no", "rollout=vllm"], 1]):
+        assert main([*base, *extra]) == 0
+        lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("datc-train -m ")]
+        assert len(lines) == runs, (extra, lines)  # 2 schemes x 3 rates x 2 selection seeds, or one grid (the schemes share it)

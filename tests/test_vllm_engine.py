@@ -236,6 +236,39 @@ vllm.LLM.generate = generate
 """
 
 
+SWEEP_IN_ONE_PROCESS = """
+import gc, json, sys, weakref
+import torch
+import datc.training.trainer as trainer
+from tests.conftest import cfg_for
+made, build = [], trainer.build_session
+def spy(*args, **kwargs):
+    s = build(*args, **kwargs)
+    made.append([weakref.ref(x) for x in (s, s.m.policy, s.m.ref, s.m.rm, s.engine, s.engine.llm)])
+    return s
+trainer.build_session = spy
+cache, root, *overrides = sys.argv[1:]
+for job in range(2):
+    trainer.train(cfg_for(cache, f"{root}/job{job}", *overrides, f"seed={job}"))
+print(json.dumps({"alive": [[r() is not None for r in refs] for refs in made], "frozen": gc.get_freeze_count(),
+                  "group": torch.distributed.is_initialized(), "set_num_threads": torch.set_num_threads is torch._C.set_num_threads}))
+"""
+
+
+def test_jobs_of_a_sweep_in_one_process_each_close_their_engine(tmp_path):
+    """``datc-train -m`` runs a sweep's jobs one after another in one process. Each run closes
+    its engine as it ends: after each of two jobs nothing of it is alive, the collector that
+    vLLM's start froze is unfrozen, the process group vLLM made is gone (the second job's engine
+    made its own) and ``torch.set_num_threads``, which vLLM's CPU worker replaces with a refusal,
+    is torch's again (it was not: the second job's ``trainer.threads`` was refused)."""
+    r = subprocess.run([sys.executable, "-c", SWEEP_IN_ONE_PROCESS, str(tmp_path / "cache"), str(tmp_path / "sweep"),
+                        *VLLM, "trainer.steps=2"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {"alive": [[False] * 6] * 2, "frozen": 0, "group": False, "set_num_threads": True}, out
+    assert all((tmp_path / "sweep" / f"job{j}" / "summary.json").exists() for j in range(2))
+
+
 @pytest.mark.parametrize("backend", ["deepspeed=zero3", "backend=fsdp2"])
 def test_two_sharded_ranks_each_run_an_engine_kept_in_step_with_the_sharded_policy(tmp_path, backend):
     """Two processes (gloo), ZeRO-3 or FSDP2, ``external_launcher``: each rank's engine gets the

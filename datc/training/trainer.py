@@ -9,6 +9,7 @@ plan decided once), evaluation (:mod:`datc.training.evaluation`) and the run's l
 
 from __future__ import annotations
 
+import gc
 import logging
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ def train(cfg: DictConfig | dict, run_dir: str | Path | None = None, ops: StepOp
     finally:
         release_run_locks()
         dist.close()
+        gc.collect()  # the run's models go before the next job of a sweep in this process (datc-train -m) builds its own
 
 
 
@@ -92,6 +94,7 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
         return _loop(s, run, resolved, dist)
     finally:
         s.stream.close()  # rollout.max_staleness > 0: the engine's thread ends with the run
+        s.engine.close()  # vLLM: its teardown as the run ends, not when the collector gets to it (VLLMEngine.close)
 
 
 def _loop(s, run, resolved: dict[str, Any], dist: Dist) -> dict[str, Any]:
