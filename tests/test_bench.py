@@ -379,3 +379,17 @@ def test_the_compile_probe_times_both_passes_and_renders_their_ratio():
            "passes": {"forward": {"eager_ms": 2.0, "compiled_ms": 1.0, "ratio": 2.0, "ratio_q1": 1.9, "ratio_q3": 2.1,
                                   "compile_s": 3.0}}}
     assert "| forward | 2.00 | 1.00 | **2.00** (1.90 to 2.10) | 3.0 |" in markdown(res)
+
+
+@pytest.mark.slow
+def test_the_job_memory_probe_runs_jobs_in_one_process_and_finds_none_of_them_alive(cache_dir, tmp_path):
+    # scripts/bench/job_memory.py: what a sweep's jobs leave in their process (a job's objects
+    # alive after it would be one cause; results/bench/job_memory_vllm.md measures the other).
+    from scripts.bench.job_memory import main
+
+    assert main(["--jobs", "2", "--out", str(tmp_path), "debug=fast", f"cache_dir={cache_dir}", "trainer.steps=1"]) == 0
+    res = json.loads((tmp_path / "job_memory_torch.json").read_text())
+    assert [r["job"] for r in res["jobs"]] == [0, 1] and all(r["alive"] == [] for r in res["jobs"])
+    assert all(0 < r[k]["VmRSS"] < 64 for r in res["jobs"] for k in ("start", "built", "end"))  # GB, read from /proc
+    assert res["rss_growth_gb_per_job"] == res["jobs"][1]["end"]["VmRSS"] - res["jobs"][0]["end"]["VmRSS"]
+    assert "| 1 |" in (tmp_path / "job_memory_torch.md").read_text()
