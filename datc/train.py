@@ -38,6 +38,10 @@ def _run(cfg: DictConfig) -> float | None:
     from datc.run.signals import Interrupted
     from datc.training.trainer import train
 
+    if (line := in_process_sweep_note(HydraConfig.get(), cfg)) is not None:
+        from datc.errors import warn
+
+        warn(line)
     try:
         summary = train(cfg, run_dir=run_dir)
     except (ConfigError, ModelLoadError, FileNotFoundError, NonFiniteError) as e:
@@ -80,6 +84,22 @@ def _run(cfg: DictConfig) -> float | None:
 
 
 # What gloo, NCCL and torch's stores say when the other end of a collective is gone or silent
+def in_process_sweep_note(hc, cfg) -> str | None:
+    """A warning for the second and later jobs of a ``-m`` sweep that sample with vLLM in this one
+    process (Hydra's basic launcher runs the jobs one after another in it): vLLM's engine leaves
+    about 0.9 GB behind per job at the real scale with every object of the run collected
+    (``results/bench/job_memory_vllm.md``), so a long sweep grows until it is out of memory.
+    None otherwise (a single run, the first job, another engine, another launcher)."""
+    from hydra.types import RunMode
+
+    basic = str(hc.launcher.get("_target_", "")).endswith("BasicLauncher")
+    if hc.mode != RunMode.MULTIRUN or not basic or int(hc.job.num) < 1 or cfg.rollout.name != "vllm":
+        return None
+    return (f"job {hc.job.num} of this sweep runs in the same process as the jobs before it, and vLLM's engine leaves "
+            "about 0.9 GB in the process per job at a real model's scale (results/bench/job_memory_vllm.md): for a "
+            "long sweep run each job as its own command (scripts/tuned_sweep.py does: --process-per-job)")
+
+
 _LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "timed out", "Timed out",
          "NCCL communicator was aborted", "failed to recv", "Socket closed")
 

@@ -139,3 +139,23 @@ def test_lora_sync_auto_folds_the_adapters_under_fsdp2(tmp_path):
     c = validate(cfg_for(tmp_path / "c", tmp_path / "r", "policy=tiny_llama", "policy.lora.r=4", "backend=fsdp2"))
     assert lora_sync_for(c, "LlamaForCausalLM") == ("merged", "FSDP2 holds the adapters as shards: they are folded "
                                                                "into a whole-weight push")
+
+
+def test_a_sweep_of_vllm_jobs_in_one_process_is_warned_from_its_second_job():
+    # Hydra's basic launcher runs a -m sweep's jobs in one process; vLLM leaves memory there per job
+    # (results/bench/job_memory_vllm.md), so the second job on says so, and nothing else does.
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from datc.train import in_process_sweep_note
+
+    def hc(mode=RunMode.MULTIRUN, num=1, launcher="hydra._internal.core_plugins.basic_launcher.BasicLauncher"):
+        return OmegaConf.create({"mode": mode, "job": {"num": num}, "launcher": {"_target_": launcher}})
+
+    vllm, torch_engine = OmegaConf.create({"rollout": {"name": "vllm"}}), OmegaConf.create({"rollout": {"name": "torch"}})
+    line = in_process_sweep_note(hc(), vllm)
+    assert line is not None and "job 1 of this sweep" in line and "--process-per-job" in line
+    assert in_process_sweep_note(hc(num=0), vllm) is None  # the first job: nothing left behind yet
+    assert in_process_sweep_note(hc(mode=RunMode.RUN, num=0), vllm) is None
+    assert in_process_sweep_note(hc(), torch_engine) is None
+    assert in_process_sweep_note(hc(launcher="hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"), vllm) is None
