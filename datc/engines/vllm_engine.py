@@ -29,6 +29,7 @@ import logging
 import os
 import tempfile
 import time
+import weakref
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -152,6 +153,33 @@ def _destroy_vllm_world() -> None:
     ps._NODE_COUNT = None
 
 
+def _reload_layers() -> weakref.WeakSet | None:
+    """The layers vLLM's layer-wise weight reload keeps state for now (``LAYERWISE_INFO``'s keys),
+    or None where this vLLM has no such table."""
+    try:
+        from vllm.model_executor.model_loader.reload import layerwise
+    except ImportError:
+        return None
+    return weakref.WeakSet(layerwise.LAYERWISE_INFO.keys())
+
+
+def _drop_reload_layers(before: weakref.WeakSet | None) -> int:
+    """Drop the reload state of the layers that were not in ``before`` (this engine's model).
+    ``LAYERWISE_INFO`` is a ``WeakKeyDictionary`` whose values reach their keys (each reloaded
+    parameter's ``weight_loader`` is a closure over its layer, and the value keeps the
+    parameters), so its entries never go and neither does the model: every engine built in a
+    process kept its whole model there (0.9 GB a job at the real preset,
+    ``results/bench/job_memory_vllm.md``). Returns how many entries went."""
+    if before is None:
+        return 0
+    from vllm.model_executor.model_loader.reload import layerwise
+
+    gone = [layer for layer in list(layerwise.LAYERWISE_INFO.keys()) if layer not in before]
+    for layer in gone:
+        del layerwise.LAYERWISE_INFO[layer]
+    return len(gone)
+
+
 class VLLMEngine(RolloutEngine):
     name = "vllm"
     keeps_logits = False
@@ -213,6 +241,7 @@ class VLLMEngine(RolloutEngine):
         remove_stale_config_dirs()
         group_before = torch.distributed.is_available() and torch.distributed.is_initialized()
         set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with one that refuses (restored by close)
+        reload_before = _reload_layers()  # the layers vLLM's weight reload already keeps (close drops only this engine's)
         tmp = tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-")
         cfg = config.__class__.from_dict(config.to_dict())
         if not getattr(cfg, "architectures", None):
@@ -234,7 +263,7 @@ class VLLMEngine(RolloutEngine):
                     **{k: v for k, v in kwargs.items() if k != "enable_sleep_mode"}}
         engine = cls(llm, m.tok.eos_token_id, m.tok.pad_token_id, device, sleep, settings)
         engine._tmp = tmp  # the config directory lives as long as the engine
-        engine.group_before, engine.set_num_threads = group_before, set_num_threads
+        engine.group_before, engine.set_num_threads, engine.reload_before = group_before, set_num_threads, reload_before
         if lora_sync == "adapter":
             engine.adapters = AdapterPush(m.adapter, tmp.name)
         engine.settings["lora_sync"] = lora_sync if c.policy.lora.r else None
@@ -342,6 +371,7 @@ class VLLMEngine(RolloutEngine):
             else:
                 core.shutdown()
             torch.set_num_threads = self.set_num_threads  # the next run's trainer.threads counts again
+            _drop_reload_layers(getattr(self, "reload_before", None))
         tmp = getattr(self, "_tmp", None)
         if tmp is not None:
             tmp.cleanup()
