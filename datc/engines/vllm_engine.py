@@ -153,31 +153,50 @@ def _destroy_vllm_world() -> None:
     ps._NODE_COUNT = None
 
 
-def _reload_layers() -> weakref.WeakSet | None:
-    """The layers vLLM's layer-wise weight reload keeps state for now (``LAYERWISE_INFO``'s keys),
-    or None where this vLLM has no such table."""
+def _process_tables() -> dict[str, Any]:
+    """What the process-wide tables that outlive a vLLM engine hold before one starts, so that
+    closing it drops only its own entries (see ``_drop_engine_entries``)."""
+    from torch._dynamo import convert_frame
+
+    before: dict[str, Any] = {"bytecode_hooks": set(convert_frame._bytecode_hooks)}
     try:
         from vllm.model_executor.model_loader.reload import layerwise
-    except ImportError:
-        return None
-    return weakref.WeakSet(layerwise.LAYERWISE_INFO.keys())
+    except ImportError:  # a vLLM without layer-wise reload
+        return before
+    before["reload_layers"] = weakref.WeakSet(layerwise.LAYERWISE_INFO.keys())
+    return before
 
 
-def _drop_reload_layers(before: weakref.WeakSet | None) -> int:
-    """Drop the reload state of the layers that were not in ``before`` (this engine's model).
-    ``LAYERWISE_INFO`` is a ``WeakKeyDictionary`` whose values reach their keys (each reloaded
-    parameter's ``weight_loader`` is a closure over its layer, and the value keeps the
-    parameters), so its entries never go and neither does the model: every engine built in a
-    process kept its whole model there (0.9 GB a job at the real preset,
-    ``results/bench/job_memory_vllm.md``). Returns how many entries went."""
-    if before is None:
-        return 0
-    from vllm.model_executor.model_loader.reload import layerwise
+def _drop_engine_entries(before: dict[str, Any]) -> dict[str, int]:
+    """Drop what an engine left in process-wide tables that never let it go; each kept the
+    engine's model alive after the engine was closed and collected (a sweep's jobs in one
+    process each left theirs: ``results/bench/job_memory_vllm.md``):
 
-    gone = [layer for layer in list(layerwise.LAYERWISE_INFO.keys()) if layer not in before]
-    for layer in gone:
-        del layerwise.LAYERWISE_INFO[layer]
-    return len(gone)
+    - vLLM's layer-wise reload table (``LAYERWISE_INFO``), a ``WeakKeyDictionary`` whose values
+      reach their keys (each reloaded parameter's ``weight_loader`` is a closure over its layer);
+    - the bytecode hook vLLM's compile wrapper registers with torch.compile
+      (``convert_frame.register_bytecode_hook``, a bound method of the model; its handle is never
+      removed).
+
+    Not dropped: the graph torch.compile installs as a global of the model's module
+    (``__compiled_fn_...``, with its fake tensors and shape environment; about 0.1 GB a job at
+    the real preset), which dynamo removes only when the cache entry of the code it was compiled
+    from goes (deleting the globals an engine's start installed broke the next engine's sampling:
+    dynamo reuses compiled code across engines). Returns how many entries of
+    each went."""
+    from torch._dynamo import convert_frame
+
+    gone = {"bytecode_hooks": 0, "reload_layers": 0}
+    for key in set(convert_frame._bytecode_hooks) - before["bytecode_hooks"]:
+        del convert_frame._bytecode_hooks[key]
+        gone["bytecode_hooks"] += 1
+    if "reload_layers" in before:
+        from vllm.model_executor.model_loader.reload import layerwise
+
+        for layer in [k for k in list(layerwise.LAYERWISE_INFO.keys()) if k not in before["reload_layers"]]:
+            del layerwise.LAYERWISE_INFO[layer]
+            gone["reload_layers"] += 1
+    return gone
 
 
 class VLLMEngine(RolloutEngine):
@@ -241,7 +260,7 @@ class VLLMEngine(RolloutEngine):
         remove_stale_config_dirs()
         group_before = torch.distributed.is_available() and torch.distributed.is_initialized()
         set_num_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with one that refuses (restored by close)
-        reload_before = _reload_layers()  # the layers vLLM's weight reload already keeps (close drops only this engine's)
+        tables_before = _process_tables()  # what process-wide tables hold already (close drops only this engine's entries)
         tmp = tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-")
         cfg = config.__class__.from_dict(config.to_dict())
         if not getattr(cfg, "architectures", None):
@@ -263,7 +282,7 @@ class VLLMEngine(RolloutEngine):
                     **{k: v for k, v in kwargs.items() if k != "enable_sleep_mode"}}
         engine = cls(llm, m.tok.eos_token_id, m.tok.pad_token_id, device, sleep, settings)
         engine._tmp = tmp  # the config directory lives as long as the engine
-        engine.group_before, engine.set_num_threads, engine.reload_before = group_before, set_num_threads, reload_before
+        engine.group_before, engine.set_num_threads, engine.tables_before = group_before, set_num_threads, tables_before
         if lora_sync == "adapter":
             engine.adapters = AdapterPush(m.adapter, tmp.name)
         engine.settings["lora_sync"] = lora_sync if c.policy.lora.r else None
@@ -371,7 +390,8 @@ class VLLMEngine(RolloutEngine):
             else:
                 core.shutdown()
             torch.set_num_threads = self.set_num_threads  # the next run's trainer.threads counts again
-            _drop_reload_layers(getattr(self, "reload_before", None))
+            if getattr(self, "tables_before", None) is not None:
+                _drop_engine_entries(self.tables_before)
         tmp = getattr(self, "_tmp", None)
         if tmp is not None:
             tmp.cleanup()

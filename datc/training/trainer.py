@@ -42,7 +42,13 @@ from datc.training.lifecycle import (
     save,
 )
 from datc.training.session import build_session
-from datc.utils import atomic_write_json, keep_freed_memory, quiet_libraries, seed_everything
+from datc.utils import (
+    atomic_write_json,
+    keep_freed_memory,
+    quiet_libraries,
+    release_freed_memory,
+    seed_everything,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +71,7 @@ def train(cfg: DictConfig | dict, run_dir: str | Path | None = None, ops: StepOp
         release_run_locks()
         dist.close()
         gc.collect()  # the run's models go before the next job of a sweep in this process (datc-train -m) builds its own
+        release_freed_memory()  # and the heap the run kept (trainer.keep_freed_memory) goes back to the OS
 
 
 
