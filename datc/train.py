@@ -86,17 +86,17 @@ def _run(cfg: DictConfig) -> float | None:
 # What gloo, NCCL and torch's stores say when the other end of a collective is gone or silent
 def in_process_sweep_note(hc, cfg) -> str | None:
     """A warning for the second and later jobs of a ``-m`` sweep that sample with vLLM in this one
-    process (Hydra's basic launcher runs the jobs one after another in it): vLLM's engine leaves
-    about 0.9 GB behind per job at the real scale with every object of the run collected
-    (``results/bench/job_memory_vllm.md``), so a long sweep grows until it is out of memory.
+    process (Hydra's basic launcher runs the jobs one after another in it): vLLM's compilation
+    leaves about 0.1 GB behind per job at the real scale with every object of the run collected
+    (``results/bench/job_memory_vllm.md``), so a long sweep grows with its jobs.
     None otherwise (a single run, the first job, another engine, another launcher)."""
     from hydra.types import RunMode
 
     basic = str(hc.launcher.get("_target_", "")).endswith("BasicLauncher")
     if hc.mode != RunMode.MULTIRUN or not basic or int(hc.job.num) < 1 or cfg.rollout.name != "vllm":
         return None
-    return (f"job {hc.job.num} of this sweep runs in the same process as the jobs before it, and vLLM's engine leaves "
-            "about 0.9 GB in the process per job at a real model's scale (results/bench/job_memory_vllm.md): for a "
+    return (f"job {hc.job.num} of this sweep runs in the same process as the jobs before it, and vLLM's compilation "
+            "leaves about 0.1 GB in the process per job at a real model's scale (results/bench/job_memory_vllm.md): for a "
             "long sweep run each job as its own command (scripts/tuned_sweep.py does: --process-per-job)")
 
 

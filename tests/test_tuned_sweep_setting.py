@@ -135,7 +135,7 @@ def test_a_kl_lane_with_nothing_to_run_waits_and_looks_again(tmp_path, monkeypat
 
 
 def test_runs_that_sample_with_vllm_each_get_a_process_and_name_the_same_run_directory(tmp_path, capsys):
-    # vLLM's engine leaves memory behind in its process at every job (about 0.9 GB at the real
+    # vLLM's engine leaves memory behind in its process at every job (about 0.1 GB at the real
     # scale, measured with every object of the run collected), so where the runs use it each job of
     # a grid runs as a `datc-train -m` of its own: one value per swept key, the rest unchanged.
     from scripts.tuned_sweep import main, split_jobs

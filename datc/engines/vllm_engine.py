@@ -373,10 +373,11 @@ class VLLMEngine(RolloutEngine):
         refuses every call (so a later run in this process, a sweep's next job, got the thread
         count of the first). A process group that existed before the engine (several ranks; a
         caller's) stays: vLLM's teardown would end torch's default group, which belongs to the
-        trainer or its caller. Not freed by this: about 0.9 GB a job that vLLM leaves in the
-        process at the real scale (measured with every object of the run collected, with and
-        without its compilation; the built-in engine leaves none), which is why the tuned sweep
-        runs each job of a vLLM grid in a process of its own (``--process-per-job``)."""
+        trainer or its caller. The entries the engine left in process-wide tables that kept its
+        model alive go too (``_drop_engine_entries``). Not freed by this: about 0.1 GB a job that
+        vLLM's compilation leaves in the process at the real scale (0.9 GB before those entries
+        went; ``results/bench/job_memory_vllm.md``), which is why the tuned sweep still runs each
+        job of a vLLM grid in a process of its own (``--process-per-job``)."""
         llm, self.llm = self.llm, None
         if llm is not None:
             core = llm.llm_engine.engine_core  # InprocClient: the engine core in this process
