@@ -360,8 +360,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="keep finished runs' checkpoints (by default removed after each command: a finished run never resumes)")
     p.add_argument("--process-per-job", choices=["auto", "yes", "no"], default="auto",
                    help="run each job of a grid in a process of its own (auto: where the runs sample with vLLM, whose "
-                        "engine leaves about 0.1 GB behind in the process per job at the real scale, and a job that fails "
-                        "takes no other job's memory with it)")
+                        "compilation leaves about 0.1 GB behind in the process per job at the real scale)")
     p.add_argument("--dry-run", action="store_true", help="print the commands only")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="passed to every run")
     return p

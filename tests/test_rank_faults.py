@@ -97,6 +97,6 @@ def test_sigterm_to_the_launcher_checkpoints_every_rank_and_a_killed_rank_ends_t
     _, err = proc.communicate(timeout=300)
     assert proc.returncode != 0
     lost = [ln for ln in err.splitlines() if "another process of this run ended or stopped answering" in ln]
-    assert len(lost) == 1 and lost[0].startswith("datc-train: rank 0 of 2") and "run the same command again" in lost[0]
+    assert len(lost) == 1 and lost[0].startswith("datc-train: rank 0 of 2") and "run the same command again" in lost[0], err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert not subprocess.run(["pgrep", "-f", f"run_dir={run}"], capture_output=True).stdout
