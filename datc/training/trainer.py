@@ -71,7 +71,8 @@ def train(cfg: DictConfig | dict, run_dir: str | Path | None = None, ops: StepOp
         release_run_locks()
         dist.close()
         gc.collect()  # the run's models go before the next job of a sweep in this process (datc-train -m) builds its own
-        release_freed_memory()  # and the heap the run kept (trainer.keep_freed_memory) goes back to the OS
+        if not dist.enabled:  # the heap the run kept (trainer.keep_freed_memory: single-process runs) goes back to the OS
+            release_freed_memory()  # (not in a rank whose peer died: its launcher kills it seconds later, before its one line)
 
 
 
