@@ -42,13 +42,7 @@ from datc.training.lifecycle import (
     save,
 )
 from datc.training.session import build_session
-from datc.utils import (
-    atomic_write_json,
-    keep_freed_memory,
-    quiet_libraries,
-    release_freed_memory,
-    seed_everything,
-)
+from datc.utils import atomic_write_json, keep_freed_memory, quiet_libraries, seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +65,6 @@ def train(cfg: DictConfig | dict, run_dir: str | Path | None = None, ops: StepOp
         release_run_locks()
         dist.close()
         gc.collect()  # the run's models go before the next job of a sweep in this process (datc-train -m) builds its own
-        if not dist.enabled:  # the heap the run kept (trainer.keep_freed_memory: single-process runs) goes back to the OS
-            release_freed_memory()  # (not in a rank whose peer died: its launcher kills it seconds later, before its one line)
 
 
 
