@@ -82,13 +82,3 @@ def keep_freed_memory() -> bool:
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     return libc.mallopt(_M_MMAP_MAX, 0) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1
 
-
-def release_freed_memory() -> bool:
-    """Give the heap's free memory back to the OS now (glibc's ``malloc_trim(0)``), as a run
-    ends: what :func:`keep_freed_memory` kept for the run's next tensors (the run's peak) is no
-    use to a sweep's next job in this process before it grows its own, nor to a caller. Returns
-    whether any memory went back (Linux with glibc; elsewhere nothing happens)."""
-    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    return libc.malloc_trim(0) == 1
