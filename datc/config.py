@@ -1,6 +1,6 @@
 """Typed schemas for the composed Hydra config, checked before any model loads.
 
-``validate(cfg)`` merges the composed config into these dataclasses (unknown keys and wrong
+``check_fields(cfg)`` merges the composed config into these dataclasses (unknown keys and wrong
 types are refused by OmegaConf), then checks ranges and cross-field rules. Every failure is a
 :class:`ConfigError` whose one-line message names the field and the valid choices or range.
 """
@@ -105,7 +105,7 @@ class TrainerConfig:
     batch_size: int = 64
     num_generations: int = 8
     mini_batch_size: int = 64
-    micro_batch_size: int | str = 64  # a positive int, or "auto" (sized by memory when the session is built: datc.backends.micro_batch)
+    micro_batch_size: int | str = 64  # a positive int, or "auto" (sized by memory when the session is built: datc.memory.micro_batch)
     generation_batch_size: int | None = None
     epochs: int = 1
     max_new_tokens: int = 16
@@ -324,8 +324,10 @@ def valid_keys(parent: str) -> list[str]:
     return sorted(node.keys()) if isinstance(node, DictConfig) else []
 
 
-def validate(cfg: DictConfig | dict) -> TrainConfig:
-    """Typed and range-checked config, or a :class:`ConfigError` naming the field."""
+def check_fields(cfg: DictConfig | dict) -> TrainConfig:
+    """Typed and range-checked config, or a :class:`ConfigError` naming the field: the schema's own
+    checks (types, choices, ranges, the trainer's batch arithmetic). Each room's checks on top of
+    these are composed by :func:`datc.checks.validate`, what every command calls."""
     c = to_schema(cfg)
     for key, value in _floats(c):
         if not math.isfinite(value):
@@ -359,7 +361,7 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
         mb = t.micro_batch_size = int(mb)
     if mb != "auto" and (isinstance(mb, bool) or not isinstance(mb, int) or mb <= 0):
         raise ConfigError(f"trainer.micro_batch_size: must be a positive number of responses or auto, got {mb!r} "
-                          "(a divisor of trainer.mini_batch_size; auto: sized by memory when the run starts, datc.backends.micro_batch)")
+                          "(a divisor of trainer.mini_batch_size; auto: sized by memory when the run starts, datc.memory.micro_batch)")
     if mb != "auto" and t.mini_batch_size % t.micro_batch_size:
         raise ConfigError(
             f"trainer.micro_batch_size: {t.micro_batch_size} must divide trainer.mini_batch_size={t.mini_batch_size}"
@@ -375,18 +377,4 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
         raise ConfigError(f"trainer.top_p: must be in (0, 1], got {t.top_p}")
     if len(t.adam_betas) != 2 or not all(0 <= b < 1 for b in t.adam_betas):
         raise ConfigError(f"trainer.adam_betas: must be two values in [0, 1), got {t.adam_betas}")
-    from datc.backends.checks import check_backend
-    from datc.engines.checks import check_engine
-    from datc.models.lora import check_lora
-
-    for check in (check_lora, check_engine, check_backend):  # in this order: each names its own fields
-        check(c)
-    from datc.data.checks import check_data
-
-    check_data(c)
-    from datc.credit import check_credit
-    from datc.rewards.rules import check_rules
-
-    for check in (check_rules, check_credit):
-        check(c)
     return c

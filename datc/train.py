@@ -17,7 +17,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from datc.config import MOVED_KEYS, ConfigError, valid_keys, validate
+from datc.checks import validate
+from datc.config import MOVED_KEYS, ConfigError, valid_keys
 from datc.paths import CONFIG_DIR
 from datc.run.runlock import remove_new_dirs
 

@@ -135,7 +135,8 @@ def main() -> None:
     if a.memory_child:
         _memory_child(a.memory_child)
         return
-    from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
+    from datc.atomic import atomic_write_json, atomic_write_text
+    from datc.utils import quiet_libraries
 
     quiet_libraries()
     tb = paired_steps(a.steps, a.overrides)

@@ -28,13 +28,14 @@ def main() -> None:
     ap.add_argument("--generations", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=16)
     a = ap.parse_args()
-    from datc.data.tokenizer import build_testbed_tokenizer, load_tokenizer
-    from datc.engines.rollout import encode_prompts
+    from datc.atomic import atomic_write_json, atomic_write_text
+    from datc.batch import encode_prompts
     from datc.models.build import build_causal_lm
+    from datc.models.tokenizer import build_testbed_tokenizer, load_tokenizer
     from datc.paths import CONFIG_DIR
     from datc.run.provenance import provenance
     from datc.tasks import TASKS
-    from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
+    from datc.utils import quiet_libraries
     from scripts.gpu.decode_bench import time_modes
 
     quiet_libraries()

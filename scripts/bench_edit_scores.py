@@ -24,10 +24,12 @@ from pathlib import Path
 
 import torch
 
+from datc.atomic import atomic_write_json, atomic_write_text
 from datc.forward.attribution import rm_edit_scorer
-from datc.rewards.model import build_rm_inputs, score
+from datc.models.rm_inputs import build_rm_inputs
+from datc.rewards.model import score
 from datc.run.provenance import load_average, provenance
-from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
+from datc.utils import quiet_libraries
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "bench"

@@ -28,9 +28,10 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
     from datc.analysis.inputs import session_for
+    from datc.atomic import atomic_write_json, atomic_write_text
     from datc.run.provenance import provenance
     from datc.step import train_step
-    from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
+    from datc.utils import quiet_libraries
 
     quiet_libraries()
     s = session_for(a.overrides)

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=8)
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    from datc.run.atomic import atomic_write_json, atomic_write_text
+    from datc.atomic import atomic_write_json, atomic_write_text
     from datc.run.provenance import provenance
     from datc.utils import quiet_libraries
 

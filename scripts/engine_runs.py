@@ -89,7 +89,7 @@ def sync_check(out: Path, cache: str) -> dict:
     import torch
     from hydra import compose, initialize_config_dir
 
-    from datc.config import validate
+    from datc.checks import validate
     from datc.paths import CONFIG_DIR
     from datc.step import train_step
     from datc.step.sample import rollout

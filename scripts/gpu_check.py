@@ -407,7 +407,7 @@ def build_cases(a: argparse.Namespace, scale: Scale, work: Path) -> list[Case]:
                                   {"family": fam, "credit": credit, "stage": stage, "steps": scale.steps,
                                    "threads": scale.threads}, scale.case_timeout_s))
         if i == 0 and "none" in a.stages and "datc" in a.credits:
-            # trainer.micro_batch_size: auto over one mini-batch of the whole batch (datc.backends.micro_batch)
+            # trainer.micro_batch_size: auto over one mini-batch of the whole batch (datc.memory.micro_batch)
             cases.append(Case(f"train/{fam}/datc/none/auto", "train",
                               {"family": fam, "credit": "datc", "stage": "none", "steps": scale.steps,
                                "threads": scale.threads, "micro": "auto", "mini": scale.prompts * 8}, scale.case_timeout_s))
@@ -475,8 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     on_gpu = env["cuda_devices"] > 0
     # The fork server imports the heavy libraries once; DeepSpeed only without a GPU (its import
     # queries the accelerator, which the server must not initialise).
-    preload = ["torch", "transformers", "datasets", "hydra", "omegaconf", "datc.training.trainer", "datc.data.prepare",
-               "datc.credit.datc_math", "datc.backends.memory_plan", "scripts.gpu.cases", *([] if on_gpu else ["deepspeed"])]
+    preload = ["torch", "transformers", "datasets", "hydra", "omegaconf", "datc.training.trainer", "datc.prepare.assets",
+               "datc.credit.datc_math", "datc.memory.plan", "scripts.gpu.cases", *([] if on_gpu else ["deepspeed"])]
     runner = Runner(work, deadline, a.start_method, preload)
     cases = build_cases(a, scale, work)
     report: dict[str, Any] = {

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scripts.numerics_fingerprint", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="results/demo/numerics.json")
     a = ap.parse_args(argv)
-    from datc.run.atomic import atomic_write_json
+    from datc.atomic import atomic_write_json
     from datc.training.lifecycle import GIT_COMMIT
 
     with tempfile.TemporaryDirectory() as work:

@@ -27,8 +27,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args(args)
     from datc.analysis.credit_cost import paired_steps
+    from datc.atomic import atomic_write_json, atomic_write_text
     from datc.run.provenance import load_average, provenance
-    from datc.utils import atomic_write_json, atomic_write_text, peak_rss_mb, quiet_libraries
+    from datc.utils import peak_rss_mb, quiet_libraries
 
     quiet_libraries()
     load_before = load_average()

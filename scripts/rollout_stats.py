@@ -33,16 +33,17 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(args)
     from hydra import compose, initialize_config_dir
 
-    from datc.config import validate
-    from datc.data.prepare import ensure_assets, materialize_gguf
+    from datc.atomic import atomic_write_json, atomic_write_text
+    from datc.checks import validate
     from datc.data.prompts import load_prompts
-    from datc.data.tokenizer import load_tokenizer
-    from datc.engines.rollout import sample_groups
+    from datc.engines.generate import sample_groups
     from datc.models.build import load_pretrained
     from datc.models.chat import prompt_encoder
+    from datc.models.tokenizer import load_tokenizer
     from datc.paths import CONFIG_DIR
+    from datc.prepare.assets import ensure_assets, materialize_gguf
     from datc.run.provenance import provenance
-    from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
+    from datc.utils import quiet_libraries
 
     quiet_libraries()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):

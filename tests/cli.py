@@ -1,4 +1,4 @@
-"""The package's commands (``python -m datc.train ...``, ``python -m datc.run.export ...``) run in
+"""The package's commands (``python -m datc.train ...``, ``python -m datc.commands.export ...``) run in
 a process forked from a server that imported the heavy libraries once (multiprocessing's
 forkserver, as scripts/gpu_check.py runs its cases), instead of a fresh interpreter that spends
 about 5 s importing torch and transformers before the command starts.
@@ -21,8 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ENTRY_POINTS = {"datc.train": "main", "datc.run.export": "main"}  # module -> its entry function
-PRELOAD = ["datc.training.trainer", "datc.train", "datc.run.export"]
+ENTRY_POINTS = {"datc.train": "main", "datc.commands.export": "main"}  # module -> its entry function
+PRELOAD = ["datc.training.trainer", "datc.train", "datc.commands.export"]
 RUN_TIME_ENV = {"DATC_CACHE"}  # variables the package reads when a command runs, not when imported
 
 _ctx: mp.context.BaseContext | None = None

@@ -20,8 +20,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from datc.data.tokenizer import build_testbed_tokenizer, load_tokenizer
 from datc.models.build import build_causal_lm, build_reward_model
+from datc.models.tokenizer import build_testbed_tokenizer, load_tokenizer
 from datc.paths import CONFIG_DIR
 from datc.utils import quiet_libraries
 
@@ -156,8 +156,8 @@ def prepared_cache(cache_dir):
     """The session's cache with the testbed's ``debug=fast`` assets (warm-started tiny GPT-2 and
     its reward model) prepared in a test process (one worker; the others wait), so processes
     started on it only read them."""
-    from datc.config import validate
-    from datc.data.prepare import ensure_assets
+    from datc.checks import validate
+    from datc.prepare.assets import ensure_assets
 
     with once_per_run(Path(cache_dir)):
         ensure_assets(validate(cfg_for(cache_dir, "unused")))

@@ -11,7 +11,8 @@ import time
 import pytest
 import torch
 
-from datc.config import ConfigError, validate
+from datc.checks import validate
+from datc.config import ConfigError
 from datc.step.stream import version_of
 from tests import cli
 from tests.conftest import cfg_for, comparable, kill_at_checkpoint, metric_rows, train_cmd

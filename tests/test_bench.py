@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from datc.engines.rollout import encode_prompts, sample_groups
+from datc.batch import encode_prompts
+from datc.engines.generate import sample_groups
 from datc.models.chat import PromptEncoder, RewardInputs
-from datc.rewards.model import build_rm_inputs, score
+from datc.models.rm_inputs import build_rm_inputs
+from datc.rewards.model import score
 from scripts.bench.render import load_results, render, side_by_side, write_markdown
 from scripts.bench.same_loss import perturb_
 from scripts.bench.scales import OUT, PHASES, SCALES, read_notes
@@ -223,7 +225,7 @@ def test_datc_side_steps_are_the_trainers_own(cache_dir, tmp_path):
     ``train_step`` with that rollout as its sample: the same metrics, timings aside."""
     import functools
 
-    from datc.config import validate
+    from datc.checks import validate
     from datc.step import train_step
     from datc.step.ops import StepOps
     from datc.training.session import build_session
@@ -293,7 +295,7 @@ def test_the_flop_count_by_phase_covers_the_whole_step(cache_dir, tmp_path, over
     count of the whole step (no matmul of the step falls outside them) and each one did work. With
     the shared trunk the reward model's input gradient is taken to a leaf (which torch's own
     FlopCounterMode's module hooks refuse)."""
-    from datc.config import validate
+    from datc.checks import validate
     from datc.training.session import build_session
     from scripts.bench.flops import PHASES, count_flops, flop_counter, mm_gflops, profile_ops
     from tests.conftest import cfg_for

@@ -16,8 +16,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from datc.config import ConfigError, validate
-from datc.data.tokenizer import build_testbed_tokenizer, load_tokenizer
+from datc.checks import validate
+from datc.config import ConfigError
 from datc.models.build import build_causal_lm, build_reward_model
 from datc.models.chat import (
     PromptEncoder,
@@ -27,6 +27,7 @@ from datc.models.chat import (
     splice_rm_inputs,
     template_parts,
 )
+from datc.models.tokenizer import build_testbed_tokenizer, load_tokenizer
 from datc.paths import CONFIG_DIR
 from scripts.gpu.chat_formats import FORMATS
 
@@ -217,7 +218,7 @@ def test_preset_offline_fails_fast_naming_the_checkpoint(tmp_path, family):
 
 
 def test_long_prompts_are_dropped_or_refused(tmp_path):
-    from datc.data.prepare import check_lengths
+    from datc.prepare.assets import check_lengths
 
     tok = chat_tokenizer(tmp_path, "chatml")
     import datasets

@@ -10,7 +10,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from datc.config import ConfigError, validate
+from datc.checks import validate
+from datc.config import ConfigError
 from datc.paths import CONFIG_DIR
 from tests.conftest import HAS_VLLM
 

@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from datc.config import ConfigError, validate
+from datc.checks import validate
+from datc.config import ConfigError
 from datc.math.correction import is_weights, mismatch_sums, weight_stats
 from datc.math.losses import clipped_policy_loss
 from tests.conftest import cfg_for

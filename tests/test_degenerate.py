@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from datc.config import validate
-from datc.engines.rollout import sample_groups
+from datc.checks import validate
+from datc.engines.generate import sample_groups
 from datc.math.losses import AggNorm, aggregate
 from datc.rewards.model import score
 from datc.run.checkpoint import latest_checkpoint, load_checkpoint

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from datc.backends.launch import build
+from datc.commands.launch import build
 from tests.conftest import assert_same_metrics
 from tests.distributed.same_batch import CASES, TWO_ONLY, env, free_port
 
@@ -91,7 +91,7 @@ def test_zero3_save_and_resume_equals_an_uninterrupted_run(resume_runs, tmp_path
     # of the run (final/), and consolidated from the last checkpoint's shards by datc-export.
     from transformers import AutoModelForCausalLM
 
-    from datc.run.export import export_checkpoint
+    from datc.commands.export import export_checkpoint
 
     exported = AutoModelForCausalLM.from_pretrained(export_checkpoint(full, 4, tmp_path / "exported")).eval()
     final = AutoModelForCausalLM.from_pretrained(full / "final").eval()
@@ -112,8 +112,8 @@ def test_zero3_save_and_resume_equals_an_uninterrupted_run(resume_runs, tmp_path
 
 def _warm_policy(cache_dir) -> str:
     """The warm-started policy these runs start from (the cache may hold other draws too)."""
-    from datc.config import validate
-    from datc.data.prepare import ensure_assets
+    from datc.checks import validate
+    from datc.prepare.assets import ensure_assets
     from tests.conftest import cfg_for
 
     return ensure_assets(validate(cfg_for(cache_dir, "unused"))).policy_path
@@ -176,7 +176,7 @@ def test_a_sweep_runs_through_the_submitit_launcher(prepared_cache, tmp_path):
 def _cfg(*overrides):
     from hydra import compose, initialize_config_dir
 
-    from datc.config import validate
+    from datc.checks import validate
     from datc.paths import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):

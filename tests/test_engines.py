@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from datc.config import ConfigError, validate
+from datc.checks import validate
+from datc.config import ConfigError
 from datc.engines import ENGINES, prompt_seeds
 from datc.engines.vllm_engine import hf_weights, kv_bytes_per_token
 from datc.models.build import build_causal_lm

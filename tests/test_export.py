@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from datc.commands.export import export_checkpoint
 from datc.models.build import load_pretrained
 from datc.run.checkpoint import checkpoint_dirs, load_checkpoint
-from datc.run.export import export_checkpoint
 from datc.training.trainer import train
 from tests import cli
 from tests.conftest import cfg_for
@@ -35,8 +35,8 @@ def trained_policy(run: Path, ckpt: Path):
 def _policy_path(run: Path) -> str:
     from omegaconf import OmegaConf
 
-    from datc.config import validate
-    from datc.data.prepare import ensure_assets
+    from datc.checks import validate
+    from datc.prepare.assets import ensure_assets
 
     return ensure_assets(validate(OmegaConf.load(run / "config.yaml"))).policy_path
 
@@ -54,7 +54,7 @@ def test_a_run_leaves_a_hugging_face_checkpoint_and_any_checkpoint_exports(cache
 
     # An earlier checkpoint, through the command line.
     out = tmp_path / "exported"
-    proc = cli.run([sys.executable, "-m", "datc.run.export", str(run), "--checkpoint", first.name.split("_")[1].lstrip("0"),
+    proc = cli.run([sys.executable, "-m", "datc.commands.export", str(run), "--checkpoint", first.name.split("_")[1].lstrip("0"),
                     "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-2000:]
     exported = AutoModelForCausalLM.from_pretrained(out)
@@ -68,7 +68,7 @@ def test_a_run_leaves_a_hugging_face_checkpoint_and_any_checkpoint_exports(cache
 
 
 def test_export_errors_are_one_line(tmp_path):
-    proc = cli.run([sys.executable, "-m", "datc.run.export", str(tmp_path)])
+    proc = cli.run([sys.executable, "-m", "datc.commands.export", str(tmp_path)])
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f"datc-export: {tmp_path}: not a datc run directory (no config.yaml)"]
 
@@ -80,7 +80,7 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def test_an_export_writes_what_it_says_or_refuses_and_replaces_only_its_own_run_when_asked(cache_dir, tmp_path):
-    from datc.run.export import ExportError
+    from datc.commands.export import ExportError
 
     run, other = tmp_path / "run", tmp_path / "other"
     train(cfg_for(cache_dir, run, "trainer.steps=4", "trainer.keep_checkpoints=2"))
@@ -90,7 +90,7 @@ def test_an_export_writes_what_it_says_or_refuses_and_replaces_only_its_own_run_
     export_checkpoint(run, first, out)
     was = _weights(out)
     # Another step to the same place: refused in one line, the earlier weights kept (the old reading kept them and said it wrote)
-    proc = cli.run([sys.executable, "-m", "datc.run.export", str(run), "--checkpoint", str(last), "--out", str(out)])
+    proc = cli.run([sys.executable, "-m", "datc.commands.export", str(run), "--checkpoint", str(last), "--out", str(out)])
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "earlier export of this run" in proc.stderr and "--replace" in proc.stderr
     assert all(torch.equal(was[k], v) for k, v in _weights(out).items())
@@ -136,7 +136,7 @@ def test_a_full_disk_is_one_line_and_leaves_no_temporary_folder(cache_dir, tmp_p
     import transformers.modeling_utils as modeling_utils
     from safetensors import SafetensorError
 
-    from datc.run import export
+    from datc.commands import export
 
     run = tmp_path / "run"
     train(cfg_for(cache_dir, run))

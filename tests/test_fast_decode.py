@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from datc.batch import encode_prompts, position_ids
 from datc.engines.fast_decode import lean_decoder
-from datc.engines.rollout import encode_prompts, position_ids
 from datc.models.build import build_causal_lm
 from tests.conftest import ARCHS
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from datc.backends.launch import build
+from datc.commands.launch import build
 from tests.conftest import assert_same_metrics
 from tests.distributed.same_batch import CASES as SAME_BATCH_CASES
 from tests.distributed.same_batch import env, overrides
@@ -90,7 +90,7 @@ def _launch(*overrides, nproc=2):
 def test_an_fsdp2_run_resumes_as_uninterrupted_and_exports_its_shards(resume_runs, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from datc.run.export import export_checkpoint
+    from datc.commands.export import export_checkpoint
 
     full = resume_runs.full("fsdp2")
     ckpt = full / "checkpoints" / "step_0000002"
@@ -131,7 +131,7 @@ def test_a_lora_run_under_fsdp2_saves_adapters_and_resumes_as_uninterrupted(resu
     from torch.distributed.checkpoint import FileSystemReader
     from transformers import AutoModelForCausalLM
 
-    from datc.run.export import export_checkpoint
+    from datc.commands.export import export_checkpoint
     from tests.test_distributed import _warm_policy
 
     full = resume_runs.full("lora-fsdp2")
@@ -178,7 +178,7 @@ def test_a_checkpoint_of_another_backend_is_refused_by_the_plain_one(tmp_path):
 def _cfg(*overrides):
     from hydra import compose, initialize_config_dir
 
-    from datc.config import validate
+    from datc.checks import validate
     from datc.paths import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):

@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from datc.config import ConfigError, validate
-from datc.engines.rollout import cat_rollouts, sample_groups
+from datc.batch import cat_rollouts
+from datc.checks import validate
+from datc.config import ConfigError
+from datc.engines.generate import sample_groups
 from datc.forward.passes import rollout_policy_pass
 from datc.step import train_step
 from datc.step.ops import StepOps

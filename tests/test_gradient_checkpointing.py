@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from datc.engines.rollout import sample_groups
+from datc.engines.generate import sample_groups
 from datc.forward.passes import Passes, checkpointed_layers, decoder_layers
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from datc.engines.rollout import sample_groups
+from datc.engines.generate import sample_groups
 from datc.forward.passes import Passes
 from datc.math.logprobs import chunked_head_logps, entropy_from_logits, selective_log_softmax
 from datc.step.plan import head_chunk_for

@@ -16,7 +16,7 @@ import torch
 from datc.analysis import credit_accuracy, heatmaps
 from datc.analysis.inputs import credit_inputs, run_session
 from datc.analysis.schemes import analysed_schemes, scheme_outputs
-from datc.config import validate
+from datc.checks import validate
 from datc.credit import CREDIT_SCHEMES
 from datc.credit.base import NEEDS
 from datc.credit.configs import credit_config_names

@@ -39,6 +39,12 @@ def _imports(name: str, path: Path) -> set[str]:
     return {m for m in out if m in MODULES and m != name}
 
 
+def _room(name: str) -> str:
+    """A module's room: its folder under ``datc/``, or the module itself at the top level."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
 def import_graph() -> dict[str, set[str]]:
     return {name: _imports(name, path) for name, path in MODULES.items()}
 
@@ -118,39 +124,66 @@ def test_every_module_imports_alone_in_a_fresh_interpreter():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=PKG.parent, timeout=600)
 
 
-# The package's rooms (docs/architecture.md), bottom to top. The math at the bottom imports no other
-# ``datc`` module; the rooms in the middle (models, forwards, engines, data, rewards, tasks, the
-# run's files, backends) never reach up into the step, the session and loop, or the tools above
-# them; the step never reaches into the session and loop.
-def _room(name: str) -> str:
-    parts = name.split(".")
-    return parts[1] if len(parts) > 1 else ""
-
-
+# The package's floors (docs/architecture.md), bottom to top: each a set of rooms (a folder of
+# ``datc/``, or a module at its top). Every import, deferred ones included, stays in its room or
+# goes down to a lower floor; rooms on one floor never import each other. The one exception is the
+# package's face, ``datc/__init__.py``, which registers the run-name resolver before any config
+# is composed.
+FLOORS: list[set[str]] = [
+    {"errors", "paths", "registry", "atomic", "hashing", "utils", "math", "batch"},  # ground: no other datc import
+    {"config", "credit", "tasks"},  # the schema and its field checks; the pure credit schemes; the tasks
+    {"data", "models", "run"},  # prompts; models, tokenizers, chat and RM inputs; a run's files
+    {"backends", "report"},  # processes and the optimizer step; datc-compare's tables
+    {"engines"},  # what samples a rollout
+    {"rewards"},  # the frozen reward model's scores, and rules
+    {"forward", "checks", "prepare"},  # passes over a batch; the whole config check; the prepare step
+    {"step", "commands"},  # the step's phases and plan; datc-prepare, datc-export, datc-launch
+    {"memory"},  # the memory plan (reading the step plan) and the micro-batch by memory
+    {"training"},  # the session and the loop around the step
+    {"train", "analysis"},  # datc-train; the analysis commands
+    {"__main__"},
+]
+FACE = "datc"  # datc/__init__.py
 PURE_MATH = tuple(n for n in MODULES if _room(n) == "math")
-ABOVE_THE_MIDDLE = {"step", "training", "train", "analysis", "report", "__main__"}
 # Entry points: the commands' own modules (``python -m datc`` runs the first). Nothing else imports them.
 ENTRY_POINTS = {"datc.train"}
 
 
-def test_the_rooms_exist_and_the_top_level_holds_only_the_shared_leaves():
-    rooms = {_room(n) for n in MODULES}
-    assert {"math", "run", "models", "forward", "engines", "data", "backends", "training", "step", "credit"} <= rooms
-    top = sorted(n for n in MODULES if n.count(".") == 1 and not (PKG / _room(n)).is_dir())
-    assert top == ["datc.__main__", "datc.config", "datc.errors", "datc.paths", "datc.registry", "datc.train",
-                   "datc.utils"], top
+def test_every_room_is_on_exactly_one_floor():
+    rooms = {_room(n) for n in MODULES if n != FACE}
+    named = [room for floor in FLOORS for room in floor]
+    assert len(named) == len(set(named)), "a room named on two floors"
+    assert rooms == set(named), f"rooms on no floor: {sorted(rooms - set(named))}; floors naming no room: {sorted(set(named) - rooms)}"
 
 
-def test_the_middle_rooms_never_reach_up_into_the_step_the_loop_or_the_tools():
-    bad = sorted(f"{m} -> {d}" for m, deps in import_graph().items() if _room(m) not in ABOVE_THE_MIDDLE
-                 for d in deps if _room(d) in ABOVE_THE_MIDDLE)
-    assert not bad, bad
+def not_going_down(graph: dict[str, set[str]], floors: list[set[str]]) -> list[str]:
+    """The imports of ``graph`` that leave their room for one on the same floor or higher."""
+    floor = {room: i for i, rooms in enumerate(floors) for room in rooms}
+    return sorted(f"{m} -> {d} (floor {floor[_room(m)]} -> {floor[_room(d)]})"
+                  for m, deps in graph.items() if m != FACE
+                  for d in deps if _room(d) != _room(m) and floor[_room(d)] >= floor[_room(m)])
 
 
-def test_the_step_never_reaches_into_the_session_and_loop():
-    bad = sorted(f"{m} -> {d}" for m, deps in import_graph().items() if _room(m) == "step"
-                 for d in deps if _room(d) in {"training", "train", "analysis", "report"})
-    assert not bad, bad
+def test_every_import_stays_in_its_room_or_goes_down():
+    bad = not_going_down(import_graph(), FLOORS)
+    assert not bad, "imports that do not go down:\n" + "\n".join(bad)
+
+
+def test_the_floor_rule_refuses_an_import_that_goes_up_or_sideways():
+    floors = [{"a"}, {"b", "c"}, {"d"}]
+    fine = {"datc.d.x": {"datc.b.y", "datc.a.z", "datc.d.w"}, "datc.b.y": {"datc.a.z"}, "datc": {"datc.d.x"}}
+    assert not_going_down(fine, floors) == []
+    assert not_going_down({"datc.a.z": {"datc.b.y"}}, floors) == ["datc.a.z -> datc.b.y (floor 0 -> 1)"]  # up
+    assert not_going_down({"datc.b.y": {"datc.c.q"}}, floors) == ["datc.b.y -> datc.c.q (floor 1 -> 1)"]  # sideways
+
+
+def test_the_rooms_import_each_other_without_a_cycle():
+    rooms: dict[str, set[str]] = {}
+    for m, deps in import_graph().items():
+        if m != FACE:
+            rooms.setdefault(_room(m), set()).update(_room(d) for d in deps if _room(d) != _room(m))
+    cycle = find_cycle(rooms)
+    assert cycle is None, "room cycle: " + " -> ".join(cycle)
 
 
 def test_no_module_is_over_about_400_lines():

@@ -16,7 +16,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from datc.config import ConfigError, LoraConfig, validate
+from datc.checks import validate
+from datc.config import ConfigError, LoraConfig
 from datc.credit import CREDIT_SCHEMES
 from datc.forward.passes import rollout_policy_pass
 from datc.models.build import load_pretrained
@@ -115,7 +116,7 @@ def test_the_reference_is_the_policy_with_adapters_off_equal_to_the_base_model(c
     assert all(torch.equal(p, base_before[n]) for n, p in _frozen(m.policy).items())  # the base is frozen
 
     torch.manual_seed(1)
-    from datc.engines.rollout import sample_groups
+    from datc.engines.generate import sample_groups
 
     t = s.c.trainer
     ro = sample_groups(m.policy, m.tok, [s.assets.train[i] for i in range(4)], 4, t.max_new_tokens, t.temperature,
@@ -204,7 +205,7 @@ def test_a_killed_lora_run_resumes_to_the_same_metrics(cache, tmp_path):
 def test_final_holds_the_adapter_and_the_merged_export_loads_with_plain_transformers(cache, tmp_path, policy):
     from peft import PeftModel
 
-    from datc.data.prepare import ensure_assets
+    from datc.prepare.assets import ensure_assets
 
     run = tmp_path / "run"
     cfg = cfg_for(cache, run, f"policy={policy}", *LORA, "credit=datc")
@@ -227,14 +228,14 @@ def test_final_holds_the_adapter_and_the_merged_export_loads_with_plain_transfor
     torch.testing.assert_close(logits_of(adapted, ids), want, rtol=0, atol=0)
 
     out = tmp_path / "merged"
-    proc = cli.run([sys.executable, "-m", "datc.run.export", str(run), "--merge", "--out", str(out)])
+    proc = cli.run([sys.executable, "-m", "datc.commands.export", str(run), "--merge", "--out", str(out)])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not (out / "adapter_config.json").exists()
     merged = AutoModelForCausalLM.from_pretrained(out)  # plain transformers, no peft
     assert not any("lora" in n for n, _ in merged.named_parameters())
     torch.testing.assert_close(logits_of(merged, ids), want, rtol=1e-5, atol=1e-5)  # W + (alpha/r) BA: rounding
 
-    proc = cli.run([sys.executable, "-m", "datc.run.export", str(run), "--out", str(tmp_path / "adapter")])
+    proc = cli.run([sys.executable, "-m", "datc.commands.export", str(run), "--out", str(tmp_path / "adapter")])
     assert proc.returncode == 0, proc.stderr[-2000:]
     again = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path), tmp_path / "adapter")
     torch.testing.assert_close(logits_of(again, ids), want, rtol=0, atol=0)
@@ -254,13 +255,8 @@ def test_final_holds_the_adapter_and_the_merged_export_loads_with_plain_transfor
 
 
 def test_the_memory_plan_counts_the_adapters_and_drops_the_reference():
-    from datc.backends.memory_formulas import (
-        GIB,
-        arch_of,
-        lora_param_count,
-        lora_param_count_formula,
-    )
-    from datc.backends.memory_plan import compose, plan_preset
+    from datc.memory.formulas import GIB, arch_of, lora_param_count, lora_param_count_formula
+    from datc.memory.plan import compose, plan_preset
 
     for preset in ("qwen3_ultrafeedback_lora", "llama32_ultrafeedback_lora"):
         c = compose(preset)
@@ -280,7 +276,8 @@ def test_the_memory_plan_counts_the_adapters_and_drops_the_reference():
 def test_a_string_for_target_modules_says_to_write_a_list_and_alpha_at_its_default_is_the_same_run():
     from hydra import compose, initialize_config_dir
 
-    from datc.config import ConfigError, validate
+    from datc.checks import validate
+    from datc.config import ConfigError
     from datc.paths import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
@@ -301,7 +298,7 @@ def test_a_testbed_lora_config_checks_without_transformers_warning_about_special
     from hydra import compose, initialize_config_dir
     from transformers.utils import logging as hf_logging
 
-    from datc.config import validate
+    from datc.checks import validate
     from datc.paths import CONFIG_DIR
 
     caplog.set_level(logging.WARNING)

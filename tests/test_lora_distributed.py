@@ -27,7 +27,7 @@ def test_a_lora_run_under_deepspeed_saves_adapters_and_resumes_as_uninterrupted(
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from datc.run.export import export_checkpoint
+    from datc.commands.export import export_checkpoint
     from tests.test_distributed import _warm_policy
 
     full = resume_runs.full(f"lora-{stage}")

@@ -1,4 +1,4 @@
-"""The memory plan (datc.backends.memory_formulas, datc.backends.memory_plan: ``datc-memory-plan``): its arithmetic
+"""The memory plan (datc.memory.formulas, datc.memory.plan: ``datc-memory-plan``): its arithmetic
 against hand numbers, its activation formulas against the tensors torch saves for tiny models,
 and the plan of every paper preset."""
 
@@ -10,10 +10,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from datc.backends import memory_formulas as mf
-from datc.backends import (
-    memory_plan as mp,  # A tiny Llama: V=100, h=16, I=32, L=2, 4 query heads and 2 KV heads of width 4 (q=16, kv=8).
-)
+from datc.memory import formulas as mf
+from datc.memory import plan as mp
 
 TINY = dict(model_type="llama", num_hidden_layers=2, hidden_size=16, intermediate_size=32, num_attention_heads=4,
             num_key_value_heads=2, head_dim=4, vocab_size=100, tie_word_embeddings=True)

@@ -1,4 +1,4 @@
-"""``trainer.micro_batch_size: auto`` (datc.backends.micro_batch): the rule as a pure function of the
+"""``trainer.micro_batch_size: auto`` (datc.memory.micro_batch): the rule as a pure function of the
 planned peak and the budget, the config's validation, and a debug run that resolves, records and
 trains with it."""
 
@@ -9,9 +9,10 @@ import json
 import pytest
 import torch
 
-from datc.backends.memory_formulas import GIB
-from datc.backends.micro_batch import MARGIN, RECORD_FILE, choose_micro_batch, resolve_micro_batch
-from datc.config import ConfigError, validate
+from datc.checks import validate
+from datc.config import ConfigError
+from datc.memory.formulas import GIB
+from datc.memory.micro_batch import MARGIN, RECORD_FILE, choose_micro_batch, resolve_micro_batch
 from tests.conftest import cfg_for
 
 

@@ -52,7 +52,7 @@ def test_pretrained_paths_train_through_the_same_code(tmp_path, tok):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from datc.run.export import export_checkpoint
+    from datc.commands.export import export_checkpoint
 
     exported = AutoModelForCausalLM.from_pretrained(export_checkpoint(tmp_path / "run")).eval()
     final = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final").eval()
@@ -205,9 +205,9 @@ def test_the_trained_policy_is_float32_from_a_bf16_checkpoint(tmp_path, tok):
     # asks for float32 master weights (autocast computes in bf16 on GPUs).
     import torch
 
-    from datc.config import validate
-    from datc.data.prepare import ensure_assets
-    from datc.models.model_set import load_models
+    from datc.checks import validate
+    from datc.prepare.assets import ensure_assets
+    from datc.training.model_set import load_models
 
     for model, name in ((build_causal_lm(ARCHS["llama"], tok, 0), "policy"), (build_reward_model(ARCHS["llama"], tok, 1), "reward")):
         model.to(torch.bfloat16).save_pretrained(tmp_path / name)
@@ -221,7 +221,7 @@ def test_the_trained_policy_is_float32_from_a_bf16_checkpoint(tmp_path, tok):
 def test_a_prepare_says_why_no_cached_warm_start_serves_the_run(tmp_path):
     # said up front: a setting the cache was not made with (policy.arch.n_head=2 for vLLM's CPU
     # attention) starts a whole new prepare
-    from datc.data.prepare import not_cached_because
+    from datc.prepare.assets import not_cached_because
 
     folder = tmp_path / "cache" / "policy"
     key = {"v": 2, "arch": {"n_head": 4, "n_layer": 2}, "ws": {"steps": 600}, "T": 16}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from datc.config import validate
+from datc.checks import validate
 from datc.paths import CONFIG_DIR
 from datc.run.rundir import RunDir, release_run_locks
 from datc.training.lifecycle import resolved_config as _resolved

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import datc.training.evaluation as evaluation_mod
-from datc.config import ConfigError, validate
+from datc.checks import validate
+from datc.config import ConfigError
 from datc.credit import compute_credit
 from datc.math.advantages import group_advantages
 from datc.math.losses import clipped_policy_loss

@@ -40,7 +40,7 @@ def test_the_demo_writes_only_its_run_directory():
 
 
 def test_memory_plan_writes_under_runs_by_default(tmp_path, monkeypatch):
-    from datc.backends import memory_plan
+    from datc.memory import plan as memory_plan
     monkeypatch.chdir(tmp_path)
     memory_plan.main(["--presets", "llama32_ultrafeedback"])
     assert (tmp_path / "runs" / "memory" / "presets.md").exists()

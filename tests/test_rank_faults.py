@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from datc.backends.launch import rank_pids
+from datc.commands.launch import rank_pids
 from datc.train import lost_peer_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +61,7 @@ def _metric_steps(run_dir: Path) -> int:
 
 def _start(run_dir: Path, cache_dir, port: int) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "datc.backends.launch", "--nproc", "2", "--master-port", str(port), "deepspeed=zero2",
+    cmd = [sys.executable, "-m", "datc.commands.launch", "--nproc", "2", "--master-port", str(port), "deepspeed=zero2",
            "debug=fast", "credit=grpo", "trainer.steps=500", "trainer.checkpoint_every=250", f"cache_dir={cache_dir}",
            f"run_dir={run_dir}"]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

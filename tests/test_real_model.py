@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 def _cfg(*overrides: str):
     from hydra import compose, initialize_config_dir
 
-    from datc.config import validate
+    from datc.checks import validate
     from datc.paths import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
@@ -33,14 +33,14 @@ def _cfg(*overrides: str):
 
 @pytest.fixture(scope="module")
 def model_dir() -> str:
-    from datc.data.prepare import materialize_gguf
+    from datc.prepare.assets import materialize_gguf
 
     return materialize_gguf(_cfg().policy, CACHE)
 
 
 @pytest.fixture(scope="module")
 def real_tok(model_dir):
-    from datc.data.tokenizer import load_tokenizer
+    from datc.models.tokenizer import load_tokenizer
 
     return load_tokenizer(model_dir)
 

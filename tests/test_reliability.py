@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from datc.atomic import append_line, atomic_dir, atomic_write_json
 from datc.config import ConfigError
-from datc.run.atomic import append_line, atomic_dir, atomic_write_json
 from datc.run.checkpoint import (
     latest_checkpoint,
     latest_loadable_checkpoint,
@@ -335,9 +335,9 @@ def test_metrics_rows_are_never_torn_by_a_full_disk(tmp_path, monkeypatch):
     def short_write(fd, data):  # the disk fills half-way through the row
         return real_write(fd, data[: len(data) // 2])
 
-    import datc.run.atomic
+    import datc.atomic
 
-    monkeypatch.setattr(datc.run.atomic.os, "write", short_write)
+    monkeypatch.setattr(datc.atomic.os, "write", short_write)
     with pytest.raises(OSError) as e:
         append_line(f, '{"step": 2, "loss/total": 0.5}\n')
     assert e.value.errno == errno.ENOSPC
@@ -369,8 +369,7 @@ def test_files_written_by_libraries_follow_the_umask(tmp_path, tok):
     # safetensors creates model.safetensors 0600 whatever the umask; every directory datc
     # writes through atomic_dir (final/, datc-export, the cached policy and reward model)
     # gives its files the user's umask like datc's own.
-    from datc.models.build import build_causal_lm
-    from datc.run.export import save_pretrained_dir
+    from datc.models.build import build_causal_lm, save_pretrained_dir
     from tests.conftest import ARCHS
 
     old = os.umask(0o022)
@@ -485,8 +484,8 @@ def test_a_hub_id_without_network_fails_fast_without_retries(tmp_path):
 
 @pytest.mark.parametrize("path,hint", [("/no/such/model/dir", "no such file or directory"), ("EMPTY", "holds no")])
 def test_a_local_model_path_that_is_missing_or_empty_is_one_line(tmp_path, path, hint):
-    from datc.data.tokenizer import load_tokenizer
     from datc.models.build import ModelLoadError, load_pretrained
+    from datc.models.tokenizer import load_tokenizer
 
     path = str(tmp_path) if path == "EMPTY" else path
     for load in (lambda: load_tokenizer(path, "policy.path"), lambda: load_pretrained("causal_lm", path, "policy.path")):
@@ -500,7 +499,7 @@ def test_a_local_model_path_that_is_missing_or_empty_is_one_line(tmp_path, path,
 
 @pytest.mark.parametrize("value", ["inf", "0", "-1", "nan"])
 def test_a_temperature_that_is_not_a_positive_finite_number_is_refused(value):
-    from datc.config import validate
+    from datc.checks import validate
     from tests.test_config import _compose
 
     with pytest.raises(ConfigError, match="^trainer.temperature: must be"):

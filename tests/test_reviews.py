@@ -11,7 +11,7 @@ import torch
 from afinn import Afinn
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from datc.data.testbed import _FrozenBottom, _rm_batch_scores, top_layers_view
+from datc.prepare.testbed import _FrozenBottom, _rm_batch_scores, top_layers_view
 from datc.tasks import TASKS, gold_contributions
 from datc.tasks.reviews import (
     EVAL_SUBJECTS,

@@ -1,7 +1,9 @@
 import torch
 
-from datc.engines.rollout import response_mask_from_ids, sample_groups
-from datc.rewards.model import build_rm_inputs, score
+from datc.batch import response_mask_from_ids
+from datc.engines.generate import sample_groups
+from datc.models.rm_inputs import build_rm_inputs
+from datc.rewards.model import score
 
 
 def test_response_mask_includes_first_eos_only():

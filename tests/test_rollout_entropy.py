@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from datc.config import validate
+from datc.checks import validate
 from datc.math.logprobs import entropy_from_logits
 from datc.step import train_step
 from datc.step.ops import StepOps

@@ -172,7 +172,7 @@ def _copy(finished, tmp_path):
 
 @pytest.mark.slow
 def test_an_edited_config_yaml_is_said_and_restored_and_export_refuses_it(own_cache, finished, tmp_path, capfd):
-    from datc.run.export import main as export_main
+    from datc.commands.export import main as export_main
     from datc.training.trainer import train
 
     run = _copy(finished, tmp_path)

@@ -1,4 +1,4 @@
-"""The rollout's own sampling loop (datc.engines.rollout.sample_tokens) against transformers' generate."""
+"""The rollout's own sampling loop (datc.engines.generate.sample_tokens) against transformers' generate."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation.logits_process import TopPLogitsWarper
 
-from datc.engines.rollout import encode_prompts, sample_categorical, sample_tokens, top_p_filter
+from datc.batch import encode_prompts
+from datc.engines.generate import sample_categorical, sample_tokens, top_p_filter
 
 
 def test_sample_categorical_draws_from_probs_and_never_a_zero_probability_token():

@@ -1,4 +1,4 @@
-"""Shared prompt forwards (``trainer.share_prompts``, :mod:`datc.forward.shared_prompt`): each distinct
+"""Shared prompt forwards (``trainer.share_prompts``, :mod:`datc.models.shared_prompt`): each distinct
 prompt goes through the model once and its KV cache serves its group's responses. The results
 are the plain forward's, position for position, with and without gradients, for the policy's
 log-probs, its hidden states, the reward model's scores and input gradients, and the rollout's
@@ -9,10 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from datc.engines.rollout import Rollout, sample_tokens
+from datc.batch import Rollout
+from datc.engines.generate import sample_tokens
 from datc.forward.passes import policy_forward, rollout_policy_pass
-from datc.forward.shared_prompt import prompt_groups
-from datc.rewards.model import build_rm_inputs, score
+from datc.models.rm_inputs import build_rm_inputs
+from datc.models.shared_prompt import prompt_groups
+from datc.rewards.model import score
 
 G, N, P, T = 3, 4, 6, 5  # 4 prompts x 3 responses
 

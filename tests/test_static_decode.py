@@ -1,5 +1,5 @@
 """The static-cache decode step (datc.engines.static_decode) against the dynamic-cache loop of
-datc.engines.rollout.sample_tokens, on both testbed families: the same sampled ids for the same random
+datc.engines.generate.sample_tokens, on both testbed families: the same sampled ids for the same random
 stream and the same logits to float rounding, with kept logits, min_new_tokens, top-p,
 temperature, shared prompts and EOS early stop; the run loop's bookkeeping when the step is
 replayed (a CPU stand-in for the CUDA graph: the same Python step, called again); and where it
@@ -13,8 +13,9 @@ import logging
 import pytest
 import torch
 
+from datc.batch import encode_prompts
 from datc.engines import static_decode
-from datc.engines.rollout import encode_prompts, prefill, sample_groups, sample_tokens
+from datc.engines.generate import prefill, sample_groups, sample_tokens
 from datc.engines.sampling import sample_categorical
 from datc.engines.static_decode import WARMUP_STEPS, decode_mode, static_decoder, static_reason
 

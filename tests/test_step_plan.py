@@ -9,8 +9,7 @@ import pytest
 
 from datc.backends.base import Declares
 from datc.credit import CREDIT_SCHEMES
-from datc.forward.passes import REUSE_LOGITS_MAX_ELEMENTS
-from datc.step.plan import build_plan
+from datc.step.plan import REUSE_LOGITS_MAX_ELEMENTS, build_plan
 
 
 def _t(**kw):

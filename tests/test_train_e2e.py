@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from datc.config import ConfigError, validate
-from datc.data.prepare import ensure_assets
+from datc.checks import validate
+from datc.config import ConfigError
 from datc.models.build import load_pretrained
+from datc.prepare.assets import ensure_assets
 from datc.run.checkpoint import latest_checkpoint, load_checkpoint
 from datc.training.trainer import train
 from tests import cli
@@ -124,8 +125,8 @@ def test_length_errors_come_before_any_training_and_free_the_run_name(cache_dir,
 
 
 def test_cache_is_hit_through_another_spelling_of_its_path(tmp_path, monkeypatch):
-    from datc.config import validate
-    from datc.data.prepare import ensure_assets
+    from datc.checks import validate
+    from datc.prepare.assets import ensure_assets
 
     a = ensure_assets(validate(cfg_for(str(tmp_path / "cache"), tmp_path / "r")))
     monkeypatch.chdir(tmp_path)
@@ -175,8 +176,8 @@ def test_a_directory_with_foreign_files_is_refused_and_left_alone(cache_dir, tmp
 
 
 def test_prepare_seed_draws_another_warm_start_and_reward_model(cache_dir):
-    from datc.config import validate
-    from datc.data.prepare import ensure_assets
+    from datc.checks import validate
+    from datc.prepare.assets import ensure_assets
 
     a = ensure_assets(validate(cfg_for(cache_dir, "unused")))
     b = ensure_assets(validate(cfg_for(cache_dir, "unused", "prepare_seed=1")))

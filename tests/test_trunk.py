@@ -12,7 +12,8 @@ import torch
 from datc.forward.passes import rollout_policy_pass
 from datc.forward.trunk import _top_blocks, reference_and_score, shared_trunk_depth
 from datc.models.build import build_causal_lm, build_reward_model, freeze
-from datc.rewards.model import build_rm_inputs, score
+from datc.models.rm_inputs import build_rm_inputs
+from datc.rewards.model import score
 from tests.conftest import ARCHS
 from tests.test_shared_prompt import G, N, _batch, _prompt_rows
 
@@ -80,7 +81,7 @@ def test_the_top_blocks_are_restored_after_an_error(tok):
 def test_the_trunk_is_off_without_shared_prompts_or_a_reference(cache_dir):
     """The trunk runs in the reference's shared-prompt layout and needs the reference's pass:
     plain prompt forwards (``trainer.share_prompts: false``) or no KL term turn it off."""
-    from datc.config import validate
+    from datc.checks import validate
     from datc.training.session import build_session
     from tests.conftest import cfg_for
 

@@ -15,8 +15,9 @@ import sys
 import pytest
 import torch
 
-from datc.config import ConfigError, validate
-from datc.engines.rollout import response_mask_from_ids
+from datc.batch import response_mask_from_ids
+from datc.checks import validate
+from datc.config import ConfigError
 from tests.conftest import cfg_for, comparable, kill_at_checkpoint, metric_rows, train_cmd
 
 pytestmark = pytest.mark.vllm

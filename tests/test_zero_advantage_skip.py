@@ -13,12 +13,14 @@ import math
 import pytest
 import torch
 
-from datc.config import ConfigError, validate
+from datc.checks import validate
+from datc.config import ConfigError
 from datc.credit import CREDIT_SCHEMES, compute_credit, credit_scheme
 from datc.credit.base import CreditOutput
 from datc.credit.diagnostics import credit_metrics
-from datc.engines.rollout import sample_groups
-from datc.rewards.model import build_rm_inputs, score
+from datc.engines.generate import sample_groups
+from datc.models.rm_inputs import build_rm_inputs
+from datc.rewards.model import score
 from datc.step import train_step
 from datc.step.ops import StepOps
 from datc.training.session import build_session

@@ -1,4 +1,4 @@
-"""The ``rollout`` config's checks, made by ``datc.config.validate`` before any model loads:
+"""The ``rollout`` config's checks, made by ``datc.checks.validate`` before any model loads:
 each failure is one :class:`ConfigError` line naming the field and what would be valid."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A lean decode step for GPT-2 policies: the per-token forward of :func:`datc.engines.rollout.sample_tokens`
+"""A lean decode step for GPT-2 policies: the per-token forward of :func:`datc.engines.generate.sample_tokens`
 without transformers' per-call plumbing.
 
 At the testbed's size a decode forward of ``GPT2LMHeadModel`` spends most of its time outside

@@ -1,6 +1,6 @@
 """Decoding on a static KV cache, one decode step written to be captured as a CUDA graph.
 
-:func:`datc.engines.rollout.sample_tokens` decodes on a ``DynamicCache`` that grows by one position per
+:func:`datc.engines.generate.sample_tokens` decodes on a ``DynamicCache`` that grows by one position per
 token, with an attention mask re-built every step and the host reading whether any row is still
 sampling after every token. On a GPU that loop is host-bound: one decode step of a 1.7B model
 whose weights stream in about 1 ms took 27-36 ms. Here, after the same prefill, the keys and

@@ -38,9 +38,9 @@ import torch
 
 from datc.backends.checks import backend_name
 from datc.backends.plugins import partitioned, whole_state
+from datc.batch import Rollout, encode_prompts, response_mask_from_ids
 from datc.engines.base import EngineError, RolloutEngine, SamplingArgs
 from datc.engines.checks import kv_bytes_per_token, vllm_logs_to_the_run_log, vllm_takes_lora
-from datc.engines.rollout import Rollout, encode_prompts, response_mask_from_ids
 from datc.errors import first_line
 
 log = logging.getLogger(__name__)

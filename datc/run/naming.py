@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from datc.run.hashing import config_hash
+from datc.hashing import config_hash
 
 CONFIG_ID_LEN = 6  # hex digits: 16.7 M values, plenty for the runs one project holds
 

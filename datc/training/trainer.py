@@ -18,13 +18,14 @@ import torch
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
+from datc.atomic import atomic_write_json
 from datc.backends.distributed import Dist
-from datc.backends.micro_batch import RECORD_FILE
 from datc.backends.plugins import init as init_distributed
-from datc.config import TrainConfig, validate
+from datc.checks import validate
+from datc.config import TrainConfig
 from datc.math.collapse import FLAG_KEY, CollapseWatch
 from datc.math.numerics import NonFiniteReport
-from datc.run.export import save_final_policy
+from datc.memory.micro_batch import RECORD_FILE
 from datc.run.logger import RunLogger
 from datc.run.rundir import release_run_locks
 from datc.run.runlock import note
@@ -40,9 +41,10 @@ from datc.training.lifecycle import (
     resolved_config,
     resume,
     save,
+    save_final_policy,
 )
 from datc.training.session import build_session
-from datc.utils import atomic_write_json, keep_freed_memory, quiet_libraries, seed_everything
+from datc.utils import keep_freed_memory, quiet_libraries, seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +84,7 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
     if t.keep_freed_memory and not dist.enabled:  # single-process runs (see the README's speed section)
         keep_freed_memory()
     quiet_libraries()
-    if dist.is_main and not run.resumable:  # a fresh run sizes its own micro-batch (datc.backends.micro_batch)
+    if dist.is_main and not run.resumable:  # a fresh run sizes its own micro-batch (datc.memory.micro_batch)
         (run.path / RECORD_FILE).unlink(missing_ok=True)
     try:
         s = build_session(c, dist, ops, on_assets=lambda assets: check_inputs(dist, c, run, assets), run_dir=run.path)

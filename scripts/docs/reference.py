@@ -233,7 +233,7 @@ def default_config():
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from datc.config import validate
+    from datc.checks import validate
     from datc.paths import CONFIG_DIR
 
     if GlobalHydra.instance().is_initialized():

@@ -82,7 +82,7 @@ def case_build(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    from datc.config import validate
+    from datc.checks import validate
 
     c = validate(compose(spec["family"], spec["arch_overrides"]))
     out = Path(spec["dir"])
@@ -134,7 +134,7 @@ def case_credit(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
     scripts/bench_credit.py (logits 4·N(0,1): peaked)."""
     import torch
 
-    from datc.config import validate
+    from datc.checks import validate
     from datc.credit.datc_math import datc_scores
 
     c = validate(compose(spec["family"], spec["arch_overrides"]))
@@ -197,10 +197,10 @@ def case_decode(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
     device-to-device copy measured here; and the graph's replay against the eager step."""
     import torch
 
-    from datc.config import validate
-    from datc.data.tokenizer import load_tokenizer
+    from datc.checks import validate
     from datc.models.build import load_pretrained, resolve_device, resolve_dtype
     from datc.models.chat import prompt_encoder
+    from datc.models.tokenizer import load_tokenizer
     from scripts.gpu.decode_bench import copy_bandwidth, graph_vs_eager, hbm_bound, time_modes
 
     c = validate(compose(spec["family"], spec["overrides"]))
@@ -260,13 +260,13 @@ def plan_memory(family: str, overrides: list[str], stage: str, counts: dict[str,
     """The memory plan's estimate (datc-memory-plan) for this case's shape on one GPU (``counts``: the
     parameters of the models built, equal to ``memory_plan.param_count`` of their arch blocks);
     ``none``: plain PyTorch; ``fsdp2``: backend=fsdp2. ``policy_bytes``: the trained policy's bytes per parameter (4, fp32)."""
-    from datc.backends import memory_plan as mp_
+    from datc.memory import plan as mp_
     c = mp_.compose(FAMILIES[family][0], overrides)
     st = {"none": None, "zero3": 3, "fsdp2": mp_.FSDP2}.get(stage, 2)
-    if c.trainer.micro_batch_size == "auto":  # as the session resolves it (datc.backends.micro_batch)
+    if c.trainer.micro_batch_size == "auto":  # as the session resolves it (datc.memory.micro_batch)
         import torch
 
-        from datc.backends.micro_batch import RESERVE_BYTES
+        from datc.memory.micro_batch import RESERVE_BYTES
 
         budget = torch.cuda.get_device_properties(0).total_memory - RESERVE_BYTES if torch.cuda.is_available() else None
         c = mp_.auto_micro(c, counts, st, 1, budget)
@@ -307,11 +307,11 @@ def case_synced(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
 
     from datc.backends.deepspeed_config import inference_config
     from datc.backends.plugins import init as init_distributed
-    from datc.config import validate
-    from datc.data.tokenizer import load_tokenizer
-    from datc.engines.rollout import sample_groups
+    from datc.checks import validate
+    from datc.engines.generate import sample_groups
     from datc.models.build import load_pretrained, resolve_device, resolve_dtype
     from datc.models.chat import prompt_encoder
+    from datc.models.tokenizer import load_tokenizer
 
     c = validate(compose(spec["family"], spec["overrides"]))
     dist = init_distributed(c)

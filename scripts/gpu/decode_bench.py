@@ -2,7 +2,7 @@
 memory bandwidth sets on it, and whether a CUDA graph's replay computes what the eager step does:
 the measurements of scripts/gpu_check.py's ``decode`` case and of scripts/bench_decode.py (CPU).
 
-Every call goes through :func:`datc.engines.rollout.sample_tokens`, the rollout's own sampler, forced to
+Every call goes through :func:`datc.engines.generate.sample_tokens`, the rollout's own sampler, forced to
 the full budget (``min_new_tokens = max_new_tokens``: random weights or a testbed policy stop
 at different lengths, and the loops must do the same work). Modes: ``dynamic`` (today's loop;
 GPT-2's lean step where it applies), ``static`` (the static-cache step run eagerly) and
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from datc.engines.rollout import prefill, sample_tokens
+from datc.engines.generate import prefill, sample_tokens
 from datc.engines.static_decode import static_decoder
 
 MODES: dict[str, dict[str, Any]] = {

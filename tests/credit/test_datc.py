@@ -157,7 +157,8 @@ def test_cosine_with_a_nan_reward_gradient_falls_back_through_the_scheme():
 
 
 def test_matmul_dtype_is_a_validated_credit_field(tmp_path):
-    from datc.config import ConfigError, validate
+    from datc.checks import validate
+    from datc.config import ConfigError
     from tests.conftest import cfg_for
 
     c = validate(cfg_for(tmp_path, tmp_path, "credit=datc", "credit.matmul_dtype=bfloat16"))

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from datc.config import validate
+from datc.checks import validate
 from datc.credit.configs import credit_config_names
 from datc.step import train_step
 from datc.training.evaluation import evaluate

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from datc.config import validate
+from datc.checks import validate
 from datc.step import train_step
 from datc.training.session import build_session
 from tests.conftest import cfg_for

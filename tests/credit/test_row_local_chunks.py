@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from datc.config import validate
+from datc.checks import validate
 from datc.credit import CREDIT_SCHEMES, compute_credit, scheme_key
 from datc.credit.base import POLICY_LOGITS
 from datc.credit.configs import credit_config, credit_config_names

@@ -49,7 +49,7 @@ def test_target_resolves_and_computes_without_registration(user_dir):
 
 
 def test_target_that_is_not_a_scheme_is_a_clear_error(user_dir):
-    from datc.config import validate
+    from datc.checks import validate
     from tests.test_config import _compose
 
     with pytest.raises(ConfigError, match="not a CreditScheme"):

@@ -21,7 +21,7 @@ from hydra import compose, initialize_config_dir
 
 from datc.backends.plugins import gathered
 from datc.backends.plugins import init as init_distributed
-from datc.config import validate
+from datc.checks import validate
 from datc.paths import CONFIG_DIR
 from datc.step import learn
 from datc.step.sample import rollout

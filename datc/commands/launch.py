@@ -59,7 +59,8 @@ def _backend(overrides: list[str]) -> str:
     choose it); the config is validated here, so a bad one stops before any process starts."""
     from hydra import compose, initialize_config_dir
 
-    from datc.config import ConfigError, validate
+    from datc.checks import validate
+    from datc.config import ConfigError
     from datc.paths import CONFIG_DIR
 
     try:

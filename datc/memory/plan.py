@@ -3,11 +3,11 @@
 with ``--out results/memory``).
 
     datc-memory-plan [--presets qwen3_ultrafeedback ...] [--gpu-gib 80] [--credit datc] [--out DIR]
-    python -m datc.backends.memory_plan ...   # the same command
+    python -m datc.memory.plan ...   # the same command
 
 Everything is read from the composed config (parameter counts from the ``arch`` blocks, built on
 the ``meta`` device; batch sizes, lengths and ZeRO stage from ``trainer``/``data``/``deepspeed``).
-The arithmetic lives in small pure functions (:mod:`datc.backends.memory_formulas`) so the tests check it
+The arithmetic lives in small pure functions (:mod:`datc.memory.formulas`) so the tests check it
 against hand numbers. It is an estimate of the tensors the training step holds, per process, not
 a measurement: CUDA context, allocator fragmentation and NCCL buffers are not included (see
 ``--reserve-gib``).
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from datc.backends.memory_formulas import (
+from datc.memory.formulas import (
     FSDP2,
     GIB,
     activation_bytes,
@@ -69,7 +69,7 @@ def compose(preset: str, overrides: list[str] = ()):  # -> TrainConfig
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from datc.config import validate
+    from datc.checks import validate
     from datc.paths import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
@@ -106,7 +106,8 @@ def plan(c, counts: dict[str, int], stage: int | None, n_gpus: int, policy_bytes
     from datc.backends.distributed import micro_batch_per_rank
     from datc.credit import resolve_scheme
     from datc.credit.base import POLICY_LOGITS, RM_EMBEDDING, RM_GRAD
-    from datc.forward.passes import reuses_rollout_logits
+    from datc.engines import ENGINES
+    from datc.step.plan import build_plan
 
     t = c.trainer
     pa, ra = arch_of(c.policy.arch), arch_of(c.reward.arch)
@@ -117,7 +118,10 @@ def plan(c, counts: dict[str, int], stage: int | None, n_gpus: int, policy_bytes
     micro = micro_batch_per_rank(c, n_gpus)  # update micro-batch
     pass_micro = t.micro_batch_size  # no-grad passes and the reward model use it uncapped
     P, T, V = c.data.max_prompt_tokens, t.max_new_tokens, pa.vocab
-    reuse = reuses_rollout_logits(t, needs, V)  # the trainer's own decision
+    # the trainer's own decision, with the run's engine's declarations (one that keeps no logits:
+    # vLLM, or the built-in sampler on its own copy under rollout.max_staleness > 0)
+    engine = ENGINES.get(c.rollout.name).declared(c)
+    reuse = build_plan(t, scheme, V, with_ref=t.beta > 0, engine=engine, staleness=c.rollout.max_staleness).reuse
     # (rows, T, V) fp32: generate's logits when reused; else a row-local scheme (the DATC family)
     # gets them one micro-batch of rows at a time, any other scheme for all rows at once
     logit_rows = rows if reuse or not scheme.row_local else min(pass_micro, rows)
@@ -185,7 +189,7 @@ def plan(c, counts: dict[str, int], stage: int | None, n_gpus: int, policy_bytes
 
 def auto_micro(c, counts: dict[str, int], stage: int | None, n_gpus: int, budget_bytes: float):
     """``c`` with ``trainer.micro_batch_size: auto`` resolved as a run on such GPUs would
-    (:func:`datc.backends.micro_batch.choose_micro_batch`); ``c`` itself when it is a number."""
+    (:func:`datc.memory.micro_batch.choose_micro_batch`); ``c`` itself when it is a number."""
     import dataclasses
 
     if c.trainer.micro_batch_size != "auto":
@@ -338,7 +342,7 @@ def render(plans: list[dict[str, Any]], command: str, gpu_gib: float, reserve_gi
                   "|---|" + "---|" * (len(p["stages"]) * len(GPU_COUNTS))]
         cols = [p["stages"][st]["per_gpus"][n] for st in p["stages"] for n in GPU_COUNTS]
         if p["batch"]["micro_batch_size"] == "auto":
-            lines[-2:-2] = ["micro-batch per GPU (auto, datc.backends.micro_batch): " + ", ".join(
+            lines[-2:-2] = ["micro-batch per GPU (auto, datc.memory.micro_batch): " + ", ".join(
                 f"{LABEL[st][1]} N={n}: {p['stages'][st]['per_gpus'][n]['micro_per_rank']}" for st in p["stages"] for n in GPU_COUNTS
                 if p["stages"][st]["per_gpus"][n]["allowed"]), ""]
         for key, label in ITEM_ROWS:
@@ -360,7 +364,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                          "--out results/memory refreshes the committed tables)")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides applied to every preset")
     a = ap.parse_args(argv)
-    from datc.run.atomic import atomic_write_json, atomic_write_text
+    from datc.atomic import atomic_write_json, atomic_write_text
     from datc.run.provenance import provenance
 
     overrides = [f"credit={a.credit}", *a.overrides]

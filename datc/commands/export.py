@@ -30,44 +30,11 @@ from pathlib import Path
 import torch
 
 from datc.models.build import EXPORT_MARKER as MARKER
-from datc.models.build import save_tokenizer
-from datc.run.atomic import atomic_dir, atomic_write_json
+from datc.models.build import save_pretrained_dir
 
 
 class ExportError(ValueError):
     """A run or checkpoint that cannot be exported; the message says why."""
-
-
-def save_pretrained_dir(model, tok, out: str | Path, state_dict: dict[str, torch.Tensor] | None = None,
-                        exist: str = "refuse", marker: dict | None = None) -> Path:
-    """``model`` (with ``state_dict`` as its weights, if given) and ``tok`` saved with
-    ``save_pretrained`` into ``out``, which appears complete or not at all (``exist``: what an
-    ``out`` already there means, :func:`datc.run.atomic.atomic_dir`)."""
-    out = Path(out)
-    with atomic_dir(out, exist) as tmp:
-        model.save_pretrained(tmp, state_dict=state_dict)
-        save_tokenizer(tok, tmp)
-        if marker is not None:
-            atomic_write_json(tmp / MARKER, marker)
-    return out
-
-
-def save_final_policy(policy, tok, out: str | Path, dist=None, adapter=None) -> Path | None:
-    """The trained policy (a module or a DeepSpeed engine) and its tokenizer as a Hugging Face
-    checkpoint in ``out``; a LoRA policy (``adapter``: its ``PeftModel``) as its adapter
-    (:func:`datc.models.lora.save_adapter`). In a process group every rank calls this (ZeRO-3 and
-    FSDP2 gather the parameters); rank 0 writes."""
-    from datc.backends.plugins import full_state_dict
-
-    module = getattr(policy, "module", policy)
-    state = full_state_dict(module)  # collective where a backend partitions it
-    if dist is not None and not dist.is_main:
-        return None
-    if adapter is not None:
-        from datc.models.lora import save_adapter
-
-        return save_adapter(adapter, tok, Path(out), state, exist="replace")
-    return save_pretrained_dir(module, tok, out, state, exist="replace")  # the run's own final/, rewritten at each finish
 
 
 # ---- datc-export --------------------------------------------------------------------------------
@@ -145,10 +112,10 @@ def export_checkpoint(run_dir: str | Path, step: int | None = None, out: str | P
     export of this run there is replaced only with ``replace``; anything else there is refused."""
     from omegaconf import OmegaConf
 
-    from datc.config import validate
-    from datc.data.prepare import ensure_assets
-    from datc.data.tokenizer import load_tokenizer
+    from datc.checks import validate
     from datc.models.build import load_pretrained
+    from datc.models.tokenizer import load_tokenizer
+    from datc.prepare.assets import ensure_assets
     from datc.run.rundir import read_run_config, read_run_id
 
     run_dir = Path(run_dir)
@@ -201,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         if not _disk_full(e):
             raise
-        # the export's temporary folder is already removed (datc.run.atomic.atomic_dir)
+        # the export's temporary folder is already removed (datc.atomic.atomic_dir)
         print(f"datc-export: no space left on device (or quota exceeded) writing the export"
               f"{f' ({e.filename})' if getattr(e, 'filename', None) else ''}; nothing was written: "
               "free space and run the same command again", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""The arithmetic of the per-GPU memory plan (:mod:`datc.backends.memory_plan`, ``datc-memory-plan``), in
+"""The arithmetic of the per-GPU memory plan (:mod:`datc.memory.plan`, ``datc-memory-plan``), in
 bytes: parameter counts of a Llama/Qwen3 decoder, DeepSpeed ZeRO-2/ZeRO-3 model states, KV cache,
 activations, logits and buffers. Small pure functions, checked against hand numbers and the
 tensors torch saves for tiny models in tests/test_memory_plan.py; nothing here loads a model
@@ -14,7 +14,7 @@ GIB = 2**30
 # DeepSpeed defaults the configs leave untouched (deepspeed/runtime/zero/config.py).
 REDUCE_BUCKET = 500_000_000  # elements, zero_optimization.reduce_bucket_size
 FSDP2 = "fsdp2"  # the plan's stage for backend=fsdp2, beside None (plain PyTorch) and ZeRO's 2 and 3
-# trainer.micro_batch_size: auto (datc.backends.micro_batch, and datc-memory-plan's tables)
+# trainer.micro_batch_size: auto (datc.memory.micro_batch, and datc-memory-plan's tables)
 RESERVE_BYTES = 4 * GIB  # kept free, as datc-memory-plan's --reserve-gib
 MARGIN = 1.15  # the plan is within 15% of the measured peaks (tests/test_memory_plan.py)
 FALLBACK = 4  # largest micro-batch for a policy the plan does not cover (the paper presets' value)
@@ -259,7 +259,7 @@ def zero_buffers(stage: int | None, overlap_comm: bool, reduce_bucket: int = RED
 
 
 # ============================================================================================
-# trainer.micro_batch_size: auto (datc.backends.micro_batch resolves it for a run)
+# trainer.micro_batch_size: auto (datc.memory.micro_batch resolves it for a run)
 # ============================================================================================
 
 

@@ -1,6 +1,6 @@
 """The testbed's trained assets: the supervised warm start of a testbed policy on its task's
 demonstrations, and the reward model trained to predict the task's gold reward (both run by
-the prepare step, :func:`datc.data.prepare.ensure_assets`, and cached there)."""
+the prepare step, :func:`datc.prepare.assets.ensure_assets`, and cached there)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,15 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from datc.engines.rollout import encode_prompts, position_ids, sample_groups
+from datc.batch import encode_prompts, position_ids
+from datc.engines.generate import sample_groups
 from datc.math.metrics import pearson, within_group_corr
-from datc.rewards.model import build_rm_inputs, rm_forward
+from datc.models.rm_inputs import build_rm_inputs
+from datc.rewards.model import rm_forward
 from datc.run.signals import stop_in_prepare
 from datc.tasks import Task, gold_of
 
-log = logging.getLogger("datc.data.prepare")
+log = logging.getLogger("datc.prepare.assets")
 
 PREP_SEED = 0  # the warm start and the reward model are shared by every run seed
 

@@ -17,15 +17,17 @@ from typing import Any
 
 import torch
 
+from datc.atomic import atomic_dir, atomic_write_json
 from datc.config import ConfigError, TrainConfig
 from datc.data.prompts import load_prompts
-from datc.data.testbed import PREP_SEED, train_reward_model, warm_start
-from datc.data.tokenizer import build_testbed_tokenizer, load_tokenizer
+from datc.hashing import config_hash
 from datc.models.build import build_causal_lm, build_reward_model, load_pretrained
+from datc.models.tokenizer import build_testbed_tokenizer, load_tokenizer
+from datc.prepare.testbed import PREP_SEED, train_reward_model, warm_start
 from datc.tasks import TASKS, Task
-from datc.utils import atomic_dir, atomic_write_json, config_hash, quiet_libraries
+from datc.utils import quiet_libraries
 
-log = logging.getLogger("datc.data.prepare")
+log = logging.getLogger("datc.prepare.assets")
 
 PREPARE_VERSION = 2  # bump when the prepare procedure changes, so caches are rebuilt (2: own sampling loop)
 
@@ -243,36 +245,3 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
 
             rm_report = json.loads(report_file.read_text())
     return Assets(tok_path, policy_path, reward_path, rm_report, train_ds, eval_ds, task, data_source(cfg))
-
-
-def main() -> None:
-    """``datc-prepare``: fill the cache for a config without training (same overrides as datc-train)."""
-    import json
-    import sys
-
-    import hydra
-    from omegaconf import DictConfig
-
-    from datc.config import ConfigError, validate
-    from datc.models.build import ModelLoadError
-    from datc.paths import CONFIG_DIR
-
-    @hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")
-    def _prepare(cfg: DictConfig) -> None:
-        logging.basicConfig(level=logging.INFO)
-        try:
-            c = validate(cfg)
-            torch.set_num_threads(c.trainer.threads)
-            a = ensure_assets(c)
-        except (ConfigError, ModelLoadError, FileNotFoundError) as e:
-            print(f"datc-prepare: {e}", file=sys.stderr)
-            sys.exit(2)
-        print(json.dumps({"tokenizer": a.tokenizer_path, "policy": a.policy_path, "reward": a.reward_path,
-                          "rm_report": a.rm_report}, indent=2))
-
-    sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none", "hydra.run.dir=."]
-    _prepare()
-
-
-if __name__ == "__main__":
-    main()

@@ -6,7 +6,7 @@ another device.
 The rule (:func:`choose_micro_batch`, a pure function of the planned peak and the budget):
 
 - on a GPU, the largest divisor of the per-process mini-batch (``mini_batch_size / processes``)
-  whose planned peak (:func:`datc.backends.memory_plan.plan`, the run's own shapes, ZeRO stage and
+  whose planned peak (:func:`datc.memory.plan.plan`, the run's own shapes, ZeRO stage and
   parameter counts) times :data:`MARGIN` fits the device's memory less :data:`RESERVE_BYTES`
   (CUDA context, allocator slack, NCCL); 1 when not even that fits (the run may then not fit;
   the line says so). Models outside the plan's Llama/Qwen3 layout get :data:`FALLBACK`;
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from datc.backends.memory_formulas import (  # noqa: F401 (re-exported)
+from datc.memory.formulas import (  # noqa: F401 (re-exported)
     FALLBACK,
     GIB,
     MARGIN,
@@ -61,7 +61,7 @@ def _numel(model) -> int:
 def planned_peak_fn(c, policy, rm, world_size: int) -> Callable[[int], float] | None:
     """n -> the plan's peak bytes per GPU of config ``c`` with micro-batch n, from the loaded
     models' architectures and parameter counts; None when the plan does not cover them."""
-    from datc.backends.memory_plan import plan, plan_stage
+    from datc.memory.plan import plan, plan_stage
 
     pa, ra = arch_of_model(policy), arch_of_model(rm)
     if pa is None or ra is None:
@@ -103,7 +103,7 @@ def resolve_micro_batch(c, policy, rm, world_size: int, device: torch.device,
     else:
         n, why = choose_micro_batch(per_rank, None, None)
     if record is not None:
-        from datc.run.atomic import atomic_write_json
+        from datc.atomic import atomic_write_json
 
         atomic_write_json(record, {"micro_batch_size": n, "why": why, "device": str(device), "processes": world_size})
     return dataclasses.replace(c, trainer=dataclasses.replace(t, micro_batch_size=n)), why

@@ -6,7 +6,7 @@ the cache is then indexed out to every row (``inverse``: a differentiable gather
 gradients enabled the prompt's activations get the gradient of all G responses), and the
 continuations are forwarded against it. The result is the full forward's, position for
 position, up to float rounding (other matrix shapes): the same positions (padding skipped,
-:func:`datc.engines.rollout.position_ids`), the same attention (each continuation token sees its own
+:func:`datc.batch.position_ids`), the same attention (each continuation token sees its own
 row's prompt and earlier tokens), the same causal masks. The idea is Prefix Grouper's
 ("Efficient GRPO Training through Shared-Prefix Forward", Liu et al. 2025, arXiv:2506.05433:
 the same outputs and gradients, the prompt encoded once), done here with the model's own KV
@@ -25,7 +25,8 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from datc.engines.rollout import cache_kwarg, position_ids
+from datc.batch import position_ids
+from datc.models.build import cache_kwarg
 
 
 class PromptGroups(NamedTuple):

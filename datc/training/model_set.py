@@ -8,13 +8,13 @@ from typing import Any
 
 import torch
 
+from datc.batch import Rollout
 from datc.config import ConfigError, TrainConfig
-from datc.data.prepare import Assets
-from datc.data.tokenizer import load_tokenizer
-from datc.engines.rollout import Rollout
 from datc.models.build import freeze, load_pretrained, resolve_dtype
 from datc.models.chat import RewardInputs, prompt_encoder
 from datc.models.lora import AdaptersOff, add_adapters, lora_on
+from datc.models.tokenizer import load_tokenizer
+from datc.prepare.assets import Assets
 
 
 @dataclass
