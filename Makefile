@@ -105,7 +105,7 @@ bench-real: $(VENV)/.installed-bench  ## the same at a real model's scale (SmolL
 
 GPU_KIT_ARGS ?=
 gpu-kit: venv  ## wheels the GPU machine's image lacks (CPython 3.12, manylinux x86-64) -> .whl/ (see README, GPU check)
-	$(BIN)/python scripts/gpu_kit.py $(GPU_KIT_ARGS)
+	$(BIN)/python -m scripts.gpu_check.kit $(GPU_KIT_ARGS)
 
 lint: venv
 	$(BIN)/ruff check datc tests scripts

@@ -35,7 +35,7 @@ def main() -> None:
     from datc.run.provenance import provenance
     from datc.tasks import TASKS
     from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
-    from scripts.gpu.decode_bench import time_modes
+    from scripts.gpu_check.decode_bench import time_modes
 
     quiet_libraries()
     torch.set_num_threads(a.threads)

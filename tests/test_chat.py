@@ -28,7 +28,7 @@ from datc.models.chat import (
     template_parts,
 )
 from datc.paths import CONFIG_DIR
-from scripts.gpu.chat_formats import FORMATS
+from tests.data.chat_formats import FORMATS
 
 ROOT = Path(__file__).resolve().parents[1]
 
