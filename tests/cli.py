@@ -1,6 +1,6 @@
 """The package's commands (``python -m datc.train ...``, ``python -m datc.commands.export ...``) run in
 a process forked from a server that imported the heavy libraries once (multiprocessing's
-forkserver, as scripts/gpu_check.py runs its cases), instead of a fresh interpreter that spends
+forkserver, as scripts/gpu_check/check.py runs its cases), instead of a fresh interpreter that spends
 about 5 s importing torch and transformers before the command starts.
 
 Each command is still a process of its own: its exit status, its stdout and stderr (file

@@ -213,7 +213,7 @@ def test_max_staleness_0_keeps_a_run_s_identity_and_k_gives_another():
 
 
 def test_the_staleness_table_reads_each_run_s_steps_after_the_first():
-    from scripts.engine_runs import _staleness, tables
+    from scripts.results.engine_runs import _staleness, tables
 
     def run(step_s, gap):
         rows = [{"step": 0, "eval/gold": 0.2}]

@@ -29,7 +29,7 @@ from datc.models.chat import (
 )
 from datc.models.tokenizer import build_testbed_tokenizer, load_tokenizer
 from datc.paths import CONFIG_DIR
-from scripts.gpu.chat_formats import FORMATS
+from tests.data.chat_formats import FORMATS
 
 ROOT = Path(__file__).resolve().parents[1]
 

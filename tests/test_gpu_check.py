@@ -1,4 +1,4 @@
-"""The GPU check's rehearsal: scripts/gpu_check.py at tiny shapes on CPU, through the same cases
+"""The GPU check's rehearsal: ``python -m scripts.gpu_check`` at tiny shapes on CPU, through the same cases
 and code path as on a GPU (random models saved and loaded through the presets, every family x
 credit x DeepSpeed stage, the credit timing, synced_gpus sampling under ZeRO-3), with a failing
 and a hanging case injected to show that they are reported and the script goes on."""

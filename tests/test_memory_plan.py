@@ -100,7 +100,7 @@ def test_plan_replays_every_measured_gpu_peak_within_15_percent(run, name, case)
     LM head whole (that run predates trainer.lm_head_chunk), and a bf16 policy (its loader kept the
     random checkpoint's bf16: transformers >= 5 loads the stored dtype when none is given). The
     plan is within 15% of torch.cuda.max_memory_allocated in every case."""
-    from scripts.gpu.cases import plan_memory
+    from scripts.gpu_check.cases import plan_memory
 
     _, family, credit, stage = name.split("/")
     sc, batch = run["scale"], run["scale"]["prompts"] * 8

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scripts.gpu.projection import project
+from scripts.gpu_check.projection import project
 
 
 def test_the_projection_adds_the_measured_phases_scaled_to_the_preset():

@@ -55,9 +55,9 @@ def test_same_command_gives_same_metrics(tmp_path):
     b = train(cfg_for(tmp_path / "cache", tmp_path / "b"))
     assert comparable(metric_rows(tmp_path / "a")) == comparable(metric_rows(tmp_path / "b"))
     assert a["eval"]["final"] == b["eval"]["final"]
-    # The cold run is the numerics' fingerprint (scripts/numerics_fingerprint.py): the code under
+    # The cold run is the numerics' fingerprint (scripts/results/numerics_fingerprint.py): the code under
     # test computes what the code of the committed demo figure computed, or the figure is stale.
-    from scripts.numerics_fingerprint import differences, fingerprint
+    from scripts.results.numerics_fingerprint import differences, fingerprint
 
     made = json.loads((ROOT / "results" / "demo" / "numerics.json").read_text())
     diff = differences(fingerprint(tmp_path / "a" / "metrics.jsonl"), made["fingerprint"])

@@ -17,7 +17,7 @@ class RMInputs:
     and the template's suffix if any; left-padded too, so the last column is every row's last
     token and the score is read there). The padding between the blocks is masked and skipped by
     the positions, so the model sees each row as ``prefix + continuation``; the split lets each
-    distinct prefix be forwarded once (:mod:`datc.forward.shared_prompt`). L = prefix_len + the
+    distinct prefix be forwarded once (:mod:`datc.models.shared_prompt`). L = prefix_len + the
     continuation's width."""
 
     input_ids: Tensor  # (B, L) long

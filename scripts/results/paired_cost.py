@@ -1,11 +1,11 @@
 """``credit=datc`` step time over ``credit=grpo`` for any preset, paired: both sessions start
 every step from the same weights and random stream (so they sample the same responses), steps
 interleaved (grpo, datc, datc, grpo, ...); the measurement is ``datc.analysis.credit_cost.paired_steps``
-(scripts/bench_credit.py's testbed figure), here with the preset's overrides and a JSON +
+(``python -m scripts.bench.credit``'s testbed figure), here with the preset's overrides and a JSON +
 Markdown report in ``--out``. Also the phase breakdown (rollout / reward (+ RM gradient) /
 credit / update) and this process's peak RSS.
 
-    python scripts/paired_cost.py [--steps 6] [--out results/real_model] [hydra overrides ...]
+    python -m scripts.results.paired_cost [--steps 6] [--out results/real_model] [hydra overrides ...]
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m scripts.results.paired_cost", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "real_model")
     ap.add_argument("overrides", nargs="*")
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     tb = paired_steps(a.steps, a.overrides)
     c = tb.pop("sessions")["datc"].c
     med = tb["median_seconds"]
-    result = {**provenance("python scripts/paired_cost.py " + " ".join(args)), "setting": f"{c.data.name}-{c.policy.name}",
+    result = {**provenance("python -m scripts.results.paired_cost " + " ".join(args)), "setting": f"{c.data.name}-{c.policy.name}",
               "batch": f"{c.trainer.batch_size} responses x {c.trainer.max_new_tokens} tokens",
               "threads": torch.get_num_threads(), "load_average_before_after": [load_before, load_average()],
               "peak_rss_mb": peak_rss_mb(), **tb}

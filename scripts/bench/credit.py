@@ -10,7 +10,7 @@
    measurement in a fresh subprocess).
 3. ``top_k = 64`` against the exact scores on testbed rollouts: Spearman rank correlation.
 
-    python scripts/bench_credit.py [--steps 30] [--repeats 5] [hydra overrides ...]
+    python -m scripts.bench.credit [--steps 30] [--repeats 5] [hydra overrides ...]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from datc.analysis.credit_cost import paired_steps
 from datc.run.provenance import provenance
 from datc.utils import peak_rss_mb
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "results" / "bench"
 V, D, N = 151_936, 896, 512
 
@@ -71,7 +71,7 @@ def _hwm_mb() -> float:
 def _peak_mem_mb(kind: str) -> float:
     """Peak resident memory growth of one call, in a fresh process so that nothing allocated
     earlier hides it."""
-    out = subprocess.run([sys.executable, str(Path(__file__)), "--memory-child", kind], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "scripts.bench.credit", "--memory-child", kind], capture_output=True, text=True,
                          check=True, cwd=ROOT)
     return float(out.stdout.strip().splitlines()[-1])
 
@@ -125,7 +125,7 @@ def topk_agreement(session) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m scripts.bench.credit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--memory-child", choices=("lm_head", "datc_exact", "datc_top64"), help=argparse.SUPPRESS)
@@ -143,7 +143,7 @@ def main() -> None:
     topk = topk_agreement(tb.pop("sessions")["datc"])
     real = bench_real_shape(a.repeats)
     result = {
-        **provenance("python scripts/bench_credit.py " + " ".join(sys.argv[1:]), threads=1),
+        **provenance("python -m scripts.bench.credit " + " ".join(sys.argv[1:]), threads=1),
         "testbed": tb, "real_shape": real, "top_k_testbed": topk,
     }
     OUT.mkdir(parents=True, exist_ok=True)

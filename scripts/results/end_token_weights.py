@@ -6,7 +6,7 @@ responses that ended: about 0, as the group's advantages are centred), how often
 response's largest weight, and the reward model's gradient norm ``‖g_t‖`` by position from the
 response's end.
 
-    python -m scripts.end_token_weights --out results/credit_breakdown/end_token.md [--batches 8]
+    python -m scripts.results.end_token_weights --out results/credit_breakdown/end_token.md [--batches 8]
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def measure(policy: str, data: str, batches: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m scripts.end_token_weights", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m scripts.results.end_token_weights", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--batches", type=int, default=8)
     a = ap.parse_args(argv)
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_libraries()
     res = {f"{d}-{p}": measure(p, d, a.batches) for p, d in SETTINGS}
-    prov = provenance(" ".join(["python -m scripts.end_token_weights", *(sys.argv[1:] if argv is None else argv)]))
+    prov = provenance(" ".join(["python -m scripts.results.end_token_weights", *(sys.argv[1:] if argv is None else argv)]))
     atomic_write_json(a.out.with_suffix(".json"), {**prov, "settings": res})
     lines = ["# The end-of-text token's weight, by the advantage's sign", "",
              f"Command: `{prov['command']}` at `{prov['commit']}`; warm-started policies, asset draw 0, "

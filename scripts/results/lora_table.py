@@ -1,8 +1,8 @@
 """Markdown tables of finished runs for results/lora/: held-out gold at the first and last
 evaluation, per-step time and peak memory from each run's ``metrics.jsonl``.
 
-    python -m scripts.lora_table testbed runs/lora_testbed/full runs/lora_testbed/lora
-    python -m scripts.lora_table real runs/lora_real/full runs/lora_real/lora
+    python -m scripts.results.lora_table testbed runs/lora_testbed/full runs/lora_testbed/lora
+    python -m scripts.results.lora_table real runs/lora_real/full runs/lora_real/lora
 """
 
 from __future__ import annotations

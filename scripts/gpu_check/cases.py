@@ -58,7 +58,7 @@ def chat_tokenizer(fmt: str, vocab_size: int, out: Path):
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from scripts.gpu.chat_formats import FORMATS  # the chat formats the tests use too
+    from tests.data.chat_formats import FORMATS  # the chat formats the tests use too
 
     f = FORMATS[fmt]
     template, specials, eos, pad = f.template, (f.pad, *f.specials), f.eos, f.pad
@@ -131,7 +131,7 @@ def case_credit(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
     bf16 as well; the exact scores also with ``credit.matmul_dtype`` bfloat16 and tf32, with their
     largest difference from the fp32 scores in units of the scores' spread (their error against
     float64 is measured on CPU: results/bench/credit_precision.md). Same inputs and call as
-    scripts/bench_credit.py (logits 4·N(0,1): peaked)."""
+    ``python -m scripts.bench.credit`` (logits 4·N(0,1): peaked)."""
     import torch
 
     from datc.checks import validate
@@ -189,7 +189,7 @@ def case_credit(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
 
 
 def case_decode(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
-    """Decode at the family's shape (scripts.gpu.decode_bench): ``rows`` responses (groups of 8 sharing
+    """Decode at the family's shape (scripts.gpu_check.decode_bench): ``rows`` responses (groups of 8 sharing
     their prompt, as a preset's generation batch) of ``max_new_tokens`` forced tokens, the policy
     loaded in fp32 as the trainer loads it and sampled under its bf16 autocast with cached weight
     casts (the plain trainer's); the dynamic loop, the static step eager and replayed as a CUDA
@@ -201,7 +201,7 @@ def case_decode(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
     from datc.models.build import load_pretrained, resolve_device, resolve_dtype
     from datc.models.chat import prompt_encoder
     from datc.models.tokenizer import load_tokenizer
-    from scripts.gpu.decode_bench import copy_bandwidth, graph_vs_eager, hbm_bound, time_modes
+    from scripts.gpu_check.decode_bench import copy_bandwidth, graph_vs_eager, hbm_bound, time_modes
 
     c = validate(compose(spec["family"], spec["overrides"]))
     device = resolve_device(c.trainer.device)
@@ -305,6 +305,7 @@ def case_synced(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
     import deepspeed
     import torch
 
+    from datc.backends.deepspeed import DeepSpeedBackend
     from datc.backends.deepspeed_config import inference_config
     from datc.backends.plugins import init as init_distributed
     from datc.checks import validate
@@ -341,7 +342,7 @@ def case_synced(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
             _sync(device)
             seconds = time.perf_counter() - t0
         n = int(ro.response_mask.sum())
-        partitioned = all(hasattr(p, "ds_id") for p in engine.module.parameters())
+        partitioned = all(DeepSpeedBackend.owns(p) for p in engine.module.parameters())
         return {"responses": int(ro.response_ids.shape[0]), "tokens": n, "seconds": seconds, "tokens_per_s": n / seconds,
                 "generation": "gathered once" if gather else "synced per-module gathers",
                 "autocast_dtype": str(dtype).replace("torch.", ""), "zero3_partitioned": partitioned, **_cuda_memory()}

@@ -11,7 +11,7 @@ prefix-cached at each ``--chunks`` edits per forward, and the edited rows scored
 (``datc.rewards.model.score``, each prompt once per forward) at 512 per forward, the path before
 the prefix cache. The largest score difference between the two paths is reported too.
 
-    python scripts/bench_edit_scores.py [--model DIR] [--rows 10] [--k 4] [--chunks 64 512]
+    python -m scripts.bench.edit_scores [--model DIR] [--rows 10] [--k 4] [--chunks 64 512]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from datc.rewards.model import score
 from datc.run.provenance import load_average, provenance
 from datc.utils import quiet_libraries
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "results" / "bench"
 
 
@@ -41,7 +41,7 @@ def whole(*args, **kw):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m scripts.bench.edit_scores", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="a local causal LM directory (default: the prepared SmolLM2-135M)")
     ap.add_argument("--rows", type=int, default=10)
     ap.add_argument("--prompt", type=int, default=40)
@@ -80,7 +80,7 @@ def main() -> None:
         c["ms_per_edit"] = round(1000 * c["seconds"] / len(rows), 1)
         c["speedup_vs_whole"] = round(base / c["seconds"], 2)
         c["max_abs_score_diff_vs_whole"] = float((out[name] - out["whole_rows_512"]).abs().max())
-    result = {**provenance(" ".join(["python scripts/bench_edit_scores.py", *sys.argv[1:]])),
+    result = {**provenance(" ".join(["python -m scripts.bench.edit_scores", *sys.argv[1:]])),
               "model": Path(model).name, "rows": B, "prompt": P, "response": T, "k": K, "edits": len(rows), "threads": 1,
               "load_average_before_after": [load0[0], load_average()[0]], "cases": cases}
     a.out.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """The equality protocol of a structural change: the same debug runs on two source trees (the
 commit before and the commit after), compared for what a refactoring must not change.
 
-    python scripts/equality_runs.py --before /path/to/old/checkout --after . --out /tmp/eq
+    python -m scripts.dev.equality_runs --before /path/to/old/checkout --after . --out /tmp/eq
 
 For each case (a set of Hydra overrides covering one special case of the step, below), both trees
 train it from one prepare cache; the check is that ``metrics.jsonl`` is equal row for row without
@@ -72,7 +72,7 @@ def _params(run_dir: Path):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.dev.equality_runs", description=__doc__.splitlines()[0])
     p.add_argument("--before", required=True, type=Path)
     p.add_argument("--after", required=True, type=Path)
     p.add_argument("--out", required=True, type=Path)

@@ -2,8 +2,8 @@
 machine's image already holds, as wheels in one folder (default ``.whl/``, ignored by git), so a
 machine with no network installs them with ``pip install --no-index``.
 
-    python scripts/gpu_kit.py                          # CPython 3.12, manylinux x86-64 -> .whl/
-    python scripts/gpu_kit.py --python-version 3.11 --out .whl311   # a set for a local dry run
+    python -m scripts.gpu_check.kit                     # CPython 3.12, manylinux x86-64 -> .whl/
+    python -m scripts.gpu_check.kit --python-version 3.11 --out .whl311   # a set for a local dry run
 
 Run it with the project's virtual environment (``make gpu-kit``): pure-Python packages are pinned
 to the versions that environment resolved, and the one compiled package (pydantic-core) to the
@@ -32,7 +32,7 @@ import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LIMIT_MIB = 64
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 # name -> why the GPU machine needs it (everything else the project imports is in its image)
@@ -57,14 +57,14 @@ def pinned(name: str) -> str:
     try:
         return f"{name}=={version(name)}"
     except PackageNotFoundError:
-        sys.exit(f"gpu_kit: {name} is not installed in this environment ({sys.executable}); run `make venv` first")
+        sys.exit(f"scripts.gpu_check.kit: {name} is not installed in this environment ({sys.executable}); run `make venv` first")
 
 
 def run(cmd: list[str], env: dict[str, str] | None = None) -> None:
     print("+", " ".join(cmd), flush=True)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        sys.exit(f"gpu_kit: failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+        sys.exit(f"scripts.gpu_check.kit: failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
 
 
 def repo_bytes() -> int:
@@ -75,7 +75,7 @@ def repo_bytes() -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m scripts.gpu_check.kit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / ".whl"), help="folder of the wheels (emptied first)")
     ap.add_argument("--python-version", default="3.12", help="target CPython, e.g. 3.12 (the GPU machine) or 3.11")
     ap.add_argument("--extra", nargs="*", default=[], metavar="NAME",
@@ -98,19 +98,19 @@ def main(argv: list[str] | None = None) -> None:
         run([*pip, "wheel", "-q", "--no-deps", "--no-binary=:all:", "-w", tmp, *map(pinned, SDIST)], env=env)
         for w in Path(tmp).glob("*.whl"):
             if not w.name.endswith("py3-none-any.whl"):
-                sys.exit(f"gpu_kit: {w.name} is not a pure-Python wheel; it would not install on the GPU machine")
+                sys.exit(f"scripts.gpu_check.kit: {w.name} is not a pure-Python wheel; it would not install on the GPU machine")
             shutil.move(str(w), out / w.name)
     wheels = sorted(out.glob("*.whl"))
     want = len(PURE) + len(COMPILED) + len(SDIST) + len(a.extra)
     if len(wheels) != want:
-        sys.exit(f"gpu_kit: expected {want} wheels, got {len(wheels)}: {[w.name for w in wheels]}")
+        sys.exit(f"scripts.gpu_check.kit: expected {want} wheels, got {len(wheels)}: {[w.name for w in wheels]}")
     kit, repo = sum(w.stat().st_size for w in wheels), repo_bytes()
     for w in wheels:
         print(f"{w.stat().st_size / 2**20:7.2f} MiB  {w.name}")
     total = (kit + repo) / 2**20
     print(f"kit {kit / 2**20:.1f} MiB + repository {repo / 2**20:.1f} MiB = {total:.1f} MiB (limit {LIMIT_MIB} MiB)")
     if total > LIMIT_MIB:
-        sys.exit(f"gpu_kit: the wheels plus the repository are {total:.1f} MiB, over the {LIMIT_MIB} MiB that may travel "
+        sys.exit(f"scripts.gpu_check.kit: the wheels plus the repository are {total:.1f} MiB, over the {LIMIT_MIB} MiB that may travel "
                  "to the GPU machine; drop a wheel or shrink the repository")
 
 

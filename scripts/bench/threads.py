@@ -1,7 +1,7 @@
 """Training-step time against the torch thread count, interleaved in one process, written to
 results/bench/threads.{json,md}. Chooses ``trainer.threads``' default.
 
-    python scripts/bench_threads.py [--steps 20] [--threads 1 2] [--busy N] [hydra overrides ...]
+    python -m scripts.bench.threads [--steps 20] [--threads 1 2] [--busy N] [hydra overrides ...]
 
 ``--busy N`` runs the measurement beside N busy processes at the same priority (a machine shared
 with other jobs), written to results/bench/threads_busy<N>.{json,md}.
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m scripts.bench.threads", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--busy", type=int, default=0, help="busy processes beside the measurement")
@@ -49,7 +49,7 @@ def main() -> None:
             b.kill()
     res = {n: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v), "cv": statistics.stdev(v) / statistics.mean(v)}
            for n, v in times.items()}
-    cmd = "python scripts/bench_threads.py " + " ".join(sys.argv[1:])
+    cmd = "python -m scripts.bench.threads " + " ".join(sys.argv[1:])
     name = f"threads_busy{a.busy}" if a.busy else "threads"
     info = provenance(cmd)
     atomic_write_json(ROOT / f"results/bench/{name}.json", {**info, "steps": a.steps, "busy": a.busy, "threads": res, "all": times})

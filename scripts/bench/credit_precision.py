@@ -10,7 +10,7 @@ scores go through the weight step (datc.credit.weights, the preset's softmax nor
 each against the same computation in float64.
 
 The family (``--scales`` x the embeddings below x ``--seeds`` draws, at each shape): logits
-``scale·N(0,1)`` for scale 0.5, 1, 2, 4 (4: as scripts/bench_credit.py and the GPU check, peaked;
+``scale·N(0,1)`` for scale 0.5, 1, 2, 4 (4: as scripts/bench/credit.py and the GPU check, peaked;
 0.5: nearly flat over |V|), sampled ids drawn from them, reward gradients N(0,1), and an
 embedding matrix ``N(0, σ²)`` for σ = 1 and 0.02 in float32 (``gauss``), ``0.02·N(0,1)`` rounded to
 bf16 (``bf16``: a bf16 reward model's own), and the same with a common component of that scale
@@ -22,7 +22,7 @@ token of the family, the largest per logit scale and per embedding, and each con
 The floor the reward model's inputs already carry on a GPU (scale 4, bf16 embeddings): the
 reward gradient rounded to bf16 (the reward model runs in bf16 there), through float64.
 
-    python scripts/bench_credit_precision.py [--tokens 256] [--families qwen3 llama32]
+    python -m scripts.bench.credit_precision [--tokens 256] [--families qwen3 llama32]
         [--scales 0.5 1 2 4] [--embeddings gauss_1 gauss_0.02 bf16 bf16_shifted] [--seeds 1]
 """
 
@@ -41,7 +41,7 @@ import torch
 from datc.credit.datc_math import datc_scores
 from datc.credit.weights import WeightParams, scores_to_weights
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "results" / "bench"
 SHAPES = {"qwen3": (151_936, 2048), "llama32": (128_256, 2048)}
 PATHS = ("float32", "bfloat16", "tf32")
@@ -181,7 +181,7 @@ def render(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m scripts.bench.credit_precision", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=256, help="response tokens (a multiple of 256)")
     ap.add_argument("--families", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--scales", nargs="+", type=float, default=list(SCALES), help="logit scales")
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default=str(OUT))
     a = ap.parse_args(argv)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    report = {"command": "python scripts/bench_credit_precision.py" + "".join(f" {x}" for x in (argv or [])),
+    report = {"command": "python -m scripts.bench.credit_precision" + "".join(f" {x}" for x in (argv or [])),
               "commit": commit, "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
               "torch": torch.__version__, "threads": torch.get_num_threads(), "load_average": os.getloadavg(),
               "tokens": a.tokens, "families": a.families, "scales": a.scales, "embeddings": a.embeddings,

@@ -3,7 +3,7 @@
 (configs/policy/tiny_gpt2.yaml and tiny_llama.yaml, random weights, forced to the full length),
 written to results/bench/decode_cpu.{json,md}. Chooses what ``trainer.decode=auto`` takes on CPU.
 
-    python -m scripts.bench_decode [--repeats 30] [--threads 1]
+    python -m scripts.bench.decode [--repeats 30] [--threads 1]
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 POLICIES = ("tiny_gpt2", "tiny_llama")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m scripts.bench.decode", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--prompts", type=int, default=8)
@@ -36,7 +36,7 @@ def main() -> None:
     from datc.run.provenance import provenance
     from datc.tasks import TASKS
     from datc.utils import quiet_libraries
-    from scripts.gpu.decode_bench import time_modes
+    from scripts.gpu_check.decode_bench import time_modes
 
     quiet_libraries()
     torch.set_num_threads(a.threads)
@@ -56,7 +56,7 @@ def main() -> None:
         with torch.no_grad():
             results[name] = time_modes(policy, ids, mask, a.max_new_tokens, tok.eos_token_id, tok.pad_token_id,
                                        ["dynamic", "static"], a.repeats, prompt_repeats=a.generations)
-    cmd = "python -m scripts.bench_decode " + " ".join(sys.argv[1:])
+    cmd = "python -m scripts.bench.decode " + " ".join(sys.argv[1:])
     shape = {"rows": ids.shape[0], "prompt_width": ids.shape[1], "max_new_tokens": a.max_new_tokens,
              "threads": a.threads, "repeats": a.repeats}
     atomic_write_json(ROOT / "results/bench/decode_cpu.json", {**provenance(cmd), "shape": shape, "results": results})

@@ -1,6 +1,6 @@
 """The numerics' fingerprint: what keeps the demo figure (``results/demo/``) tied to the code.
 
-    python -m scripts.numerics_fingerprint --out results/demo/numerics.json   # (make demo-results runs it)
+    python -m scripts.results.numerics_fingerprint --out results/demo/numerics.json   # (make demo-results runs it)
 
 A ``debug=fast`` run from an empty cache (the prepare step's warm start and reward model
 included, then 3 GRPO steps and 2 evaluations; about half a minute on one core) leaves a few
@@ -62,7 +62,7 @@ def measure(work: Path) -> dict[str, dict[str, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m scripts.numerics_fingerprint", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m scripts.results.numerics_fingerprint", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="results/demo/numerics.json")
     a = ap.parse_args(argv)
     from datc.atomic import atomic_write_json
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as work:
         figures = measure(Path(work))
-    atomic_write_json(Path(a.out), {"command": "python -m scripts.numerics_fingerprint " + " ".join(argv or sys.argv[1:]),
+    atomic_write_json(Path(a.out), {"command": "python -m scripts.results.numerics_fingerprint " + " ".join(argv or sys.argv[1:]),
                                     "commit": GIT_COMMIT, "run": "debug=fast from an empty cache", "keys": list(KEYS),
                                     "fingerprint": figures})
     print(f"wrote {a.out}")

@@ -1,6 +1,7 @@
 """Decode throughput of the dynamic-cache loop and the static-cache step side by side, the bound the
 memory bandwidth sets on it, and whether a CUDA graph's replay computes what the eager step does:
-the measurements of scripts/gpu_check.py's ``decode`` case and of scripts/bench_decode.py (CPU).
+the measurements of the GPU check's ``decode`` case (scripts/gpu_check/cases.py) and of
+``python -m scripts.bench.decode`` (CPU).
 
 Every call goes through :func:`datc.engines.generate.sample_tokens`, the rollout's own sampler, forced to
 the full budget (``min_new_tokens = max_new_tokens``: random weights or a testbed policy stop

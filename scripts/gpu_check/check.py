@@ -12,10 +12,10 @@ Cases, most important first (a global deadline skips what does not fit, and says
 
 - ``build/<family>``: the random models, tokenizer and prompts (on the GPU);
 - ``credit/<family>``: DATC's exact and top-64 credit (``datc.credit.datc_math.datc_scores``, the
-  call scripts/bench_credit.py times on CPU) against one LM-head matmul of the same shape, and the
+  call ``python -m scripts.bench.credit`` times on CPU) against one LM-head matmul of the same shape, and the
   exact credit with ``credit.matmul_dtype`` bfloat16 and tf32;
 - ``decode/<family>``: the rollout's decode loops at a generation batch of 128 rows
-  (``scripts.gpu.decode_bench``): the dynamic-cache loop, the static-cache step eager and as a replayed
+  (``scripts.gpu_check.decode_bench``): the dynamic-cache loop, the static-cache step eager and as a replayed
   CUDA graph, tokens/s and the fraction of the HBM bound (bandwidth of a device-to-device copy
   measured in the same case), and the graph's replay against the eager step;
 - ``train/<family>/<credit>/<stage>``: a few training steps, ``credit`` in grpo, datc and
@@ -29,7 +29,7 @@ Cases, most important first (a global deadline skips what does not fit, and says
 - ``fused_adam``: whether DeepSpeed's FusedAdam (the optimizer ``deepspeed.optimizer_impl=auto``
   picks on GPUs) JIT-compiles; the training cases use torch's AdamW so that no case waits on it.
 
-Every case (its code: scripts/gpu/cases.py) runs in its own process, forked from a server that
+Every case (its code: scripts/gpu_check/cases.py) runs in its own process, forked from a server that
 imported the libraries once, with its own time limit, so a hang or a crash costs that case only; errors are reported with one line
 and the traceback's tail. A training case ends as soon as its last step is in metrics.jsonl: the
 run's closing evaluation and checkpoint (several GB of optimizer state) are not part of the
@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from datc.run.provenance import package_version, provenance
-from scripts.gpu.cases import FAMILIES, _child, set_environment
+from scripts.gpu_check.cases import FAMILIES, _child, set_environment
 
 set_environment()  # before torch is imported (here, in the fork server and in the cases)
 
@@ -295,7 +295,7 @@ def render(report: dict[str, Any]) -> str:
             f"| {_fmt(s.get('mfu_update'), '.1%')} | {_fmt(s.get('peak_mem_gib'))} | {_fmt(r.get('plan', {}).get('gib'))} "
             f"| {r.get('autocast_dtype', '-')} |")
     lines += ["", "## DATC credit against one LM-head matmul", "",
-              "Same call and inputs as scripts/bench_credit.py (chunk 128, logits 4·N(0,1)); medians; ratios to "
+              "Same call and inputs as scripts/bench/credit.py (chunk 128, logits 4·N(0,1)); medians; ratios to "
               "the fp32 matmul (as on CPU) and to the bf16 one (as the policy's LM head runs under autocast).", "",
               "| case | status | tokens x V x d | datc exact s | top-64 s | LM head fp32 s | bf16 s | exact / fp32 | top-64 / fp32 | exact / bf16 | exact peak MiB | exact bf16 / bf16 | exact tf32 / bf16 | bf16, tf32 err (std) |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -328,13 +328,13 @@ def render(report: dict[str, Any]) -> str:
 def render_projection(report: dict[str, Any]) -> list[str]:
     """The headline: one paper-preset run (500 steps of 64 prompts x 8 responses of up to 512
     tokens, 4 updates per batch) on this GPU, projected from the measured rates
-    (:func:`scripts.gpu.projection.project`), per family, with its arithmetic."""
-    from scripts.gpu.projection import PRESET, project
+    (:func:`scripts.gpu_check.projection.project`), per family, with its arithmetic."""
+    from scripts.gpu_check.projection import PRESET, project
 
     lines = ["", "## Projected paper-preset run", "",
              f"{PRESET['steps']} steps of {PRESET['responses']} responses of {PRESET['max_new_tokens']} tokens, sampled in calls of "
              f"{PRESET['rows_per_call']}, from the decode case's fastest loop and the `train/<family>/datc/none` case's "
-             "phases scaled by tokens (scripts.gpu.projection: both terms underestimate the attention's growth at long responses).", ""]
+             "phases scaled by tokens (scripts.gpu_check.projection: both terms underestimate the attention's growth at long responses).", ""]
     sc = report["scale"]
     for fam, ptok in report.get("prompt_tokens", {}).items():
         dec, tr = report["cases"].get(f"decode/{fam}", {}), report["cases"].get(f"train/{fam}/datc/none", {})
@@ -353,7 +353,7 @@ def render_decode(report: dict[str, Any]) -> list[str]:
     """The decode cases' table: each loop's throughput and fraction of the HBM bound, and the
     graph's replay against the eager step."""
     lines = ["", "## Decode", "",
-             "scripts.gpu.decode_bench through the rollout's sampler, forced to the full budget, under the trainer's autocast. "
+             "scripts.gpu_check.decode_bench through the rollout's sampler, forced to the full budget, under the trainer's autocast. "
              "Step: (call - prefill) / (T - 1). HBM bound: (weights + KV cache at its mean live length P + T/2) / "
              "the bandwidth of a device-to-device copy in the same case; fraction = bound / step. Graph: the static "
              "step replayed as a CUDA graph (off CUDA it runs eagerly), checking for finished rows every "
@@ -429,7 +429,7 @@ def build_cases(a: argparse.Namespace, scale: Scale, work: Path) -> list[Case]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m scripts.gpu_check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder of gpu_check.json and gpu_check.md")
     ap.add_argument("--tiny", action="store_true", help="tiny architectures and batch: the CPU rehearsal")
     ap.add_argument("--budget-s", type=float, default=None, help="global deadline (default 450 s; --tiny 600 s)")
@@ -476,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     # The fork server imports the heavy libraries once; DeepSpeed only without a GPU (its import
     # queries the accelerator, which the server must not initialise).
     preload = ["torch", "transformers", "datasets", "hydra", "omegaconf", "datc.training.trainer", "datc.prepare.assets",
-               "datc.credit.datc_math", "datc.memory.plan", "scripts.gpu.cases", *([] if on_gpu else ["deepspeed"])]
+               "datc.credit.datc_math", "datc.memory.plan", "scripts.gpu_check.cases", *([] if on_gpu else ["deepspeed"])]
     runner = Runner(work, deadline, a.start_method, preload)
     cases = build_cases(a, scale, work)
     report: dict[str, Any] = {

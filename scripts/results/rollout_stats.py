@@ -2,7 +2,7 @@
 (nats) and of the sampled token's probability ``pi_y`` under the sampling distribution
 (temperature applied), and response lengths. Written to ``<out>/<data>-<policy>.{json,md}``.
 
-    python scripts/rollout_stats.py [--batches 4] [--out results/real_model/rollout_stats] [hydra overrides ...]
+    python -m scripts.results.rollout_stats [--batches 4] [--out results/real_model/rollout_stats] [hydra overrides ...]
 
 The prompts are the first ``batches x prompts-per-batch`` training prompts, each sampled
 ``trainer.num_generations`` times with the session's policy, chat template and temperature.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def quantiles(x: torch.Tensor) -> dict[str, float]:
@@ -26,7 +26,7 @@ def quantiles(x: torch.Tensor) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m scripts.results.rollout_stats", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=int, default=4)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "real_model" / "rollout_stats")
     ap.add_argument("overrides", nargs="*")
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     ent, pi, ln, tr = torch.cat(ents), torch.cat(pis), torch.cat(lens).float(), torch.cat(trunc).float()
     sample = tok.decode(ro.response_ids[0][ro.response_mask[0]])
     result = {
-        **provenance("python scripts/rollout_stats.py " + " ".join(args)),
+        **provenance("python -m scripts.results.rollout_stats " + " ".join(args)),
         "setting": f"{c.data.name}-{c.policy.name}", "responses": int(ln.numel()), "tokens": int(ent.numel()),
         "vocab": int(ro.logits.shape[-1]), "max_new_tokens": t.max_new_tokens, "temperature": t.temperature,
         "entropy_nats": {**quantiles(ent), "frac_above_1": float((ent > 1).float().mean()),
