@@ -28,12 +28,13 @@ class WarmStartConfig:
 
 @dataclass
 class LoraConfig:
-    """``policy.lora``: LoRA adapters instead of the whole policy (:mod:`datc.models.lora`); ``r: 0`` is off."""
+    """``policy.lora``: LoRA adapters instead of the whole policy (:mod:`datc.models.lora`); ``r: 0`` is off.
+    Its fields are described once, in ``configs/policy/tiny_gpt2.yaml`` (the reference reads them there)."""
 
-    r: int = 0  # adapter rank; 0: every parameter of the policy trains
-    alpha: float | None = None  # the adapters' update is (alpha / r) B A x; null: alpha = 2 r
-    dropout: float = 0.0  # dropout on the adapters' input in forwards that build a graph (the update's)
-    target_modules: list[str] | None = None  # module names to adapt; null: the family's (datc.models.lora.DEFAULT_TARGETS)
+    r: int = 0
+    alpha: float | None = None
+    dropout: float = 0.0
+    target_modules: list[str] | None = None
 
 
 @dataclass
@@ -101,50 +102,67 @@ class DataConfig:
 
 @dataclass
 class TrainerConfig:
+    """``trainer``: the step, the update and the run's loop. Its fields are described in
+    ``configs/trainer/default.yaml``; grouped here by concern."""
+
+    # the batch: responses per step, their groups, how they split for the update
     steps: int = 100
     batch_size: int = 64
     num_generations: int = 8
     mini_batch_size: int = 64
-    micro_batch_size: int | str = 64  # a positive int, or "auto" (sized by memory when the session is built: datc.memory.micro_batch)
+    micro_batch_size: int | str = 64
     generation_batch_size: int | None = None
     epochs: int = 1
+
+    # sampling
     max_new_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
     decode: str = "auto"
     decode_sync_every: int = 8
     mask_truncated: bool = False
+
+    # the step's shortcuts: the same numbers with less work or memory (docs/performance.md)
     reuse_rollout_logits: str = "auto"
     skip_zero_advantage: bool = True
     share_prompts: bool = True
     share_trunk: bool = True
     lm_head_chunk: int | None = None
     gradient_checkpointing: bool = False
+
+    # the optimizer
     lr: float = 5e-4
     weight_decay: float = 0.0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     lr_scheduler: str = "constant_with_warmup"
     warmup_steps: int = 5
     max_grad_norm: float = 1.0
+
+    # the loss
     scale_rewards: str = "group"
     epsilon_low: float = 0.2
     epsilon_high: float = 0.2
     beta: float = 0.04
     loss_agg: str = "token-mean"
+
+    # evaluation
     eval_every: int = 20
     eval_size: int = 256
     eval_batch_size: int = 128
     eval_seed: int = 1234
+
+    # checkpoints and resume
     checkpoint_every: int = 20
     keep_checkpoints: int = 2
     resume: str = "auto"
+    accept_changed_inputs: bool = False
+
+    # the process and its guards
     threads: int = 1
     keep_freed_memory: bool = True
     device: str = "auto"
     progress: bool = True
     max_nonfinite_frac: float = 0.5
-    accept_changed_inputs: bool = False
-
 
 @dataclass
 class LoggerConfig:
@@ -160,8 +178,10 @@ class LoggerConfig:
 
 @dataclass
 class DeepSpeedConfig:
+    """``deepspeed``: the ZeRO stage and DeepSpeed's own settings; described in ``configs/deepspeed/none.yaml``."""
+
     name: str = "none"
-    stage: int | None = None  # None: plain PyTorch, no DeepSpeed engine
+    stage: int | None = None
     offload_optimizer: str = "none"
     offload_param: str = "none"
     optimizer_impl: str = "auto"
@@ -171,10 +191,13 @@ class DeepSpeedConfig:
 
 
 @dataclass
-class BackendConfig:  # what places the models and runs the optimizer step (datc.backends)
-    name: str = "auto"  # plain, deepspeed, fsdp2; auto = deepspeed when deepspeed.stage is set, else plain
-    reshard_after_forward: bool = True  # fsdp2: each block's parameters resharded after its forward
-    timeout_s: int = 1800  # deepspeed, fsdp2: how long a collective waits for the other ranks before the run ends
+class BackendConfig:
+    """``backend``: what places the models and runs the optimizer step (:mod:`datc.backends`).
+    Its fields are described once, in ``configs/backend/auto.yaml``."""
+
+    name: str = "auto"
+    reshard_after_forward: bool = True
+    timeout_s: int = 1800
 
 
 @dataclass
@@ -192,12 +215,13 @@ class VLLMConfig:
 
 @dataclass
 class RolloutConfig:
-    """``rollout``: the engine that samples the step's responses (:mod:`datc.engines`)."""
+    """``rollout``: the engine that samples the step's responses (:mod:`datc.engines`). Its fields
+    are described once, in ``configs/rollout/torch.yaml``."""
 
-    name: str = "torch"  # torch (the built-in sampler) or vllm
-    correction: str = "none"  # importance-sampling correction of the sampler/trainer mismatch (datc.math.correction)
-    correction_cap: float = 2.0  # C: ratios truncated at (or masked above) C
-    max_staleness: int = 0  # k: batches sampled up to k policy versions ahead on the engine's thread; 0 = synchronous
+    name: str = "torch"
+    correction: str = "none"
+    correction_cap: float = 2.0
+    max_staleness: int = 0
     vllm: VLLMConfig = field(default_factory=VLLMConfig)  # rollout=vllm's own settings
 
 

@@ -493,3 +493,53 @@ def scheme_page_md(s: SchemeInfo) -> str:
     results = scheme_results(s.label)
     lines += [f"- [`results/{r}`](../results/{r})" for r in results] or ["No committed results name it yet."]
     return "\n".join(lines) + "\n"
+
+
+# ---- the README's scheme table ------------------------------------------------------------------
+
+README_TABLE_START = "<!-- schemes: generated from the registry by `python -m scripts.docs.reference --readme` -->"
+README_TABLE_END = "<!-- /schemes -->"
+
+
+def _first_sentence(text: str) -> str:
+    """``text`` up to its first sentence's full stop (a stop followed by a space and a capital)."""
+    m = re.search(r"(?<=\S)\.\s+(?=[A-Z])", text)
+    return text[: m.start() + 1] if m else text
+
+
+def readme_schemes_table_md() -> str:
+    """The README's table: every credit label a run can carry, the baseline first, with the first
+    sentence of its config's header comment (the same source as its docs page)."""
+    infos = sorted(scheme_infos(), key=lambda s: (s.label != "grpo", s.label))
+    lines = ["| `credit=` | what it does |", "|---|---|"]
+    lines += [f"| `{s.label}` | {_cell(_first_sentence(s.summary))} |" for s in infos]
+    return "\n".join(lines)
+
+
+def readme_with_schemes_table(readme: str) -> str:
+    """``readme`` with the text between its scheme-table markers replaced by the generated table."""
+    a, b = readme.index(README_TABLE_START) + len(README_TABLE_START), readme.index(README_TABLE_END)
+    return readme[:a] + "\n" + readme_schemes_table_md() + "\n" + readme[b:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m scripts.docs.reference",
+                                     description="Rewrite the README's scheme table from the registry.")
+    parser.add_argument("--readme", action="store_true", help="rewrite README.md's table between its markers")
+    args = parser.parse_args(argv)
+    if not args.readme:
+        parser.print_help()
+        return 2
+    path = Path(__file__).resolve().parents[2] / "README.md"
+    text = path.read_text()
+    new = readme_with_schemes_table(text)
+    if new != text:
+        path.write_text(new)
+    print(f"README.md: {'rewritten' if new != text else 'already up to date'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
