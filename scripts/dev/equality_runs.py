@@ -47,7 +47,9 @@ def _run(tree: Path, case: str, overrides: list[str], out: Path, cache: Path) ->
     nproc = next((int(o.split("=")[1]) for o in overrides if o.startswith("--nproc=")), 1)
     args = [o for o in overrides if not o.startswith("--nproc=")]
     env = {**os.environ, "PYTHONPATH": str(tree), "DATC_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "datc.commands.launch", "--nproc", str(nproc), "--master-port", "29730",
+    # datc-launch's module, in whichever layout the tree has (it moved with the floors)
+    launch = "datc.commands.launch" if (tree / "datc" / "commands" / "launch.py").exists() else "datc.backends.launch"
+    cmd = [sys.executable, "-m", launch, "--nproc", str(nproc), "--master-port", "29730",
            "debug=fast", *args, f"cache_dir={cache}", f"run_dir={run_dir}", f"results_dir={out / 'results'}"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree, timeout=1800)
     if proc.returncode != 0:
