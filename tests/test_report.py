@@ -445,9 +445,18 @@ def test_every_scheme_has_its_own_style_and_the_baseline_stands_out(tmp_path):
     styles = _styles(report)
     assert styles["grpo"]["color"] == "black" and styles["grpo"]["linewidth"] > max(
         st["linewidth"] for s, st in styles.items() if s != "grpo")
-    others = [(tuple(st["color"]), st["marker"]) for s, st in styles.items() if s != "grpo"]
-    assert len(set(c for c, _ in others)) == len(others)  # one colour per scheme (18 before tab20 repeats)
-    assert len(set(m for _, m in others)) == len(others)
+    others = [(tuple(st["color"]), st["marker"], st["linestyle"]) for s, st in styles.items() if s != "grpo"]
+    assert len(set(others)) == len(others)  # no two schemes drawn alike
+    assert len({c for c, _, _ in others}) == min(len(others), 18)  # a colour of its own for each of the first 18
+
+
+def test_any_number_of_schemes_is_drawn_without_two_alike():
+    from datc.report.plots import scheme_style
+
+    for n in (17, 40, 300, 1080):
+        styles = [scheme_style(i) for i in range(n)]
+        assert len(set(styles)) == n, n
+    assert len({c for c, _, _ in (scheme_style(i) for i in range(18))}) == 18
 
 
 def test_sources_below_the_working_directory_are_named_relative_to_it(tmp_path, monkeypatch):
@@ -801,3 +810,33 @@ def test_checkpoint_and_eval_cadence_do_not_split_a_setting(tmp_path, capsys):
     # points left out; grpo's curve rises linearly to g, AUC g / 2
     datc_auc = [(0.2 + 0.1 * s) / 4 for s in (0, 1, 2)]
     assert row[AUC_COL].strip("*").startswith(f"{sum(datc_auc) / 3:.3f} ± ")
+
+
+def test_a_scheme_added_in_code_gets_its_sentence_style_and_curves(tmp_path):
+    # The scheme guide's promise (one .py + one .yaml + one test): a scheme registered in-process,
+    # beside every built-in one, runs through the report and its plots with no other edit.
+    from datc.credit import CREDIT_SCHEMES, credit_scheme
+    from datc.credit.configs import credit_labels
+    from datc.report.plots import _styles
+
+    new = "zz_added_in_code"
+    CREDIT_SCHEMES.register(new)(credit_scheme(new)(lambda batch, params: batch.response_mask.float()))
+    try:
+        labels = credit_labels()
+        assert new in labels and len(labels) >= 17
+        root = tmp_path / "runs"
+        for i, s in enumerate(labels):
+            for seed in range(3):
+                write_summary(root, summary("keywords", "tiny_gpt2", s, seed, 0.1 + 0.01 * seed + (0.3 if s == new else 0.001 * i)))
+        out = tmp_path / "out"
+        report = build_report(load_run_dirs([root]).runs, "grpo")
+        write_outputs(report, out)
+        text = (out / "summary.md").read_text()
+        assert f"{new.upper()} beat GRPO" in text and "cannot be compared" not in text
+        assert sum(ln.startswith("- On keywords / tiny_gpt2") for ln in text.splitlines()) == len(labels) - 1
+        styles = {s: (tuple(st["color"]), st["marker"], st["linestyle"]) for s, st in _styles(report).items()}
+        assert len(set(styles.values())) == len(labels)
+        for name in PLOTS:
+            assert (out / name).stat().st_size > 1000
+    finally:
+        CREDIT_SCHEMES._items.pop(new, None)
