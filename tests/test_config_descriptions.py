@@ -32,3 +32,14 @@ def test_every_described_field_keeps_its_description_in_the_reference():
     d = reference.field_descriptions()
     for key in ("rollout.max_staleness", "backend.timeout_s", "policy.lora.r", "trainer.micro_batch_size"):
         assert d[key][0] and d[key][1] != "datc/config.py", (key, d[key])
+
+
+def test_the_reference_shows_no_home_path_a_valid_range_for_room_checked_fields_and_breaks_names_at_dots():
+    from pathlib import Path
+
+    md = reference.config_reference_md()
+    assert str(Path.home()) + "/" not in md  # cache_dir's default: ~/.cache/datc, not the builder's home
+    fields = {f.name: f for f in reference.config_fields()}
+    assert fields["rollout.max_staleness"].valid  # refused by datc/engines/checks.py, said in the table
+    row = next(ln for ln in md.splitlines() if "rollout.<wbr>max_staleness" in ln)
+    assert row.startswith('| <code class="field">rollout.<wbr>max_staleness</code>')

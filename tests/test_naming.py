@@ -96,3 +96,32 @@ def test_the_vllm_node_keeps_every_run_identity():
     recorded.rollout.dtype = "float32"
     c = validate(recorded)
     assert c.rollout.vllm.dtype == "float32" and not hasattr(c.rollout, "dtype")
+
+
+def test_a_lora_run_is_marked_in_its_name_and_a_full_policy_run_keeps_its_name():
+    from hydra import compose, initialize_config_dir
+
+    from datc.paths import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        full = compose(config_name="train").run_name
+        lora = compose(config_name="train", overrides=["policy.lora.r=16"]).run_name
+        real = compose(config_name="train", overrides=["experiment=real_smollm2", "policy.lora.r=8"]).run_name
+    assert full.startswith("keywords-tiny_gpt2-grpo-s0-")  # as it always was
+    assert lora.startswith("keywords-tiny_gpt2-lora16-grpo-s0-") and real.startswith("real-reviews-smollm2_135m-lora8-grpo-")
+
+
+def test_a_field_a_run_leaves_at_its_default_is_labelled_with_the_default():
+    from datc.report.grouping import split_by_config
+    from datc.report.loading import Run
+
+    def run(seed, config):
+        return Run(run_name=f"r{seed}", run_id=f"i{seed}", source=f"r{seed}", data="keywords", policy="tiny_gpt2",
+                   credit="grpo", seed=seed, steps=10, final_gold=0.1, gold_auc=None, final_rm_score=None, final_kl=None,
+                   credit_accuracy=None, step_s=None, wall_time_s=None, git_commit=None, curve=(), mtime=0.0,
+                   config=config)
+
+    full = {"seed": 0, "trainer": {"lr": 1e-3}}
+    lora = {"seed": 0, "trainer": {"lr": 1e-3}, "policy": {"lora": {"r": 16}}}
+    out = split_by_config([run(0, full), run(1, lora)])
+    assert sorted(r.variant for r in out.runs) == ["policy.lora.r=0", "policy.lora.r=16"], out.warnings

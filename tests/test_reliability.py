@@ -437,8 +437,9 @@ def test_a_read_only_run_directory(finished, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("override,line", [
-    ("credit=DATC", "datc-train: credit=DATC: no such option in credit/; choose one of datc, "),
-    ("policy=tiny-gpt2", "datc-train: policy=tiny-gpt2: no such option in policy/; choose one of "),
+    ("credit=DATC", "datc-train: credit=DATC: no such option in credit/; did you mean credit=datc? choose one of datc, "),
+    ("credit=dact", "datc-train: credit=dact: no such option in credit/; did you mean credit=datc? choose one of datc, "),
+    ("policy=tiny-gpt2", "datc-train: policy=tiny-gpt2: no such option in policy/; did you mean policy=tiny_gpt2? choose one of "),
     ("trainer.step=10", "datc-train: trainer.step: not a config key; did you mean `trainer.steps`? Valid keys of trainer: "
      "accept_changed_inputs, adam_betas, "),
     ("crdit=datc", "datc-train: crdit: not a config key; did you mean `credit`? Valid keys: backend, cache_dir, credit, "),

@@ -3,7 +3,7 @@
 A step makes a fixed set of passes over its rollout batch, and which ones depends on the config,
 the credit scheme's declarations and how the models were placed, never on the data. The
 :class:`StepPlan` holds those decisions; the phases read them and never re-derive them. The run
-logs the plan once (:meth:`StepPlan.describe`), so a reader sees which paths a run took.
+writes the plan once into its directory (``step_plan.json``, :meth:`StepPlan.describe`), so a reader sees which paths a run took.
 """
 
 from __future__ import annotations

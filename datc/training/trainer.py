@@ -28,7 +28,7 @@ from datc.math.numerics import NonFiniteReport
 from datc.memory.micro_batch import RECORD_FILE
 from datc.run.logger import RunLogger
 from datc.run.rundir import release_run_locks
-from datc.run.runlock import note
+from datc.run.runlock import note, warn
 from datc.run.signals import stop_if_requested, stop_requested, stop_signals
 from datc.step import train_step
 from datc.step.ops import StepOps
@@ -108,7 +108,9 @@ def _loop(s, run, resolved: dict[str, Any], dist: Dist) -> dict[str, Any]:
     eval_rows = list(s.assets.eval)[: t.eval_size]
     start, elapsed = resume(s, run)
     if dist.is_main:
-        log.info("step plan: %s", s.plan.describe())
+        # the paths this run's step takes (datc.step.plan), for a reader: in the run directory, not the console
+        atomic_write_json(run.path / "step_plan.json", s.plan.describe())
+        log.debug("step plan: %s", s.plan.describe())
         if start > 0:
             note(f"resumed {run.path} from its checkpoint of step {start} of {t.steps}")
     completions = None  # of the last step before an eval (W&B's table)
@@ -136,7 +138,7 @@ def _loop(s, run, resolved: dict[str, Any], dist: Dist) -> dict[str, Any]:
         elapsed += metrics["perf/step_s"]
         metrics[FLAG_KEY], first_collapse = collapse.update(step, metrics)
         if first_collapse and dist.is_main:
-            log.warning(collapse.warning(step))
+            warn(collapse.warning(step))  # on a line of its own, off the progress bar's
         logger.log(metrics, step)
         _merged_nonfinite(dist, result.nonfinite).check(t.max_nonfinite_frac, step)  # after the step is logged
         if step % t.eval_every == 0 or step == t.steps:

@@ -200,11 +200,16 @@ def _leaves(obj: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
     return out
 
 
-def _must_messages() -> dict[str, list[str]]:
-    """Field -> the ``must ...`` phrases of the ``ConfigError`` messages in ``datc/config.py``."""
-    import datc.config
+# The modules whose ConfigError messages say what a field must be: the schema's own checks and
+# every room's check that datc.checks.validate calls.
+CHECK_MODULES = ("datc/config.py", "datc/backends/checks.py", "datc/engines/checks.py", "datc/data/checks.py",
+                 "datc/models/lora.py", "datc/credit/__init__.py", "datc/rewards/rules.py")
 
-    src = Path(datc.config.__file__).read_text()
+
+def _must_messages() -> dict[str, list[str]]:
+    """Field -> the ``must ...`` phrases of the ``ConfigError`` messages of :data:`CHECK_MODULES`."""
+    root = Path(__file__).resolve().parents[2]
+    src = "\n".join((root / m).read_text() for m in CHECK_MODULES)
     out: dict[str, list[str]] = {}
     for field, phrase in re.findall(r'f?"([a-z_]+(?:\.[a-z_]+)+): (must [^"{]*?)(?:, got|"|\{)', src):
         phrase = phrase.strip().rstrip(",;")
@@ -257,6 +262,8 @@ def config_fields() -> list[ConfigField]:
 def _value(v: Any) -> str:
     if v is None:
         return "null"
+    if isinstance(v, str) and v.startswith(str(Path.home()) + "/"):  # cache_dir: not the builder's home
+        return "~" + v[len(str(Path.home())):]
     if isinstance(v, bool):
         return str(v).lower()
     if isinstance(v, (dict, list)) and len(str(v)) > 40:
@@ -306,7 +313,8 @@ def config_reference_md() -> str:
         lines += [f"## {title}", "", "| field | type | default | valid | description |", "|---|---|---|---|---|"]
         for f in fields:
             src = f" <small>({f.source})</small>" if f.source else ""
-            lines.append(f"| `{f.name}` | {_code(f.type)} | {_code(_value(f.default))} | {_cell(f.valid)} | "
+            field = f.name.replace(".", ".<wbr>")  # a long name breaks after a dot, never mid-word (docs/stylesheets)
+            lines.append(f"| <code class=\"field\">{field}</code> | {_code(f.type)} | {_code(_value(f.default))} | {_cell(f.valid)} | "
                          f"{_cell(f.description)}{src} |")
         lines.append("")
     return "\n".join(lines)
