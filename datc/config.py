@@ -35,6 +35,14 @@ class LoraConfig:
     alpha: float | None = None
     dropout: float = 0.0
     target_modules: list[str] | None = None
+    lr_scale: float = 10.0
+
+
+def update_lr(c: TrainConfig) -> float:
+    """The optimizer's rate: ``trainer.lr``, times ``policy.lora.lr_scale`` where LoRA adapters
+    train (they start at zero and need a larger step than whole weights: 10x, as the paper presets'
+    LoRA variants always used), so one ``trainer.lr`` serves a run with and without adapters."""
+    return c.trainer.lr * (c.policy.lora.lr_scale if c.policy.lora.r > 0 else 1.0)
 
 
 @dataclass
@@ -283,7 +291,7 @@ POSITIVE = [
     "trainer.eval_every", "trainer.eval_size", "trainer.eval_batch_size",
     "trainer.checkpoint_every", "trainer.keep_checkpoints", "trainer.threads", "trainer.max_grad_norm",
     "data.train_size", "data.eval_size", "data.norm_len", "data.max_prompt_tokens",
-    "policy.warm_start.lr", "policy.warm_start.batch_size", "reward.train.lr",
+    "policy.warm_start.lr", "policy.warm_start.batch_size", "reward.train.lr", "policy.lora.lr_scale",
     "reward.train.batch_size", "reward.train.n_prompts", "reward.train.samples_per_prompt",
     "reward.train.test_prompts", "rollout.correction_cap", "backend.timeout_s",
 ]

@@ -26,7 +26,8 @@ def _label(run: Path) -> str:
 
     cfg = OmegaConf.load(run / "config.yaml")
     r = OmegaConf.select(cfg, "policy.lora.r", default=0)
-    return f"{f'LoRA r={r}' if r else 'full'}, lr {cfg.trainer.lr:g}"
+    scale = OmegaConf.select(cfg, "policy.lora.lr_scale", default=1.0) if r else 1.0  # runs before the option: 1
+    return f"{f'LoRA r={r}' if r else 'full'}, lr {cfg.trainer.lr * scale:g}"
 
 
 def testbed(roots: list[Path]) -> str:
