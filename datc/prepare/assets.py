@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,6 +31,64 @@ from datc.utils import quiet_libraries
 log = logging.getLogger("datc.prepare.assets")
 
 PREPARE_VERSION = 2  # bump when the prepare procedure changes, so caches are rebuilt (2: own sampling loop)
+
+# Kernel settings under which a real model's prepare (sampling the pool, training the reward
+# model) computes the same bits on any x86-64 machine with AVX2, whatever else it has: ATen's
+# vectorized kernels (softmax, cumsum, SDPA, norms, AdamW) take their AVX2 build rather than the
+# widest the CPU offers (AVX-512 here), and MKL's GEMMs take the COMPATIBLE branch, the only
+# Conditional Numerical Reproducibility branch MKL honours on AMD as well as Intel (MKL_CBWR=AVX2
+# reads back as AUTO on an AMD EPYC); STRICT: also whatever the thread count. oneDNN runs no
+# float32 op here; capped all the same. Read when torch loads, so the build runs in a fresh
+# process (:func:`_build_pinned`). Key ``kernels`` in the reward model's cache key.
+PINNED_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+PINNED_KEY = "avx2+mkl-compatible"
+
+
+def kernels_pinned() -> bool:
+    """Whether this process runs with :data:`PINNED_ENV` (set before torch loaded)."""
+    return all(os.environ.get(k) == v for k, v in PINNED_ENV.items())
+
+
+def pins_kernels(cfg: TrainConfig) -> bool:
+    """Whether this config's prepare runs under :data:`PINNED_ENV`: real models (a policy
+    checkpoint whose reward model the prepare trains), or any with ``DATC_PREPARE_PIN=1``;
+    ``DATC_PREPARE_PIN=0`` builds in this process with its own kernels."""
+    flag = os.environ.get("DATC_PREPARE_PIN")
+    if flag is not None:
+        return flag == "1"
+    return cfg.policy.path is not None and cfg.reward.path is None
+
+
+def _pinned_child(cfg: TrainConfig) -> None:
+    logging.basicConfig(level=logging.INFO)
+    torch.set_num_threads(cfg.trainer.threads)
+    ensure_assets(cfg)
+
+
+def _build_pinned(cfg: TrainConfig) -> None:
+    """Run :func:`ensure_assets` in a fresh (spawned) process under :data:`PINNED_ENV`; it
+    leaves everything in the cache, where this process then finds it."""
+    import multiprocessing as mp
+
+    if not torch.cpu._is_avx2_supported():  # the CPU's own flags (this process's capability may be capped)
+        raise RuntimeError("prepare: pinned kernels need a CPU with AVX2 (DATC_PREPARE_PIN=0 prepares with this "
+                           "machine's own kernels: other bits than the pinned hashes)")
+    log.info("prepare: building in a fresh process with %s (bit-identical on any AVX2 machine)",
+             " ".join(f"{k}={v}" for k, v in PINNED_ENV.items()))
+    saved = {k: os.environ.get(k) for k in PINNED_ENV}
+    os.environ.update(PINNED_ENV)  # the spawned child inherits the environment as it is now
+    try:
+        proc = mp.get_context("spawn").Process(target=_pinned_child, args=(cfg,), name="datc-prepare-pinned")
+        proc.start()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    proc.join()
+    if proc.exitcode != 0:
+        raise RuntimeError(f"prepare: the pinned prepare process failed (exit code {proc.exitcode}); its log is above")
 
 
 @dataclass
@@ -184,7 +243,11 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
     if seed != PREP_SEED:  # another draw of the warm start and reward model (the default keeps its old keys)
         pol_key["prepare_seed"] = seed
     if policy_path is None:
+        if pins_kernels(cfg):  # a testbed prepared under PINNED_ENV (DATC_PREPARE_PIN=1)
+            pol_key["kernels"] = PINNED_KEY
         policy_path = str(cache / "policy" / f"{cfg.policy.name}-{cfg.data.name}-{config_hash(pol_key)}")
+        if not (Path(policy_path) / "config.json").exists() and pins_kernels(cfg) and not kernels_pinned():
+            _build_pinned(cfg)  # warm start and reward model both; read back below
         if not (Path(policy_path) / "config.json").exists():
             log.warning("prepare: %s; preparing the warm start, then its reward model (minutes on a CPU; cached for "
                         "the next run)", not_cached_because(cache / "policy", f"{cfg.policy.name}-{cfg.data.name}-", pol_key))
@@ -217,8 +280,12 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
             rm_key["prepare_seed"] = seed
         if cfg.reward.init != "scratch":
             rm_key.update(init=cfg.reward.init, data=data_key, T=cfg.trainer.max_new_tokens, chat=cfg.policy.chat_template)
+        if pins_kernels(cfg):  # made under PINNED_ENV: a reward model made with a machine's own kernels is another one
+            rm_key["kernels"] = PINNED_KEY
         reward_path = str(cache / "reward" / f"{cfg.reward.name}-{cfg.policy.name}-{cfg.data.name}-{config_hash(rm_key)}")
         report_file = Path(reward_path) / "rm_report.json"
+        if not report_file.exists() and pins_kernels(cfg) and not kernels_pinned():
+            _build_pinned(cfg)  # fills the cache; read back below
         if not report_file.exists():
             t0 = time.time()
             policy = load_pretrained("causal_lm", policy_path, "policy.path")
