@@ -15,7 +15,7 @@ from datc.credit.configs import credit_config_names
 from datc.step import train_step
 from datc.training.evaluation import evaluate
 from datc.training.session import build_session
-from tests.conftest import cfg_for
+from tests.helpers.testbed import cfg_for
 
 pytestmark = pytest.mark.slow
 

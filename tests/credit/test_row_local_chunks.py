@@ -16,7 +16,7 @@ from datc.credit.configs import credit_config, credit_config_names
 from datc.step import train_step
 from datc.step.ops import StepOps
 from datc.training.session import build_session, session_plan
-from tests.conftest import cfg_for
+from tests.helpers.testbed import cfg_for
 
 pytestmark = pytest.mark.slow
 
