@@ -99,7 +99,7 @@ def finished_sweep(prepared_cache, tmp_path_factory) -> Sweep:
 
 @pytest.fixture(scope="session")
 def same_batch_runs(prepared_cache, tmp_path_factory):
-    """The same-global-batch cases of tests/distributed/same_batch.py, run once per session:
+    """The same-global-batch cases of tests/helpers/distributed/same_batch.py, run once per session:
     ``.one(name)`` the one-process reference, ``.two(name)`` the 2-process DeepSpeed run (each
     side computed once per test run, by the first worker that asks, and read by the others)."""
     from tests.helpers.distributed.same_batch import SameBatchRuns
@@ -109,7 +109,7 @@ def same_batch_runs(prepared_cache, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def resume_runs(prepared_cache, tmp_path_factory):
-    """The 2-process save-and-resume runs of tests/distributed/resume.py (ZeRO-3, LoRA under
+    """The 2-process save-and-resume runs of tests/helpers/distributed/resume.py (ZeRO-3, LoRA under
     ZeRO-2/3, FSDP2), made once per test run by the first worker that asks."""
     from tests.helpers.distributed.resume import ResumeRuns
 

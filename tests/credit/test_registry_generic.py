@@ -65,7 +65,7 @@ def random_batch(seed: int = 0) -> CreditBatch:
         "response_end": end_of_text(torch.arange(T) < torch.tensor([7, 1, 4, 7, 2, 5])[:, None],
                                     torch.tensor([True, False, False, False, False, False])),  # row 0 ran out of budget
         "generator": torch.Generator().manual_seed(seed),
-        "all_sum": None,  # one process (2-process reductions: tests/test_distributed.py)
+        "all_sum": None,  # one process (2-process reductions: tests/e2e/test_distributed.py)
         "all_cat": None,
     }
     missing = [f.name for f in dataclasses.fields(CreditBatch) if f.name not in fillers]

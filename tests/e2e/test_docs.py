@@ -362,7 +362,7 @@ def test_every_command_shown_is_tested_or_marked_illustrative(page):
         if how == "ci":  # what CI runs: .ci/run's own command
             ci = (ROOT / ".ci" / "run").read_text()
             assert all(c.split("  #")[0].strip() in ci for c in cmds), cmds
-        elif how == "run by tests/test_docs.py":  # run below, its output compared with the page's
+        elif how == "run by tests/e2e/test_docs.py":  # run below, its output compared with the page's
             assert "\n".join(cmds) in [c.strip() for c, _ in _expected_outputs(ROOT / page)], cmds
         else:
             nodes = [n.strip() for n in how.removeprefix("tested by ").split(",")]
@@ -370,10 +370,10 @@ def test_every_command_shown_is_tested_or_marked_illustrative(page):
 
 
 def _expected_outputs(path: Path) -> list[tuple[str, str]]:
-    """(command, expected output) pairs: a block marked ``run by tests/test_docs.py`` followed by
+    """(command, expected output) pairs: a block marked ``run by tests/e2e/test_docs.py`` followed by
     a ``text`` block holding what it prints."""
     text = path.read_text()
-    pattern = r"<!-- commands: run by tests/test_docs.py -->\n```bash\n(.*?)\n```\n+(?:[^\n`]*\n)*?```text\n(.*?)\n```"
+    pattern = r"<!-- commands: run by tests/e2e/test_docs.py -->\n```bash\n(.*?)\n```\n+(?:[^\n`]*\n)*?```text\n(.*?)\n```"
     return [(c, o) for c, o in re.findall(pattern, text, flags=re.S)]
 
 
@@ -403,7 +403,7 @@ def test_the_demo_output_shown_is_the_committed_summary():
         assert line in text, page
         assert f"results/demo/{summary_path.name}" in text, page
     # The summary is the demo's run as configured today (a change to its settings renames the run);
-    # that the code still computes its numbers is tests/test_train_e2e.py's fingerprint check.
+    # that the code still computes its numbers is tests/e2e/test_train_e2e.py's fingerprint check.
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):

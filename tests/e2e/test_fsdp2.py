@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "helpers" / "distributed" / "same_batch_worker.py"
 # The two processes reduce sums (losses, gradients) in another order than one: fp32 rounding. The
 # largest gaps measured (3 steps, lr 5e-4): metrics 2.6e-5 relative (datc, tiny_llama), parameters
-# 4e-7 (grpo, tiny_gpt2); the tolerances are DeepSpeed's (tests/test_distributed.py).
+# 4e-7 (grpo, tiny_gpt2); the tolerances are DeepSpeed's (tests/e2e/test_distributed.py).
 LOSS_RTOL, PARAM_ATOL = 1e-4, 1e-5
 # bf16 autocast over fp32 master weights: the products are rounded to bf16 alike on both sides,
 # then reduced in another order; measured largest parameter gap 7.5e-9. DeepSpeed's bf16

@@ -1,5 +1,5 @@
 """LoRA policies under DeepSpeed on CPU (gloo), as the full-policy tests of
-tests/test_distributed.py: 2-process ZeRO-2 and ZeRO-3 runs compute the same losses and end
+tests/e2e/test_distributed.py: 2-process ZeRO-2 and ZeRO-3 runs compute the same losses and end
 with the same adapters as one plain process on the same global batch; a run saved and resumed
 equals an uninterrupted one, its checkpoints hold the adapters (not the frozen base), and the
 adapter exported from DeepSpeed's shards is the one ``final/`` holds."""

@@ -1,6 +1,6 @@
 """The rollout engines' parts that need no vLLM: the registry, the weights an engine with its own
 copy is sent (LoRA folded in, tied heads kept), the KV-cache arithmetic, the per-prompt seeds,
-and the one-line refusal where vLLM is missing. (The vLLM engine itself: tests/test_vllm_engine.py.)"""
+and the one-line refusal where vLLM is missing. (The vLLM engine itself: tests/engines/test_vllm_engine.py.)"""
 
 from __future__ import annotations
 

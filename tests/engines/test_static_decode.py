@@ -4,7 +4,7 @@ stream and the same logits to float rounding, with kept logits, min_new_tokens, 
 temperature, shared prompts and EOS early stop; the run loop's bookkeeping when the step is
 replayed (a CPU stand-in for the CUDA graph: the same Python step, called again); and where it
 falls back to the dynamic loop. A training step decoding statically gives the dynamic step's
-metrics: tests/test_performance_switches.py."""
+metrics: tests/step/test_performance_switches.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``trainer.gradient_checkpointing``: the update's decoder blocks recompute their activations in
 the backward: the same gradients, fewer bytes kept for the backward, the policy left as it was.
-A training step with it equals the plain one: tests/test_performance_switches.py."""
+A training step with it equals the plain one: tests/step/test_performance_switches.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """``trainer.lm_head_chunk``: the update's log-probs through the LM head a few positions at a time
 (each chunk checkpointed, no (rows, T, V) logits held) equal the whole-logits path: values,
 entropies and gradients, in float64 on hand-made tensors and on both testbed families. A training
-step with it equals the whole-logits step: tests/test_performance_switches.py."""
+step with it equals the whole-logits step: tests/step/test_performance_switches.py."""
 
 from __future__ import annotations
 

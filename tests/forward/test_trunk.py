@@ -2,7 +2,7 @@
 two models are equal block for block; one reference pass gives the reference's log-probs and,
 through the reward model's own top blocks, its scores and input gradients, equal to the plain
 passes' to rounding, without running the reward model's lower blocks; a training step with it
-matches one without (tests/test_performance_switches.py, with and without LoRA)."""
+matches one without (tests/step/test_performance_switches.py, with and without LoRA)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Two chat formats of the kind the paper presets' checkpoints use, written out for word-level
 test vocabularies: ChatML (Qwen3's) and Llama 3's header format. The tests build tokenizers with
-them (tests/test_chat.py) and so does the GPU check (scripts/gpu_check/cases.py), which therefore
+them (tests/models/test_chat.py) and so does the GPU check (scripts/gpu_check/cases.py), which therefore
 exercise the same templates. Test data, not a test: pytest collects nothing here."""
 
 from __future__ import annotations

@@ -32,4 +32,4 @@ def once_per_run(folder: Path):
 class Sweep:
     dir: Path  # hydra.sweep.dir: one run directory per job
     cmd: list[str]  # the command without its hydra.sweep.dir
-    env: dict[str, str]  # on top of the test process's (tests/cli.py)
+    env: dict[str, str]  # on top of the test process's (tests/helpers/cli.py)

@@ -2,7 +2,7 @@
 the policy with its adapters disabled, equal to a separately loaded base model, and no second
 model is loaded; only the adapters train (every one of them) and the checkpoints hold them and
 their optimizer state alone; every credit scheme, the shared trunk (a step with it and without:
-tests/test_performance_switches.py) and the zero-advantage skip keep working; a killed run resumes to the same metrics; ``final/`` holds the adapter
+tests/step/test_performance_switches.py) and the zero-advantage skip keep working; a killed run resumes to the same metrics; ``final/`` holds the adapter
 (``PeftModel.from_pretrained``) and ``datc-export --merge`` a plain merged model, both giving the
 trained policy's logits; the memory plan counts the adapters exactly."""
 

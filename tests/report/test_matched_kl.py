@@ -49,7 +49,7 @@ def _arg(cmd, key):
 
 
 def matched_sweep(root):
-    """The sweep of tests/test_tuning.py with KLs: grpo's selection points 0.1, 0.2, 0.4 at x0.5, x1,
+    """The sweep of tests/report/test_tuning.py with KLs: grpo's selection points 0.1, 0.2, 0.4 at x0.5, x1,
     x2; datc's chosen configuration (x2, tau 0.5) at 0.8 on the selection seeds; its tuned gain over
     tuned grpo is +0.300 on every evaluation seed (resolved)."""
     folder = sweep(root)

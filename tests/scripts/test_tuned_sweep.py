@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_sweep_runs_its_stages_resumes_and_is_reported(cache_dir, tmp_path, capsys, monkeypatch):
-    # each stage's `datc-train -m` grid forked from the command server (tests/cli.py): a process of its own
+    # each stage's `datc-train -m` grid forked from the command server (tests/helpers/cli.py): a process of its own
     monkeypatch.setattr(scripts.tuned_sweep, "subprocess", SimpleNamespace(run=lambda cmd: cli.run(cmd, timeout=900)))
     root = tmp_path / "tuned"
     args = ["--policy", "tiny_gpt2", "--data", "keywords", "--schemes", "datc_identity", "--root", str(root),

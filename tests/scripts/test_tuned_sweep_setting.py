@@ -38,7 +38,7 @@ def test_the_setting_composes_with_hydra(experiment, policy, data, swept, tmp_pa
 
 
 def test_the_evaluation_runs_tuned_pairs_seed_by_seed_then_the_defaults_and_lanes_share_the_seeds(tmp_path):
-    # tests/test_tuning.py's hand-made sweep: grpo chose its default, datc x2 with tau 0.5
+    # tests/report/test_tuning.py's hand-made sweep: grpo chose its default, datc x2 with tau 0.5
     from scripts.tuned_sweep import lane, stage_commands
     from tests.helpers.tuning import EVAL, LR, sweep
 

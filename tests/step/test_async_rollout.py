@@ -1,7 +1,7 @@
 """rollout.max_staleness: the fixed version schedule, the built-in engine's own copy of the
 weights on its own thread, determinism, kill -9 and resume, and the config's refusals
 (datc.step.stream, datc.engines.own_copy). The vLLM engine's asynchronous runs are in
-tests/test_vllm_engine.py."""
+tests/engines/test_vllm_engine.py."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ activations; static decoding draws the dynamic loop's random numbers, so GRPO, w
 else of the sampler, is equal bit for bit), to float rounding where it changes the arithmetic's
 order (the chunked LM head, the shared trunk, DATC's credit from the static sampler's kept
 logits). Each case also checks that the step plan did switch. The switches' own unit tests are
-in tests/test_gradient_checkpointing.py, test_head_chunk.py, test_static_decode.py, test_trunk.py
-and test_lora.py."""
+in tests/forward/ (test_gradient_checkpointing.py, test_head_chunk.py, test_trunk.py),
+tests/engines/test_static_decode.py and tests/models/test_lora.py."""
 
 from __future__ import annotations
 
@@ -51,16 +51,16 @@ class Switch:
 
 
 SWITCHES = {
-    # (was tests/test_gradient_checkpointing.py::test_a_training_step_with_checkpointing_equals_the_plain_one)
+    # (was tests/forward/test_gradient_checkpointing.py::test_a_training_step_with_checkpointing_equals_the_plain_one)
     "gradient_checkpointing": Switch(
         ["credit=datc", "trainer.share_prompts=false"], "trainer.gradient_checkpointing=false",
         "trainer.gradient_checkpointing=true", lambda s: (s.plan.grad_checkpoint, s.plan.update_passes.share),
         ((False, False), (True, False)), seed=7),
-    # (was tests/test_head_chunk.py::test_a_training_step_with_the_chunked_head_equals_the_whole_one)
+    # (was tests/forward/test_head_chunk.py::test_a_training_step_with_the_chunked_head_equals_the_whole_one)
     "lm_head_chunk": Switch(
         ["credit=datc", "trainer.micro_batch_size=4"], "trainer.lm_head_chunk=null", "trainer.lm_head_chunk=3",
         lambda s: s.plan.head_chunk, (None, 3), seed=7, rel=1e-5, abs=1e-6, update="grads", update_tol=(1e-4, 1e-7)),
-    # (was tests/test_static_decode.py::test_a_training_step_decoding_statically_gives_the_dynamic_steps_metrics:
+    # (was tests/engines/test_static_decode.py::test_a_training_step_decoding_statically_gives_the_dynamic_steps_metrics:
     # checking every step, decode_sync_every=1; two steps: the static cache is reused by the second)
     "decode-grpo": Switch(
         ["credit=grpo", "trainer.decode_sync_every=1"], "trainer.decode=dynamic", "trainer.decode=static",
@@ -69,12 +69,12 @@ SWITCHES = {
         ["credit=datc", "trainer.decode_sync_every=1"], "trainer.decode=dynamic", "trainer.decode=static",
         lambda s: s.plan.describe()["decode"], ("dynamic", "static"), steps=2, rel=1e-4, abs=1e-6, update=None,
         nan_ok=True),
-    # (was tests/test_trunk.py::test_a_training_step_with_the_shared_trunk_matches_one_without;
+    # (was tests/forward/test_trunk.py::test_a_training_step_with_the_shared_trunk_matches_one_without;
     # tiny_llama: 2 blocks, the reward model's top one trained, so a trunk of 1)
     "share_trunk": Switch(
         [*TRUNK, "trainer.beta=0.04"], "trainer.share_trunk=false", "trainer.share_trunk=true",
         lambda s: s.plan.trunk, (0, 1), rel=1e-4, abs=1e-6, keys=TRUNK_KEYS, update=None, slow=False),
-    # (was tests/test_lora.py::test_a_training_step_with_the_shared_trunk_matches_one_without_under_lora:
+    # (was tests/models/test_lora.py::test_a_training_step_with_the_shared_trunk_matches_one_without_under_lora:
     # the reference is the policy with its adapters off)
     "share_trunk-lora": Switch(
         [*TRUNK, "policy.lora.r=4"], "trainer.share_trunk=false", "trainer.share_trunk=true",

@@ -1,5 +1,5 @@
 """The ``reviews`` task: AFINN gold and its exact per-token attribution on byte-level BPE token
-strings (hand-made here; the real SmolLM2 tokenizer's splits are in tests/test_real_model.py),
+strings (hand-made here; the real SmolLM2 tokenizer's splits are in tests/models/test_real_model.py),
 held-out subjects, and the reward model's frozen-bottom training path."""
 
 from __future__ import annotations

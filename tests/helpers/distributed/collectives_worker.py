@@ -1,4 +1,4 @@
-"""One rank of ``tests/test_distributed.py::test_the_collectives_over_two_gloo_ranks``: each
+"""One rank of ``tests/e2e/test_distributed.py::test_the_collectives_over_two_gloo_ranks``: each
 ``Dist`` collective over two gloo processes, written to ``<out>/rank<r>.json``."""
 
 import json

@@ -1,5 +1,5 @@
-"""The 2-process save-and-resume runs of tests/test_distributed.py (ZeRO-3),
-tests/test_lora_distributed.py (LoRA under ZeRO-2 and ZeRO-3) and tests/test_fsdp2.py (FSDP2, the
+"""The 2-process save-and-resume runs of tests/e2e/test_distributed.py (ZeRO-3),
+tests/e2e/test_lora_distributed.py (LoRA under ZeRO-2 and ZeRO-3) and tests/e2e/test_fsdp2.py (FSDP2, the
 full policy and LoRA),
 made once per test run in three launches instead of two per case:
 
@@ -7,7 +7,7 @@ made once per test run in three launches instead of two per case:
    output, rank 0's one summary line);
 2. the other cases' uninterrupted runs in one ``torchrun`` launch (``runs_worker.py``: the
    command's own training loop, one run after the other in the same processes);
-3. every case's run "killed" after its step-2 checkpoint (:func:`tests.conftest.copy_as_killed`:
+3. every case's run "killed" after its step-2 checkpoint (:func:`tests.helpers.runs.copy_as_killed`:
    what a kill -9 then would have left) resumed, again in one ``torchrun`` launch.
 
 Each case: 4 steps of ``debug=fast`` with ``credit=datc``, a checkpoint every 2 steps."""

@@ -1,10 +1,10 @@
-"""Run by ``torchrun`` for tests/distributed/resume.py: several whole training runs
+"""Run by ``torchrun`` for tests/helpers/distributed/resume.py: several whole training runs
 (:func:`datc.training.trainer.train`, the command's own loop: evaluations, checkpoints, resume,
 ``final/``) one after the other in the same processes. The worker joins the process group
 itself, so every run finds it joined and leaves it to the worker (one interpreter start and one
 rendezvous for all of them).
 
-    python tests/distributed/runs_worker.py SPEC.json    # SPEC: {name: [override, ...]}, run_dir among them
+    python tests/helpers/distributed/runs_worker.py SPEC.json    # SPEC: {name: [override, ...]}, run_dir among them
 """
 
 from __future__ import annotations

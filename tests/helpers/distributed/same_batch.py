@@ -1,5 +1,5 @@
-"""The same-global-batch comparisons of tests/test_distributed.py, tests/test_lora_distributed.py and
-tests/test_fsdp2.py, run once per test session: every 2-process configuration (DeepSpeed's, then
+"""The same-global-batch comparisons of tests/e2e/test_distributed.py, tests/e2e/test_lora_distributed.py and
+tests/e2e/test_fsdp2.py, run once per test session: every 2-process configuration (DeepSpeed's, then
 FSDP2's) in one ``torchrun`` launch (one process group, the interpreters and the libraries started
 once, not once per case), every one-process plain reference in this process. A case is (backend,
 credit, dtype, extra overrides); the reference is the same configuration on the plain backend,
@@ -28,7 +28,7 @@ LORA = ["policy.lora.r=4"]
 # name -> (backend of the 2-process run: zero2, zero3 or fsdp2; credit, dtype, extra overrides of
 # both runs, extra overrides of the 2-process run only)
 CASES: dict[str, tuple[str, str, str, list[str], list[str]]] = {
-    # the full policy (tests/test_distributed.py); bf16: torch autocast, fp32 master weights
+    # the full policy (tests/e2e/test_distributed.py); bf16: torch autocast, fp32 master weights
     "zero2-grpo-float32": ("zero2", "grpo", "float32", [], []),
     "zero2-datc-float32": ("zero2", "datc", "float32", [], []),
     "zero3-grpo-float32": ("zero3", "grpo", "float32", [], []),
@@ -40,10 +40,10 @@ CASES: dict[str, tuple[str, str, str, list[str], list[str]]] = {
     # gathered once per call (what `auto` does on CPU: the zero3-*-float32 runs above)
     "zero3-grpo-synced": ("zero3", "grpo", "float32", [], ["deepspeed.gather_for_generation=synced"]),
     "zero3-datc-synced": ("zero3", "datc", "float32", [], ["deepspeed.gather_for_generation=synced"]),
-    # LoRA policies (tests/test_lora_distributed.py)
+    # LoRA policies (tests/e2e/test_lora_distributed.py)
     "lora-zero2": ("zero2", "datc", "float32", LORA, []),
     "lora-zero3": ("zero3", "datc", "float32", LORA, []),
-    # FSDP2 (tests/test_fsdp2.py): both testbed families, bf16, LoRA
+    # FSDP2 (tests/e2e/test_fsdp2.py): both testbed families, bf16, LoRA
     "fsdp2-grpo-gpt2-fp32": ("fsdp2", "grpo", "float32", ["policy=tiny_gpt2"], []),
     "fsdp2-datc-llama-fp32": ("fsdp2", "datc", "float32", ["policy=tiny_llama"], []),
     "fsdp2-datc-gpt2-bf16": ("fsdp2", "datc", "bfloat16", ["policy=tiny_gpt2"], []),

@@ -1,4 +1,4 @@
-"""Run by ``torchrun`` from tests/test_distributed.py (and called in-process there for the one-process
+"""Run by ``torchrun`` from tests/e2e/test_distributed.py (and called in-process there for the one-process
 references, plain PyTorch): a few training steps in which every process samples the same *global*
 rollout batch from the same seed and keeps its share of whole groups, so a 2-process DeepSpeed run
 and a 1-process plain run see exactly the same responses. Several configurations run one after the
@@ -6,7 +6,7 @@ other in the same processes (one process group, one interpreter start for all of
 session is built from the same seed. Writes, from rank 0, per configuration the per-step global
 losses and grad norms and the final policy parameters.
 
-    python tests/distributed/same_batch_worker.py OUT.pt SPEC.json    # SPEC: {name: [override, ...]}
+    python tests/helpers/distributed/same_batch_worker.py OUT.pt SPEC.json    # SPEC: {name: [override, ...]}
 """
 
 from __future__ import annotations
