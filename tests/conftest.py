@@ -16,7 +16,6 @@ from datc.models.tokenizer import build_testbed_tokenizer, load_tokenizer
 from datc.utils import quiet_libraries
 from tests.helpers.shared import Sweep, once_per_run, shared_dir
 from tests.helpers.testbed import ARCHS, HAS_VLLM, cfg_for
-from tests.helpers.zero_advantage import forced_ops
 
 quiet_libraries()
 torch.set_num_threads(1)
@@ -54,6 +53,8 @@ def forced():
     """Every step's batch holds a group tied by value (its responses differ), a response with a
     NaN reward, and a group of identical responses (tests/helpers/zero_advantage.py): the
     zero-advantage skip's tests and LoRA's. ``forced["ops"]``: the seams that do it."""
+    from tests.helpers.zero_advantage import forced_ops
+
     return forced_ops()
 
 
