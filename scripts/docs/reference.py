@@ -34,7 +34,7 @@ TESTS = ROOT / "tests"
 RESULTS = ROOT / "results"
 
 # Modules whose API page is rendered from their docstrings: the pure math (no model, config or
-# I/O inside, as tests/test_import_graph.py keeps them) and the credit interface a scheme author
+# I/O inside, as tests/structure/test_import_graph.py keeps them) and the credit interface a scheme author
 # writes against.
 API_MODULES = [
     "datc.math.advantages",

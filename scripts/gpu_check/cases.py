@@ -58,7 +58,7 @@ def chat_tokenizer(fmt: str, vocab_size: int, out: Path):
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from tests.data.chat_formats import FORMATS  # the chat formats the tests use too
+    from tests.helpers.chat_formats import FORMATS  # the chat formats the tests use too
 
     f = FORMATS[fmt]
     template, specials, eos, pad = f.template, (f.pad, *f.specials), f.eos, f.pad

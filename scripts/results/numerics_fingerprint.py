@@ -6,11 +6,11 @@ A ``debug=fast`` run from an empty cache (the prepare step's warm start and rewa
 included, then 3 GRPO steps and 2 evaluations; about half a minute on one core) leaves a few
 figures per step: the loss, the reward model's score, the response length, the gradient norm and
 the held-out gold and score. ``make demo-results`` writes them beside the demo's summary, with
-the commit that made both; ``tests/test_train_e2e.py::test_same_command_gives_same_metrics``
+the commit that made both; ``tests/e2e/test_train_e2e.py::test_same_command_gives_same_metrics``
 computes them on the code under test from its own empty cache and fails when they differ: the
 numerics changed since the committed demo figure was made, so the figure must be made again
 (``make demo-results``). A change that touches only the demo's own settings changes its run name
-instead (``tests/test_docs.py`` checks that the committed summary is the demo's run name today).
+instead (``tests/e2e/test_docs.py`` checks that the committed summary is the demo's run name today).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import torch
 from datc.checks import validate
 from datc.step import train_step
 from datc.training.session import build_session
-from tests.conftest import cfg_for
+from tests.helpers.testbed import cfg_for
 
 pytestmark = pytest.mark.slow
 

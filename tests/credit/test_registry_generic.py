@@ -65,7 +65,7 @@ def random_batch(seed: int = 0) -> CreditBatch:
         "response_end": end_of_text(torch.arange(T) < torch.tensor([7, 1, 4, 7, 2, 5])[:, None],
                                     torch.tensor([True, False, False, False, False, False])),  # row 0 ran out of budget
         "generator": torch.Generator().manual_seed(seed),
-        "all_sum": None,  # one process (2-process reductions: tests/test_distributed.py)
+        "all_sum": None,  # one process (2-process reductions: tests/e2e/test_distributed.py)
         "all_cat": None,
     }
     missing = [f.name for f in dataclasses.fields(CreditBatch) if f.name not in fillers]
@@ -169,7 +169,7 @@ def test_a_row_separable_scheme_gives_each_row_the_same_weights_alone(name):
     # a scheme that declares row_separable: verified here for every registered scheme that does,
     # so a new scheme's declaration is checked, not listed by hand.
     scheme = CREDIT_SCHEMES.get(name)
-    assert scheme.row_local  # row-separable implies row-local (tests/test_zero_advantage_skip.py)
+    assert scheme.row_local  # row-separable implies row-local (tests/step/test_zero_advantage_skip.py)
     batch, seen = random_batch(2), []
     if batch.logps_under is not None:
         full_fn = batch.logps_under
