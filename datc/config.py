@@ -38,13 +38,6 @@ class LoraConfig:
     lr_scale: float = 10.0
 
 
-def update_lr(c: TrainConfig) -> float:
-    """The optimizer's rate: ``trainer.lr``, times ``policy.lora.lr_scale`` where LoRA adapters
-    train (they start at zero and need a larger step than whole weights: 10x, as the paper presets'
-    LoRA variants always used), so one ``trainer.lr`` serves a run with and without adapters."""
-    return c.trainer.lr * (c.policy.lora.lr_scale if c.policy.lora.r > 0 else 1.0)
-
-
 @dataclass
 class PolicyConfig:
     name: str = "tiny_gpt2"

@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 
+from datc.backends.base import update_lr
 from datc.backends.distributed import micro_batch_per_rank
-from datc.config import TrainConfig, update_lr
+from datc.config import TrainConfig
 
 log = logging.getLogger(__name__)
 

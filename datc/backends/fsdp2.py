@@ -34,10 +34,10 @@ from typing import Any
 
 import torch
 
-from datc.backends.base import Backend, Declares, PolicyOptimizer
+from datc.backends.base import Backend, Declares, PolicyOptimizer, update_lr
 from datc.backends.distributed import Dist, export_env, join_group
 from datc.backends.plain import TorchOptimizer
-from datc.config import ConfigError, TrainConfig, update_lr
+from datc.config import ConfigError, TrainConfig
 from datc.run.checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
 
 DCP_DIR = "dcp"

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from datc.backends.base import Backend, PolicyOptimizer
-from datc.config import ConfigError, update_lr
+from datc.backends.base import Backend, PolicyOptimizer, update_lr
+from datc.config import ConfigError
 from datc.models.lora import load_trained_state, trained_state
 from datc.run.checkpoint import save_checkpoint
 
