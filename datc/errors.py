@@ -16,11 +16,31 @@ def first_line(e: BaseException, limit: int = 200) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:limit]
 
 
-def warn(msg: str) -> None:
-    """One line on stderr: something was recovered or left out, and the run goes on."""
-    print(f"datc: warning: {msg}", file=sys.stderr, flush=True)
+_SAID: set[str] = set()
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr on a line of its own: through tqdm where a progress bar may be drawn
+    there (it clears the bar, prints, and redraws it), so a message is never glued to the bar."""
+    try:
+        from tqdm import tqdm
+
+        tqdm.write(line, file=sys.stderr)
+        sys.stderr.flush()
+    except ImportError:  # pragma: no cover (tqdm is a dependency)
+        print(line, file=sys.stderr, flush=True)
+
+
+def warn(msg: str, once: bool = False) -> None:
+    """One line on stderr: something was recovered or left out, and the run goes on. ``once``:
+    said once per process (a config check made twice, before and after torch loads)."""
+    if once:
+        if msg in _SAID:
+            return
+        _SAID.add(msg)
+    _say(f"datc: warning: {msg}")
 
 
 def note(msg: str) -> None:
     """One line on stderr about what the command is doing (resuming, already finished)."""
-    print(f"datc: {msg}", file=sys.stderr, flush=True)
+    _say(f"datc: {msg}")

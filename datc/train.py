@@ -17,7 +17,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from datc.config import MOVED_KEYS, ConfigError, valid_keys, validate
+from datc.checks import validate
+from datc.config import MOVED_KEYS, ConfigError, valid_keys
 from datc.paths import CONFIG_DIR
 from datc.run.runlock import remove_new_dirs
 
@@ -152,7 +153,10 @@ def hydra_error_line(e: Exception) -> str:
     missing = getattr(e, "missing_cfg_file", None)
     if options is not None and missing:
         group, _, choice = str(missing).rpartition("/")
-        return f"{group}={choice}: no such option in {group}/; choose one of {', '.join(options)}"
+        lower = {str(o).lower(): o for o in options}  # credit=dact, credit=DATC: datc
+        close = [lower[m] for m in difflib.get_close_matches(choice.lower(), list(lower), n=1, cutoff=0.6)]
+        mean = f"did you mean {group}={close[0]}? " if close else ""
+        return f"{group}={choice}: no such option in {group}/; {mean}choose one of {', '.join(options)}"
     key = getattr(e.__cause__, "full_key", None)
     if key in MOVED_KEYS:
         return f"{key}: moved to {MOVED_KEYS[key]} (the vLLM engine's own settings are rollout.vllm.*)"

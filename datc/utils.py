@@ -1,5 +1,5 @@
-"""Small shared helpers: config hashing, atomic file and directory writes, seeding, RNG state,
-process settings."""
+"""Small shared helpers: seeding, RNG state, process settings (atomic writes: :mod:`datc.atomic`;
+config hashing: :mod:`datc.hashing`)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from datc.run.atomic import atomic_dir, atomic_write_bytes, atomic_write_json, atomic_write_text  # noqa: F401
-from datc.run.hashing import config_hash  # noqa: F401  (light: the run name's resolver needs it without torch)
 
 
 def seed_everything(seed: int) -> None:

@@ -156,7 +156,7 @@ def write_manifest(folder: Path, new: dict[str, Any]) -> dict[str, Any]:
                 raise Refused(f"{path}: scheme {name}'s defaults or grids changed since its first batch "
                               f"({old['schemes'][name]} there, {spec} now); use another --root")
         new = {**old, "schemes": {**old["schemes"], **new["schemes"]}}
-    from datc.run.atomic import atomic_write_json
+    from datc.atomic import atomic_write_json
 
     atomic_write_json(path, new)
     return new

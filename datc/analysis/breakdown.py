@@ -159,7 +159,7 @@ def plot_breakdown(result: dict, path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from datc.run.atomic import atomic_write_bytes
+    from datc.atomic import atomic_write_bytes
 
     schemes = result["schemes"]
     if not schemes:

@@ -79,11 +79,12 @@ def main(argv: list[str] | None = None) -> None:
     from datc.analysis.breakdown import Tokens, breakdown, breakdown_markdown
     from datc.analysis.inputs import credit_inputs, session_for
     from datc.analysis.schemes import scheme_of, scheme_outputs
+    from datc.atomic import atomic_write_json, atomic_write_text
     from datc.credit.base import RM_EDIT_SCORES
     from datc.credit.diagnostics import credit_accuracy_rows
     from datc.credit.schemes.rm_counterfactual import counterfactual_contributions
     from datc.run.provenance import provenance
-    from datc.utils import atomic_write_json, atomic_write_text, quiet_libraries
+    from datc.utils import quiet_libraries
 
     quiet_libraries()
     s = session_for(["credit=datc", *a.overrides])

@@ -1,7 +1,7 @@
 """``credit=datc`` against ``credit=grpo`` on the same work, paired: two sessions of one config,
 each step started from the same weights and random stream (so both sample the same responses),
-steps interleaved (grpo, datc, datc, grpo, ...). Shared by scripts/bench_credit.py (the testbed
-figure of results/bench/credit.md) and scripts/paired_cost.py (any preset)."""
+steps interleaved (grpo, datc, datc, grpo, ...). Shared by scripts/bench/credit.py (the testbed
+figure of results/bench/credit.md) and scripts/results/paired_cost.py (any preset)."""
 
 from __future__ import annotations
 

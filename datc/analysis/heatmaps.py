@@ -283,7 +283,8 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--examples must be at least 1")
     torch.set_num_threads(1)
     from datc.analysis.inputs import RunRefused, run_session, session_for
-    from datc.utils import atomic_write_bytes, atomic_write_text, quiet_libraries
+    from datc.atomic import atomic_write_bytes, atomic_write_text
+    from datc.utils import quiet_libraries
 
     quiet_libraries()
     if a.run is not None:

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from datc.batch import Rollout
 from datc.credit import CreditBatch
 from datc.credit.base import NEEDS
-from datc.engines.rollout import Rollout
 from datc.paths import CONFIG_DIR
 
 # ---- the analysis calls the step's phases here, nowhere else --------------------------------
@@ -53,7 +53,7 @@ def session_for(overrides: list[str]) -> Session:
     or loaded from the cache) and seed torch with the config's seed."""
     from hydra import compose, initialize_config_dir
 
-    from datc.config import validate
+    from datc.checks import validate
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
@@ -109,10 +109,11 @@ def run_session(run_dir: Path, overrides: list[str]) -> tuple[Session, Path]:
     names). Returns (session, checkpoint directory); :class:`RunRefused` says why not."""
     from omegaconf import OmegaConf
 
-    from datc.config import ConfigError, validate
+    from datc.checks import validate
+    from datc.commands.export import ExportError, checkpoint_state_dict, load_policy_weights
+    from datc.config import ConfigError
     from datc.models.lora import load_trained_state
     from datc.run.checkpoint import latest_checkpoint
-    from datc.run.export import ExportError, checkpoint_state_dict, load_policy_weights
     from datc.run.rundir import read_run_config
 
     if not (run_dir / "config.yaml").exists():

@@ -139,3 +139,10 @@ class Backend:
         """The policy's fp32 weights in checkpoint ``ckpt`` (its ``state.pt`` is ``state``) when this
         backend wrote it, in one process; None when another did."""
         return None
+
+
+def update_lr(c) -> float:
+    """The optimizer's rate: ``trainer.lr``, times ``policy.lora.lr_scale`` where LoRA adapters
+    train (they start at zero and need a larger step than whole weights: 10x, as the paper presets'
+    LoRA variants always used), so one ``trainer.lr`` serves a run with and without adapters."""
+    return c.trainer.lr * (c.policy.lora.lr_scale if c.policy.lora.r > 0 else 1.0)

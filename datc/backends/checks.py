@@ -1,5 +1,5 @@
 """The backend a config chooses, and the checks of ``backend`` and ``deepspeed`` against each
-other, made by :func:`datc.config.validate` before any model loads (imports no backend)."""
+other, made by :func:`datc.checks.validate` before any model loads (imports no backend)."""
 
 from __future__ import annotations
 

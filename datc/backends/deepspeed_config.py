@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from datc.backends.base import update_lr
 from datc.backends.distributed import micro_batch_per_rank
 from datc.config import TrainConfig
 
@@ -36,7 +37,7 @@ def deepspeed_config(c: TrainConfig, world_size: int, device: torch.device) -> d
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": t.mini_batch_size // (micro * world_size),
         "gradient_clipping": t.max_grad_norm,
-        "optimizer": {"type": "AdamW", "params": {"lr": t.lr, "betas": list(t.adam_betas), "eps": 1e-8,
+        "optimizer": {"type": "AdamW", "params": {"lr": update_lr(c), "betas": list(t.adam_betas), "eps": 1e-8,
                                                    "weight_decay": t.weight_decay, "torch_adam": torch_adam}},
         "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,

@@ -183,7 +183,7 @@ def check_world(c: TrainConfig, world_size: int) -> None:
 
 def micro_batch_per_rank(c: TrainConfig, world_size: int) -> int:
     """Responses per forward/backward on one rank: ``micro_batch_size``, capped by the rank's
-    share of a mini-batch. ``auto`` before the session resolves it (:mod:`datc.backends.micro_batch`):
+    share of a mini-batch. ``auto`` before the session resolves it (:mod:`datc.memory.micro_batch`):
     the rank's share, which only the checks and the frozen models' inference engines read then
     (it sizes nothing there)."""
     per_rank = c.trainer.mini_batch_size // world_size

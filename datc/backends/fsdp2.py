@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from datc.backends.base import Backend, Declares, PolicyOptimizer
+from datc.backends.base import Backend, Declares, PolicyOptimizer, update_lr
 from datc.backends.distributed import Dist, export_env, join_group
 from datc.backends.plain import TorchOptimizer
 from datc.config import ConfigError, TrainConfig
@@ -79,7 +79,7 @@ class FSDP2Backend(Backend):
         fully_shard(policy, mesh=mesh, reshard_after_forward=False)  # the root: whole until its backward
         trainable = [p for p in policy.parameters() if p.requires_grad]  # the sharded ones now
         t = self.c.trainer
-        opt = torch.optim.AdamW(trainable, lr=t.lr, betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
+        opt = torch.optim.AdamW(trainable, lr=update_lr(self.c), betas=tuple(t.adam_betas), weight_decay=t.weight_decay)
         return policy, FSDP2Optimizer(policy, opt, make_scheduler(opt), t.max_grad_norm, self.dist,
                                       {blk: raf for blk in layers} | {policy: False})
 

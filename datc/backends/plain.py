@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from datc.backends.base import Backend, PolicyOptimizer
+from datc.backends.base import Backend, PolicyOptimizer, update_lr
 from datc.config import ConfigError
 from datc.models.lora import load_trained_state, trained_state
 from datc.run.checkpoint import save_checkpoint
@@ -21,7 +21,7 @@ class PlainBackend(Backend):
 
     def build_optimizer(self, policy, trainable: list, make_scheduler) -> tuple[Any, PolicyOptimizer]:
         t = self.c.trainer
-        opt = torch.optim.AdamW(trainable, lr=t.lr, betas=tuple(t.adam_betas), weight_decay=t.weight_decay,
+        opt = torch.optim.AdamW(trainable, lr=update_lr(self.c), betas=tuple(t.adam_betas), weight_decay=t.weight_decay,
                                 fused=True)  # one fused kernel (CPU and CUDA) instead of per-tensor loops
         return policy, TorchOptimizer(policy, opt, make_scheduler(opt), t.max_grad_norm)
 

@@ -1,2 +1,3 @@
-"""Prompt data and the testbed's assets: prompt files and datasets, the word-level tokenizer, the
-prepare step (``datc-prepare``) and the testbed's warm start and reward-model training."""
+"""Prompt data: prompt files and datasets (``data.path``, the testbed's generated prompts) and the
+check of where the prompts, policy and reward model come from. The prepare step that trains the
+testbed's models is :mod:`datc.prepare`."""

@@ -1,5 +1,5 @@
 """The checks of where the run's prompts, policy and reward model come from (``data.path``,
-``data.task``, ``policy.path``, ``reward.path``), called by :func:`datc.config.validate` before
+``data.task``, ``policy.path``, ``reward.path``), called by :func:`datc.checks.validate` before
 any file or model is read."""
 
 from __future__ import annotations

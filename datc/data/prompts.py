@@ -15,8 +15,9 @@ from typing import Any
 
 import datasets
 
+from datc.atomic import atomic_dir
 from datc.config import ConfigError
-from datc.utils import atomic_dir, config_hash
+from datc.hashing import config_hash
 
 GEN_SEED = 0  # the testbed's prompt sets are the same for every run seed (paired comparisons)
 

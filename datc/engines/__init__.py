@@ -1,6 +1,6 @@
 """Rollout engines: what samples the step's responses (``rollout=torch|vllm``, configs/rollout/).
 
-Every engine returns the same :class:`datc.engines.rollout.Rollout` (left-padded prompts, right-padded
+Every engine returns the same :class:`datc.batch.Rollout` (left-padded prompts, right-padded
 responses, masks, truncation); an engine that samples with its own copy of the weights also
 returns its per-token log-probs (``Rollout.sampler_logps``) and has the policy's weights pushed
 to it before each rollout (:meth:`RolloutEngine.sync`). The step calls the engine the session

@@ -6,7 +6,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from datc.engines.rollout import Rollout
+from datc.batch import Rollout
 
 
 class EngineError(RuntimeError):
@@ -43,6 +43,13 @@ class RolloutEngine:
     own_weights = False
     loads_on_its_thread = False  # an asynchronous rollout may hand it weights to load on the engine's own thread
     draws_global_rng = False  # its sampling draws from torch's global random stream (whatever its seeds)
+
+    @classmethod
+    def declared(cls, c) -> type[RolloutEngine]:
+        """The engine class whose declarations (``keeps_logits``, ``own_weights``) a run with
+        config ``c`` gets from :meth:`build`, known before any model loads (the memory plan reads
+        them through :func:`datc.step.plan.build_plan`)."""
+        return cls
 
     def sample(self, policy, tok, examples: list[dict[str, Any]], args: SamplingArgs, *, keep_logits: bool = False,
                encoder=None, seeds: list[int] | None = None, ops=None) -> Rollout:

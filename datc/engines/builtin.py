@@ -1,5 +1,5 @@
 """The built-in engine: the trainer's policy samples with the project's own KV-cache loop
-(:func:`datc.engines.rollout.sample_groups`, the static-cache decode on CUDA). Its logits are the
+(:func:`datc.engines.generate.sample_groups`, the static-cache decode on CUDA). Its logits are the
 trainer's, so the credit can reuse them and no correction applies."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from datc.batch import Rollout
 from datc.engines.base import RolloutEngine, SamplingArgs
-from datc.engines.rollout import Rollout, sample_groups
+from datc.engines.generate import sample_groups
 
 
 class TorchEngine(RolloutEngine):
@@ -26,6 +27,14 @@ class TorchEngine(RolloutEngine):
 
             return OwnCopyEngine.build(c, m, device, dist)
         return cls()
+
+    @classmethod
+    def declared(cls, c) -> type[RolloutEngine]:
+        if c.rollout.max_staleness > 0:
+            from datc.engines.own_copy import OwnCopyEngine
+
+            return OwnCopyEngine
+        return cls
 
     def sample(self, policy, tok, examples: list[dict[str, Any]], args: SamplingArgs, *, keep_logits: bool = False,
                encoder=None, seeds: list[int] | None = None, ops=None) -> Rollout:

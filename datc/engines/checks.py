@@ -1,4 +1,4 @@
-"""The ``rollout`` config's checks, made by ``datc.config.validate`` before any model loads:
+"""The ``rollout`` config's checks, made by ``datc.checks.validate`` before any model loads:
 each failure is one :class:`ConfigError` line naming the field and what would be valid."""
 
 from __future__ import annotations
@@ -121,9 +121,9 @@ def check_staleness(c) -> None:
         raise ConfigError(f"rollout.vllm.sleep_mode: on releases the engine's memory during the update, while "
                           f"rollout.max_staleness={k} has it sample then; use sleep_mode=auto or off")
     if r.correction == "none":
-        warn(f"rollout.max_staleness={k} with rollout.correction=none: samples of policies up to {k} steps old are "
+        warn(f"rollout.max_staleness={k} with rollout.correction=none: samples of policies up to {k} step{'s' if k > 1 else ''} old are "
              "trained on as if the current policy drew them (the gap is still measured: rollout/sampler_*); "
-             "rollout.correction=token_truncate re-weights them (TIS)")
+             "rollout.correction=token_truncate re-weights them (TIS)", once=True)
 
 
 def check_engine(c) -> None:

@@ -1,4 +1,4 @@
-"""A lean decode step for GPT-2 policies: the per-token forward of :func:`datc.engines.rollout.sample_tokens`
+"""A lean decode step for GPT-2 policies: the per-token forward of :func:`datc.engines.generate.sample_tokens`
 without transformers' per-call plumbing.
 
 At the testbed's size a decode forward of ``GPT2LMHeadModel`` spends most of its time outside
@@ -6,14 +6,14 @@ the arithmetic (output wrappers, argument handling, mask construction, cache boo
 step calls the model's own submodules (embeddings, layer norms, ``Conv1D`` projections, MLP, LM
 head) with the same tensor operations, in the same order and with the same shapes, as
 transformers' GPT-2 with SDPA attention does for one new token after a prefill, so its logits
-are transformers' bit for bit (pinned by tests/test_fast_decode.py). Anything else (another
+are transformers' bit for bit (pinned by tests/engines/test_fast_decode.py). Anything else (another
 architecture, eager attention, cross-attention, adapters, hooks such as DeepSpeed's) gets ``None``
 from :func:`lean_decoder` and decodes through the model's forward.
 
 The testbed's reward model (``GPT2ForSequenceClassification``) gets a lean read-out in the same
 spirit (:func:`lean_rm_continuation`): its score is read at the last position, so its last
 block runs only the keys and values at the other positions (the same score to float rounding,
-pinned by tests/test_shared_prompt.py).
+pinned by tests/models/test_shared_prompt.py).
 
 Shapes: B rows, n keys held so far, d hidden size, H heads, V vocabulary.
 """

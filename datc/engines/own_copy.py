@@ -2,7 +2,7 @@
 when ``rollout.max_staleness > 0`` (:mod:`datc.step.stream`), so that it can sample the next
 batches on another thread while the trainer updates the policy.
 
-It samples as the built-in engine does (:func:`datc.engines.rollout.sample_groups`, the
+It samples as the built-in engine does (:func:`datc.engines.generate.sample_groups`, the
 dynamic-cache decode: the static decode's CUDA graph draws from torch's global stream), with
 two differences that make it an engine with its own weights, as vLLM is:
 
@@ -28,8 +28,9 @@ from typing import Any
 
 import torch
 
+from datc.batch import Rollout
 from datc.engines.base import RolloutEngine, SamplingArgs
-from datc.engines.rollout import Rollout, sample_groups
+from datc.engines.generate import sample_groups
 from datc.math.logprobs import selective_log_softmax
 
 

@@ -1,5 +1,5 @@
 """One draw per row: the nucleus filter and the categorical draw, shared by both decode loops
-(:func:`datc.engines.rollout.sample_tokens`'s dynamic-cache loop and :mod:`datc.engines.static_decode`). The
+(:func:`datc.engines.generate.sample_tokens`'s dynamic-cache loop and :mod:`datc.engines.static_decode`). The
 nucleus filter and ``sample_categorical(..., sync_free=True)`` read no tensor's value on the
 host, so they can run inside a captured CUDA graph.
 

@@ -1,6 +1,6 @@
 """Decoding on a static KV cache, one decode step written to be captured as a CUDA graph.
 
-:func:`datc.engines.rollout.sample_tokens` decodes on a ``DynamicCache`` that grows by one position per
+:func:`datc.engines.generate.sample_tokens` decodes on a ``DynamicCache`` that grows by one position per
 token, with an attention mask re-built every step and the host reading whether any row is still
 sampling after every token. On a GPU that loop is host-bound: one decode step of a 1.7B model
 whose weights stream in about 1 ms took 27-36 ms. Here, after the same prefill, the keys and
@@ -17,7 +17,7 @@ distribution, another continuation of the random stream).
 Same distribution, same logits to float rounding: a token's logits are the model's forward
 over the static cache, whose keys past the current position are masked (the keys attended to
 are the dynamic cache's, in a longer masked row: the attention's sums run over other blocks,
-so logits agree to a few float32 ulps, pinned by tests/test_static_decode.py), then the
+so logits agree to a few float32 ulps, pinned by tests/engines/test_static_decode.py), then the
 dynamic loop's float32 copy, EOS ban before ``min_new_tokens``, temperature, top-p, softmax and
 :func:`datc.engines.sampling.sample_categorical`.
 

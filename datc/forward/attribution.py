@@ -12,11 +12,13 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from datc.batch import Rollout, position_ids
 from datc.engines.fast_decode import lean_rm_continuation
-from datc.engines.rollout import Rollout, cache_kwarg, position_ids
-from datc.forward.shared_prompt import forward_after_prefix_cache
 from datc.math.logprobs import selective_log_softmax
-from datc.rewards.model import RMInputs, as_score, score
+from datc.models.build import cache_kwarg
+from datc.models.rm_inputs import RMInputs
+from datc.models.shared_prompt import forward_after_prefix_cache
+from datc.rewards.model import as_score, score
 
 
 def rm_edit_scorer(score_fn: Callable, rm, inputs: RMInputs, response_mask: Tensor, batch_size: int,
@@ -64,7 +66,7 @@ def score_edits_after_prefixes(rm, inputs: RMInputs, rows: Tensor, positions: Te
                                batch_size: int) -> Tensor:
     """(N,) float32: the reward model's scores of N single-token edits (``rows``, ``positions``,
     ``ids``, each (N,) long), the unchanged columns before each edit taken from one cached
-    forward of the edited responses' own rows (:func:`datc.forward.shared_prompt.forward_after_prefix_cache`).
+    forward of the edited responses' own rows (:func:`datc.models.shared_prompt.forward_after_prefix_cache`).
 
     Cost: one forward of the distinct rows (L columns each), then the edits sorted by their
     column, ``batch_size`` per forward, each forward from the first column any of its edits

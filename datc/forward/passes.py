@@ -12,35 +12,10 @@ from typing import NamedTuple
 
 import torch
 
-from datc.credit.base import ENTROPY, OLD_LOGPS, POLICY_HIDDEN, POLICY_LOGITS
-from datc.engines.rollout import Rollout, position_ids, with_prompts
-from datc.forward.shared_prompt import forward_after_prompts, prompt_groups
+from datc.batch import Rollout, position_ids, with_prompts
 from datc.math.logprobs import chunked_head_logps, entropy_from_logits, selective_log_softmax
 from datc.models.build import decoder_layers
-
-# Largest B·T·V for which generate's logits are kept for credit (``reuse_rollout_logits: auto``):
-# 2^28 float32 values = 1 GiB. Real vocabularies at real batch sizes recompute them in chunks.
-REUSE_LOGITS_MAX_ELEMENTS = 2**28
-
-
-def is_on_policy(t) -> bool:
-    """One epoch, one mini-batch (trainer settings ``t``): the loss's old log-probs are the current ones."""
-    return t.epochs == 1 and t.mini_batch_size == t.batch_size
-
-
-def wants_dist(needs: frozenset[str]) -> bool:
-    """Whether a credit scheme with declared inputs ``needs`` reads the rollout policy's distribution."""
-    return bool(needs & {POLICY_LOGITS, ENTROPY, OLD_LOGPS, POLICY_HIDDEN})
-
-
-def reuses_rollout_logits(t, needs: frozenset[str], vocab_size: int) -> bool:
-    """Whether the step takes the rollout policy's distribution from the sampler's kept logits (no
-    second forward pass): on-policy, for a scheme that reads it and no hidden state (the sampler
-    keeps none), under ``trainer.reuse_rollout_logits``. Read by the step plan
-    (:func:`datc.step.plan.build_plan`) and the memory plan."""
-    return is_on_policy(t) and wants_dist(needs) and POLICY_HIDDEN not in needs and (
-        t.reuse_rollout_logits == "always"
-        or (t.reuse_rollout_logits == "auto" and t.batch_size * t.max_new_tokens * vocab_size <= REUSE_LOGITS_MAX_ELEMENTS))
+from datc.models.shared_prompt import forward_after_prompts, prompt_groups
 
 
 @dataclass(frozen=True)
@@ -50,7 +25,7 @@ class Passes:
 
     temperature: float
     micro: int  # rows per forward (trainer.micro_batch_size)
-    share: bool  # each distinct prompt forwarded once (datc.forward.shared_prompt)
+    share: bool  # each distinct prompt forwarded once (datc.models.shared_prompt)
 
     def logits(self, model, ro: Rollout, rows: slice | torch.Tensor) -> torch.Tensor:
         """:func:`policy_logits` (with a graph where grad is enabled)."""
@@ -84,7 +59,7 @@ def policy_forward(model, ro: Rollout, rows: slice | torch.Tensor, hidden: bool 
     """The policy's raw logits over the response positions (b, T, V), each position's logits
     predicting its token, and with ``hidden`` the LM-head inputs there (b, T, d; the last
     hidden state after the final norm), else None. With ``share`` each distinct prompt of the
-    rows is forwarded once (:mod:`datc.forward.shared_prompt`; with gradients as well); otherwise, or
+    rows is forwarded once (:mod:`datc.models.shared_prompt`; with gradients as well); otherwise, or
     for a one-token prompt width, one forward of ``prompt + response``. ``head=False``: the LM
     head runs at one position only and the logits returned are None (the caller applies the
     head itself, :meth:`Passes.token_logps`)."""
@@ -209,7 +184,7 @@ def logps_under_prompts(model, tok, ro: Rollout, temperature: float, micro: int,
     """The ``LOGPS_UNDER`` input of a credit scheme: a function from B prompt texts to the
     rollout policy's log-probs (B, T) of the sampled response ids under those prompts, one
     no-grad :func:`rollout_policy_pass` per call (ids spliced, never re-tokenized; see
-    :func:`datc.engines.rollout.with_prompts`). Under the original prompts it gives the old log-probs."""
+    :func:`datc.batch.with_prompts`). Under the original prompts it gives the old log-probs."""
     cfg = getattr(model, "config", None)
     ctx = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
 

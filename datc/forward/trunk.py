@@ -16,7 +16,7 @@ The sharing is found, not configured: :func:`shared_trunk_depth` compares the tw
 configurations (but for their heads) and parameters block by block; anything unequal ends the
 trunk there (0: no sharing, and the trainer's plain passes are used). The results are the
 plain passes' up to float rounding (the trunk runs in the reference's layout: the prompt but its
-last token shared, :mod:`datc.forward.shared_prompt`). ``trainer.share_trunk: false`` turns it off.
+last token shared, :mod:`datc.models.shared_prompt`). ``trainer.share_trunk: false`` turns it off.
 
 Shapes: B rows, P prompt width (left-padded), T response positions (right-padded), d hidden.
 """
@@ -29,12 +29,13 @@ import torch
 from torch import Tensor, nn
 
 from datc.backends.plugins import partitioned
-from datc.engines.rollout import Rollout
+from datc.batch import Rollout
 from datc.forward.passes import scaled
-from datc.forward.shared_prompt import forward_after_prompts, prompt_groups
 from datc.math.logprobs import selective_log_softmax
 from datc.models.lora import trunk_tensors
-from datc.rewards.model import RMScore, as_score, left_align_index, rows_by_gradient
+from datc.models.rm_inputs import left_align_index
+from datc.models.shared_prompt import forward_after_prompts, prompt_groups
+from datc.rewards.model import RMScore, as_score, rows_by_gradient
 
 # Decoder-only families whose base model runs ``inputs_embeds`` through its blocks unchanged
 # (no embedding scale, as Gemma has) and selects its blocks from ``base_model.layers``.
@@ -158,7 +159,7 @@ def _chunk(ref, rm, depth: int, ro: Rollout, rows: Tensor, temperature: float, w
             logps = selective_log_softmax(scaled(out.logits.detach(), temperature), rids)
         # the reward model's top blocks from the shared depth: each distinct prompt (but its last
         # token) once, then the continuations, left-aligned so their last column is every row's
-        # last token, where the score is read (datc.rewards.model.RMInputs)
+        # last token, where the score is read (datc.models.rm_inputs.RMInputs)
         hp, hc = pre.hidden_states[depth][groups.inverse], out.hidden_states[depth]
         src, _ = left_align_index(cont_mask)
         hc = hc.gather(1, src[:, :, None].expand(-1, -1, hc.shape[-1]))

@@ -4,7 +4,9 @@ hub id or local directory through the same ``from_pretrained`` path."""
 from __future__ import annotations
 
 import functools
+import inspect
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,6 +16,8 @@ from transformers import (
     AutoModelForSequenceClassification,
     PreTrainedModel,
 )
+
+from datc.atomic import atomic_dir, atomic_write_json
 
 # Said, not detected, on a machine without CUDA: DeepSpeed (imported by transformers' loading
 # path) otherwise logs "Setting accelerator to CPU" on every command.
@@ -201,3 +205,24 @@ def decoder_layers(model) -> list | None:
     if layers is None:
         layers = getattr(base, "h", None)
     return list(layers) if layers is not None else None
+
+
+def cache_kwarg(model) -> str:
+    """The forward's name for the KV cache: ``cache`` (transformers 5) or ``past_key_values``;
+    a wrapper's (DeepSpeed's engine) is its module's."""
+    model = getattr(model, "module", model)
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def save_pretrained_dir(model, tok, out: str | Path, state_dict: dict[str, torch.Tensor] | None = None,
+                        exist: str = "refuse", marker: dict | None = None) -> Path:
+    """``model`` (with ``state_dict`` as its weights, if given) and ``tok`` saved with
+    ``save_pretrained`` into ``out``, which appears complete or not at all (``exist``: what an
+    ``out`` already there means, :func:`datc.atomic.atomic_dir`)."""
+    out = Path(out)
+    with atomic_dir(out, exist) as tmp:
+        model.save_pretrained(tmp, state_dict=state_dict)
+        save_tokenizer(tok, tmp)
+        if marker is not None:
+            atomic_write_json(tmp / EXPORT_MARKER, marker)
+    return out

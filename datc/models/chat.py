@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from datc.rewards.model import RMInputs, build_rm_inputs
+from datc.models.rm_inputs import RMInputs, build_rm_inputs
 
 _PLACEHOLDER = "\u2063\u2063RESPONSE\u2063\u2063"  # invisible separators: never in a real template
 _HH_TURN = re.compile(r"\n\n(Human|Assistant):[ ]?")

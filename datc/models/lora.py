@@ -213,14 +213,14 @@ def save_adapter(pm, tok, out, state: dict[str, torch.Tensor], merge: bool = Fal
     ``adapter_model.safetensors``; ``PeftModel.from_pretrained(base, out)`` loads it), or with
     ``merge`` the base with ``W + (alpha / r) B A`` folded in, a plain checkpoint that
     ``AutoModelForCausalLM.from_pretrained(out)`` loads. The tokenizer pads on the left, as the
-    policy did; ``exist`` and ``marker`` as :func:`datc.run.export.save_pretrained_dir`'s. ``base``
+    policy did; ``exist`` and ``marker`` as :func:`datc.models.build.save_pretrained_dir`'s. ``base``
     (a local base checkpoint, e.g. the testbed's warm start in the cache): copied into
     ``out/base`` and named by the adapter's ``base_model_name_or_path``, so the export stands on
     its own (``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(out / "base"), out)``
     wherever the folder is moved; ``AutoPeftModelForCausalLM.from_pretrained(out)`` where it was written)."""
+    from datc.atomic import atomic_dir, atomic_write_json
     from datc.models.build import EXPORT_MARKER as MARKER
     from datc.models.build import save_tokenizer
-    from datc.run.atomic import atomic_dir, atomic_write_json
 
     module = pm.base_model.model
     with atomic_dir(out, exist) as tmp:

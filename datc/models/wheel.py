@@ -10,7 +10,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from datc.run.atomic import atomic_dir
+from datc.atomic import atomic_dir
 
 
 class WheelFetchError(RuntimeError):

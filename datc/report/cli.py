@@ -16,12 +16,12 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from datc.atomic import atomic_write_bytes, follow_umask, umask
 from datc.report.grouping import adopt_configs, align_curves, grouped, split_by_config
 from datc.report.loading import deduplicate, load_run_dirs, load_runs_csv, load_wandb
 from datc.report.plots import plot_credit_accuracy, plot_gold_curves, plot_rm_vs_gold
 from datc.report.statistics import Report, build_report
 from datc.report.tables import latex_table, markdown_table, report_json, runs_csv, summary_markdown
-from datc.run.atomic import atomic_write_bytes, follow_umask, umask
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -76,6 +76,20 @@ def adopt_configs(tabled: Iterable[Run], runs: Iterable[Run], pool: Iterable[str
     return LoadResult(out, warns)
 
 
+def _schema_default(dotted: str) -> Any:
+    """The typed schema's default for a field a run's recorded config leaves out (an identity
+    drops a block at its defaults: a full-policy run has no ``policy.lora``), so a label reads
+    ``policy.lora.r=0``, not ``None``; ``(unset)`` for a key the schema does not know."""
+    from datc.config import TrainConfig
+
+    node: Any = TrainConfig()
+    for part in dotted.split("."):
+        if not dataclasses.is_dataclass(node) or part not in {f.name for f in dataclasses.fields(node)}:
+            return "(unset)"
+        node = getattr(node, part)
+    return node
+
+
 def split_by_config(runs: Iterable[Run], pool: Iterable[str] = ()) -> LoadResult:
     """``runs`` with a ``variant`` set wherever one ``(data, policy)`` holds runs of different
     configs, and one line per setting saying what was grouped (and per split, how). ``pool``:
@@ -100,7 +114,8 @@ def split_by_config(runs: Iterable[Run], pool: Iterable[str] = ()) -> LoadResult
         differing = [f for f in keys if len({json.dumps(fl.get(f), sort_keys=True, default=str) for fl in flats.values()}) > 1]
         labels = []
         for k, group in configs.items():
-            shown = [f"{f}={flats[k].get(f)}" for f in differing[:3]] + (["..."] if len(differing) > 3 else [])
+            shown = [f"{f}={flats[k][f] if f in flats[k] else _schema_default(f)}" for f in differing[:3]]
+            shown += ["..."] if len(differing) > 3 else []
             variant = ", ".join(shown)
             labels.append(f"[{variant}] {len(group)} run(s)")
             out += [dataclasses.replace(r, variant=variant) for r in group]

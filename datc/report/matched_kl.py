@@ -191,6 +191,6 @@ def read_search(folder: Path) -> dict[str, Any]:
 
 
 def write_search(folder: Path, search: Mapping[str, Any]) -> None:
-    from datc.run.atomic import atomic_write_json
+    from datc.atomic import atomic_write_json
 
     atomic_write_json(folder / SEARCH_FILE, dict(search))

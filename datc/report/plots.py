@@ -19,14 +19,27 @@ from datc.report.statistics import Report, curve_band, group_runs
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 SCHEME_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p", "d", "H", "8")
-# tab20 without its two greys (indices 14, 15), so no scheme is mistaken for the black baseline
-_PALETTE = [i for i in range(20) if i not in (14, 15)]
+LINESTYLES = ("-", "--", "-.", ":")
+# tab20 without its two greys (indices 14, 15), so no scheme is mistaken for the black baseline:
+# its nine saturated colours first, then their light twins (in tab20's order a colour's twin came
+# next, and two curves of 8 schemes were near-identical oranges)
+_PALETTE = [i for i in range(0, 20, 2) if i != 14] + [i for i in range(1, 20, 2) if i != 15]
 
 
 class Style(dict):
-    """Per-scheme ``color``, ``marker``, ``linewidth``, ``zorder``: the baseline black, thick and
-    on top; every other scheme its own colour and marker (18 colours, then repeats in another
-    marker)."""
+    """Per-scheme ``color``, ``marker``, ``linestyle``, ``linewidth``, ``zorder``: the baseline
+    black, thick and on top; every other scheme its own (colour, marker, line style): the first 18
+    schemes each a colour of their own, and no two schemes share all three for up to
+    18 × 15 × 4 = 1080 schemes (:func:`scheme_style`)."""
+
+
+def scheme_style(i: int) -> tuple[int, str, str]:
+    """The ``i``-th non-baseline scheme's (palette index, marker, line style). Colour ``i mod 18``;
+    marker ``(i + i // 18) mod 15``, which differs between two schemes of one colour (their
+    indices differ by 18 m, their markers by 19 m, not a multiple of 15 for m < 15); then the line
+    style every 270 schemes."""
+    nc, nm = len(_PALETTE), len(SCHEME_MARKERS)
+    return _PALETTE[i % nc], SCHEME_MARKERS[(i + i // nc) % nm], LINESTYLES[(i // (nc * nm)) % len(LINESTYLES)]
 
 
 def _styles(report: Report) -> dict[str, Style]:
@@ -34,10 +47,10 @@ def _styles(report: Report) -> dict[str, Style]:
     out, i = {}, 0
     for s in report.schemes:
         if s == report.baseline:
-            out[s] = Style(color="black", marker="o", linewidth=2.6, zorder=5)
+            out[s] = Style(color="black", marker="o", linestyle="-", linewidth=2.6, zorder=5)
             continue
-        out[s] = Style(color=cmap(_PALETTE[i % len(_PALETTE)]), marker=SCHEME_MARKERS[i % len(SCHEME_MARKERS)],
-                       linewidth=1.4, zorder=3)
+        color, marker, linestyle = scheme_style(i)
+        out[s] = Style(color=cmap(color), marker=marker, linestyle=linestyle, linewidth=1.4, zorder=3)
         i += 1
     return out
 
@@ -80,16 +93,15 @@ def plot_gold_curves(report: Report) -> bytes:
                 continue
             st = styles[row.scheme]
             c = st["color"]
+            collapsed = f", {len(row.collapsed)} collapsed" if row.collapsed else ""
             ax.plot(band.steps, band.mean, color=c, marker=st["marker"], markersize=4, linewidth=st["linewidth"],
-                    zorder=st["zorder"], label=f"{row.scheme} (n={int(band.n.max())})")
-            ax.fill_between(
-                band.steps,
-                band.mean - band.half_width,
-                band.mean + band.half_width,
-                color=c,
-                alpha=0.2,
-                linewidth=0,
-            )
+                    linestyle=st["linestyle"], zorder=st["zorder"],
+                    # a scheme with length-collapsed runs (METHOD §6): hollow markers, and said in its label
+                    markerfacecolor="white" if row.collapsed else c,
+                    label=f"{row.scheme} (n={int(band.n.max())}{collapsed})")
+            # light fill and a thin edge of the scheme's colour: overlapping bands stay readable
+            ax.fill_between(band.steps, band.mean - band.half_width, band.mean + band.half_width,
+                            facecolor=c, alpha=0.10, edgecolor=c, linewidth=0.5)
         if not ax.lines:
             ax.text(
                 0.5, 0.5, "no eval curve recorded", ha="center", va="center", transform=ax.transAxes
@@ -99,7 +111,8 @@ def plot_gold_curves(report: Report) -> bytes:
         ax.set(title=setting, xlabel="step", ylabel="held-out gold")
     for ax in axes[len(settings) :]:
         ax.set_visible(False)
-    fig.suptitle(wrapped("Held-out gold: mean over seeds; band = 95% Student-t interval (steps with ≥2 seeds)", fig))
+    fig.suptitle(wrapped("Held-out gold: mean over seeds; band = 95% Student-t interval (steps with ≥2 seeds); "
+                         "hollow markers: a scheme with length-collapsed runs (METHOD §6)", fig))
     return _png(fig)
 
 
@@ -154,14 +167,15 @@ def plot_rm_vs_gold(report: Report) -> bytes:
     fig = _figure(6.5, 5.0)
     ax = fig.subplots()
     for run in runs:
+        collapsed = run.collapse_step is not None  # METHOD §6: drawn hollow, not folded in silently
         ax.scatter(
             run.final_gold,
             run.final_rm_score,
-            color=colors[run.credit],
+            facecolors="none" if collapsed else colors[run.credit],
+            edgecolors=colors[run.credit] if collapsed else "none",
             marker=markers[run.setting],
             alpha=0.8,
             s=60 if run.credit == report.baseline else 30,
-            edgecolors="none",
             zorder=styles[run.credit]["zorder"],
         )
     if runs:
@@ -183,6 +197,9 @@ def plot_rm_vs_gold(report: Report) -> bytes:
         handles.append(
             Line2D([], [], color="black", linestyle="--", linewidth=0.8, label="RM = gold")
         )
+        if any(r.collapse_step is not None for r in runs):
+            handles.append(Line2D([], [], color="gray", marker="o", markerfacecolor="none", linestyle="",
+                                  label="hollow: length collapse"))
         ax.legend(handles=handles, fontsize="small")
     else:
         ax.text(

@@ -74,7 +74,7 @@ class Row:
 
 @dataclass(frozen=True)
 class Verdict:
-    """Whether DATC beat the baseline, lost to it, or neither is resolved, on final gold in one setting. ``diff`` is ``None`` when
+    """Whether a scheme beat the baseline, lost to it, or neither is resolved, on final gold in one setting. ``diff`` is ``None`` when
     one of the two schemes has no run there; ``diff.seeds`` is empty when they share no seed."""
 
     setting: str
@@ -247,16 +247,20 @@ def build_report(runs: Sequence[Run], baseline: str = "grpo") -> Report:
                     collapsed=collapsed_seeds(rs),
                 )
             )
-        treat = groups.get((data, policy, TREATMENT))
-        verdicts.append(
-            Verdict(
-                setting=f"{data} / {policy}",
-                treatment=TREATMENT,
-                baseline=baseline,
-                has_treatment=treat is not None,
-                has_baseline=base is not None,
-                diff=paired_difference(treat, base, "final_gold") if treat and base else None,
+        # every scheme against the baseline (DATC first where it ran); a setting where only the
+        # baseline ran says that DATC, the method under test, is missing
+        treatments = [s for s in _scheme_order(present, baseline) if s != baseline] or [TREATMENT]
+        for scheme in treatments:
+            treat = groups.get((data, policy, scheme))
+            verdicts.append(
+                Verdict(
+                    setting=f"{data} / {policy}",
+                    treatment=scheme,
+                    baseline=baseline,
+                    has_treatment=treat is not None,
+                    has_baseline=base is not None,
+                    diff=paired_difference(treat, base, "final_gold") if treat and base else None,
+                )
             )
-        )
     return Report(baseline, list(runs), rows, verdicts)
 

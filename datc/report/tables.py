@@ -149,12 +149,14 @@ PLOTS = {
 
 
 def summary_markdown(report: Report) -> str:
-    t, b = TREATMENT.upper(), report.baseline.upper()
+    b = report.baseline.upper()
     lines = [
-        f"# {t} vs {b}",
+        f"# Every scheme vs {b}",
         "",
-        f'"Beat" means a positive mean paired difference in final held-out gold ({t} minus {b}, '
-        "paired by seed); it is significant when its 95% Student-t interval excludes zero.",
+        f'A scheme "beat" {b} where the 95% Student-t interval of its mean paired difference in final '
+        f"held-out gold (the scheme minus {b}, paired by seed) excludes zero and the mean is positive; it "
+        '"lost to" it where the interval excludes zero and the mean is negative; otherwise the difference '
+        "is not resolved.",
         "",
     ]
     lines += [f"- {v.sentence}" for v in report.verdicts]

@@ -163,7 +163,7 @@ def compare_tuned(root: str | Path, out: str | Path, baseline: str,
     the selection scores, the evaluation table), and the usual outputs of the chosen
     configurations' evaluation runs in ``OUT/evaluation/`` and the default ones' in ``OUT/default/``.
     A refusal is one line and exit status 2."""
-    from datc.run.atomic import atomic_write_text
+    from datc.atomic import atomic_write_text
 
     folders = find_settings(root)
     try:

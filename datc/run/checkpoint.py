@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
+from datc.atomic import atomic_dir, atomic_write_bytes
 from datc.config import ConfigError
-from datc.utils import atomic_dir, atomic_write_bytes
 
 _NAME = re.compile(r"^step_(\d{7})$")
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from datc.atomic import append_line
 from datc.config import LoggerConfig
 from datc.errors import first_line
-from datc.run.atomic import append_line
 
 COMPLETIONS_KEY = "rollout/completions"  # the W&B table of training completions and their credit
 

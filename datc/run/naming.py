@@ -1,6 +1,7 @@
 """Run names that tell runs apart: readable parts plus a short hash of the whole run identity.
 
-``configs/train.yaml`` names a run ``${data.name}-${policy.name}-${credit.name}-s${seed}-${datc.config_id:}``.
+``configs/train.yaml`` names a run ``${data.name}-${policy.name}${datc.lora_mark:...}-${credit.name}-s${seed}-${datc.config_id:}``
+(``-lora<r>`` after the policy where it trains LoRA adapters).
 The readable parts say what a listing needs at a glance; ``datc.config_id`` is a 6-hex-digit
 hash of everything that determines the run's results (:func:`datc.run.rundir.identity`: the same
 fields as the run's identity in ``run.json``), so two runs whose configs differ anywhere (a
@@ -17,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from datc.run.hashing import config_hash
+from datc.hashing import config_hash
 
 CONFIG_ID_LEN = 6  # hex digits: 16.7 M values, plenty for the runs one project holds
 
@@ -46,7 +47,19 @@ def _resolve_config_id(*, _root_: DictConfig) -> str:
     return config_id(_root_)
 
 
+def lora_mark(r: Any) -> str:
+    """``-lora<r>`` in the name of a run that trains LoRA adapters (``policy.lora.r > 0``), nothing
+    for a full-policy run (whose name is as it always was)."""
+    try:
+        r = int(r or 0)
+    except (TypeError, ValueError):
+        return ""
+    return f"-lora{r}" if r > 0 else ""
+
+
 def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("datc.lora_mark"):
+        OmegaConf.register_new_resolver("datc.lora_mark", lora_mark)
     if not OmegaConf.has_resolver("datc.config_id"):
         OmegaConf.register_new_resolver("datc.config_id", _resolve_config_id)
     if not OmegaConf.has_resolver("datc.cache_dir"):

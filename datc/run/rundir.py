@@ -21,12 +21,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from datc.atomic import atomic_write_json, atomic_write_text
 from datc.config import ConfigError, VLLMConfig
-from datc.run.atomic import (  # no torch: the run name's resolver imports this
-    atomic_write_json,
-    atomic_write_text,
-)
-from datc.run.hashing import config_hash
+from datc.hashing import config_hash
 from datc.run.runlock import (  # noqa: F401
     LOCK_FILE,
     RunBusyError,

@@ -43,12 +43,14 @@ class Interrupted(Exception):
 
 def _handler(signum: int, frame: Any) -> None:
     name = signal.Signals(signum).name
+    # on a terminal, off the progress bar's line first (a signal handler takes no lock tqdm may hold)
+    brk = "\n" if sys.stderr.isatty() else ""
     if _received:
-        print(f"datc-train: second signal ({name}): exiting now without a checkpoint; the last periodic checkpoint "
+        print(f"{brk}datc-train: second signal ({name}): exiting now without a checkpoint; the last periodic checkpoint "
               "remains", file=sys.stderr, flush=True)
         raise SystemExit(128 + signum)
     _received.append(signum)
-    print(f"datc-train: {name} received: stopping at the next safe point (after the current training step, with a "
+    print(f"{brk}datc-train: {name} received: stopping at the next safe point (after the current training step, with a "
           "checkpoint; in the prepare step within seconds, keeping what is cached); send it again to exit at once",
           file=sys.stderr, flush=True)
 

@@ -8,7 +8,7 @@ Shapes: B responses on this rank (whole groups of G, contiguous), T response pos
 
 | phase | module | result |
 |---|---|---|
-| rollout | :mod:`datc.step.sample` (when, and with which weights: :mod:`datc.step.stream`) | :class:`datc.engines.rollout.Rollout` |
+| rollout | :mod:`datc.step.sample` (when, and with which weights: :mod:`datc.step.stream`) | :class:`datc.batch.Rollout` |
 | frozen passes | :mod:`datc.step.frozen` | :class:`datc.step.frozen.Frozen` (reference log-probs, RM scores and gradient) |
 | reward | :mod:`datc.step.reward` | :class:`datc.step.reward.Rewarded` (rewards, advantages, loss mask) |
 | credit | :mod:`datc.step.credit` | :class:`datc.step.credit.Credited` (weights, ``Â = A · w``) |
@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from datc.engines.rollout import Rollout
+from datc.batch import Rollout
 from datc.math.numerics import NonFiniteReport
 from datc.run.logger import completions_of
 from datc.step.credit import assign_credit

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from datc.batch import Rollout
 from datc.credit import CreditOutput
 from datc.credit.base import (
     GOLD_CONTRIB,
@@ -30,7 +31,6 @@ from datc.credit.base import (
     CreditBatch,
     end_of_text,
 )
-from datc.engines.rollout import Rollout
 from datc.forward.attribution import policy_grad_x_input, rm_edit_scorer
 from datc.forward.passes import scaled
 from datc.math.logprobs import entropy_from_logits, selective_log_softmax

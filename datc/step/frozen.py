@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from datc.engines.rollout import Rollout
+from datc.batch import Rollout
 from datc.forward.trunk import reference_and_score
 from datc.step.plan import StepPlan
 

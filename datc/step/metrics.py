@@ -9,8 +9,8 @@ import math
 import torch
 
 from datc.backends.distributed import Dist
+from datc.batch import Rollout
 from datc.credit.diagnostics import credit_metrics
-from datc.engines.rollout import Rollout
 from datc.math.metrics import finite_mean, finite_std, within_group_corr
 from datc.step.credit import Credited
 from datc.step.reward import Rewarded

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from datc.credit import compute_credit
-from datc.engines.rollout import sample_groups
+from datc.engines.generate import sample_groups
 from datc.math.advantages import group_advantages
 from datc.math.losses import clipped_policy_loss
 from datc.rewards.model import score
@@ -26,7 +26,7 @@ def _ignore(phase: str, result: Any) -> None:
 
 @dataclass(frozen=True)
 class StepOps:
-    sample: Callable = sample_groups  # datc.engines.rollout.sample_groups: one sampling call -> Rollout
+    sample: Callable = sample_groups  # datc.engines.generate.sample_groups: one sampling call -> Rollout
     score: Callable = score  # datc.rewards.model.score: the reward model's scores (and input gradient)
     advantages: Callable = group_advantages  # datc.math.advantages.group_advantages: rewards -> A
     credit: Callable = compute_credit  # datc.credit.compute_credit: (scheme, CreditBatch, params) -> CreditOutput

@@ -3,7 +3,7 @@
 A step makes a fixed set of passes over its rollout batch, and which ones depends on the config,
 the credit scheme's declarations and how the models were placed, never on the data. The
 :class:`StepPlan` holds those decisions; the phases read them and never re-derive them. The run
-logs the plan once (:meth:`StepPlan.describe`), so a reader sees which paths a run took.
+writes the plan once into its directory (``step_plan.json``, :meth:`StepPlan.describe`), so a reader sees which paths a run took.
 """
 
 from __future__ import annotations
@@ -16,9 +16,33 @@ import torch
 
 from datc.backends.base import Declares
 from datc.backends.plugins import partitioned
-from datc.credit.base import ENTROPY, POLICY_LOGITS, RM_GRAD
+from datc.credit.base import ENTROPY, OLD_LOGPS, POLICY_HIDDEN, POLICY_LOGITS, RM_GRAD
 from datc.engines.static_decode import decode_mode
-from datc.forward.passes import Passes, is_on_policy, reuses_rollout_logits, wants_dist
+from datc.forward.passes import Passes
+
+# Largest B·T·V for which generate's logits are kept for credit (``reuse_rollout_logits: auto``):
+# 2^28 float32 values = 1 GiB. Real vocabularies at real batch sizes recompute them in chunks.
+REUSE_LOGITS_MAX_ELEMENTS = 2**28
+
+
+def is_on_policy(t) -> bool:
+    """One epoch, one mini-batch (trainer settings ``t``): the loss's old log-probs are the current ones."""
+    return t.epochs == 1 and t.mini_batch_size == t.batch_size
+
+
+def wants_dist(needs: frozenset[str]) -> bool:
+    """Whether a credit scheme with declared inputs ``needs`` reads the rollout policy's distribution."""
+    return bool(needs & {POLICY_LOGITS, ENTROPY, OLD_LOGPS, POLICY_HIDDEN})
+
+
+def reuses_rollout_logits(t, needs: frozenset[str], vocab_size: int) -> bool:
+    """Whether the step takes the rollout policy's distribution from the sampler's kept logits (no
+    second forward pass): on-policy, for a scheme that reads it and no hidden state (the sampler
+    keeps none), under ``trainer.reuse_rollout_logits``. Read by
+    :func:`build_plan`."""
+    return is_on_policy(t) and wants_dist(needs) and POLICY_HIDDEN not in needs and (
+        t.reuse_rollout_logits == "always"
+        or (t.reuse_rollout_logits == "auto" and t.batch_size * t.max_new_tokens * vocab_size <= REUSE_LOGITS_MAX_ELEMENTS))
 
 
 @dataclass(frozen=True)
@@ -34,7 +58,7 @@ class StepPlan:
     credit_entropy: bool  # the credit pass makes entropies (read by the scheme, or rollout/entropy off-policy)
     with_ref: bool  # a frozen reference (KL term, beta > 0)
     trunk: int  # blocks the reward model shares with the reference: one pass gives both (datc.forward.trunk); 0 off
-    share_prompts: bool  # forwards compute each distinct prompt once (datc.forward.shared_prompt)
+    share_prompts: bool  # forwards compute each distinct prompt once (datc.models.shared_prompt)
     share_update_prompts: bool  # ... in the update too: not under activation checkpointing or where the backend says no
     synced_gpus: bool  # the policy's forwards are collective (ZeRO-3, FSDP2 over ranks): every rank makes as many
     gather_generation: bool  # sampling with the policy's parameters gathered once per call (ZeRO-3, FSDP2)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from datc.engines.rollout import Rollout
+from datc.batch import Rollout
 from datc.math.numerics import (
     NonFiniteReport,
     drop_nonfinite_rewards,

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+from datc.batch import Rollout, cat_rollouts
 from datc.engines import SamplingArgs
-from datc.engines.rollout import Rollout, cat_rollouts
 from datc.step.plan import StepPlan
 
 

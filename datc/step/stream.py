@@ -41,9 +41,9 @@ from typing import Any
 
 import torch
 
+from datc.batch import Rollout
 from datc.config import ConfigError
 from datc.engines import prompt_seeds
-from datc.engines.rollout import Rollout
 from datc.step.sample import rollout, sample_calls, sampling_args
 
 STATE_KEY = "rollout_stream"  # the checkpoint's entry for the batches in flight

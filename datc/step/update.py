@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from datc.engines.rollout import Rollout
+from datc.batch import Rollout
 from datc.forward.passes import checkpointed_layers
 from datc.math.correction import is_weights, mismatch_sums, weight_stats
 from datc.math.losses import AggNorm, aggregate

@@ -8,14 +8,14 @@ import contextlib
 import torch
 
 from datc.config import TrainConfig
-from datc.engines.rollout import sample_groups
+from datc.engines.generate import sample_groups
 from datc.forward.passes import rollout_policy_pass
 from datc.math.losses import kl_k3
 from datc.math.metrics import finite_mean, pearson
-from datc.models.model_set import Models
 from datc.rewards.model import score
 from datc.step.plan import StepPlan
 from datc.tasks import gold_of
+from datc.training.model_set import Models
 
 
 @torch.no_grad()

@@ -14,17 +14,19 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from datc.atomic import atomic_write_json
 from datc.backends.distributed import Dist
 from datc.config import ConfigError, TrainConfig
-from datc.data.prepare import Assets
 from datc.math.collapse import collapse_record
 from datc.math.metrics import mean_of
+from datc.models.build import save_pretrained_dir
+from datc.prepare.assets import Assets
 from datc.run.checkpoint import latest_loadable_checkpoint
 from datc.run.fingerprint import changes, fingerprints
 from datc.run.provenance import git_commit
 from datc.run.rundir import RunDir, metrics_gaps
 from datc.training.session import Session
-from datc.utils import atomic_write_json, rng_state, set_rng_state
+from datc.utils import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
 
@@ -185,3 +187,21 @@ class NoLogger:
     def log_completions(self, *args: Any) -> None: ...
 
     def finish(self, *args: Any) -> None: ...
+
+
+def save_final_policy(policy, tok, out: str | Path, dist=None, adapter=None) -> Path | None:
+    """The trained policy (a module or a DeepSpeed engine) and its tokenizer as a Hugging Face
+    checkpoint in ``out``; a LoRA policy (``adapter``: its ``PeftModel``) as its adapter
+    (:func:`datc.models.lora.save_adapter`). In a process group every rank calls this (ZeRO-3 and
+    FSDP2 gather the parameters); rank 0 writes."""
+    from datc.backends.plugins import full_state_dict
+
+    module = getattr(policy, "module", policy)
+    state = full_state_dict(module)  # collective where a backend partitions it
+    if dist is not None and not dist.is_main:
+        return None
+    if adapter is not None:
+        from datc.models.lora import save_adapter
+
+        return save_adapter(adapter, tok, Path(out), state, exist="replace")
+    return save_pretrained_dir(module, tok, out, state, exist="replace")  # the run's own final/, rewritten at each finish

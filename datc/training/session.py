@@ -16,19 +16,19 @@ from transformers import get_scheduler
 
 from datc.backends.base import Backend, PolicyOptimizer
 from datc.backends.distributed import Dist
-from datc.backends.micro_batch import AUTO, RECORD_FILE, resolve_micro_batch
 from datc.backends.plugins import backend_class, gathered, partitioned
 from datc.config import ConfigError, TrainConfig
 from datc.credit import resolve_scheme
 from datc.credit.base import GOLD_CONTRIB, RM_EMBEDDING
-from datc.data.prepare import Assets, ensure_assets
 from datc.engines import ENGINES
 from datc.forward.trunk import shared_trunk_depth
+from datc.memory.micro_batch import AUTO, RECORD_FILE, resolve_micro_batch
 from datc.models.build import decoder_layers, resolve_device, resolve_dtype
-from datc.models.model_set import Models, load_models
+from datc.prepare.assets import Assets, ensure_assets
 from datc.step.ops import StepOps
 from datc.step.plan import StepPlan, build_plan, head_chunk_for
 from datc.step.stream import SyncRollouts, build_stream
+from datc.training.model_set import Models, load_models
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None 
     ``ops``: the step's seams (tests inject a sampler, scorer, credit function or loss there). ``on_assets``: called on every rank with
     the prepared assets before any model loads (the trainer checks a resumed run's inputs).
     ``trainer.micro_batch_size: auto`` is resolved here, once the models are placed
-    (:mod:`datc.backends.micro_batch`), and recorded in ``run_dir`` (a resumed run reads its value back);
+    (:mod:`datc.memory.micro_batch`), and recorded in ``run_dir`` (a resumed run reads its value back);
     the session's config holds the number."""
     t = c.trainer
     dist = dist or Dist()
@@ -145,7 +145,7 @@ def build_session(c: TrainConfig, dist: Dist | None = None, ops: StepOps | None 
 
 
 def micro_batch_for(c: TrainConfig, m: Models, dist: Dist, device: torch.device, run_dir: str | Path | None) -> TrainConfig:
-    """``c`` with ``trainer.micro_batch_size: auto`` resolved (:func:`datc.backends.micro_batch.resolve_micro_batch`):
+    """``c`` with ``trainer.micro_batch_size: auto`` resolved (:func:`datc.memory.micro_batch.resolve_micro_batch`):
     rank 0 decides (and records it in ``run_dir``), every rank gets its number; one log line says
     which and why."""
     if c.trainer.micro_batch_size != AUTO:

@@ -18,16 +18,17 @@ import torch
 from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
+from datc.atomic import atomic_write_json
 from datc.backends.distributed import Dist
-from datc.backends.micro_batch import RECORD_FILE
 from datc.backends.plugins import init as init_distributed
-from datc.config import TrainConfig, validate
+from datc.checks import validate
+from datc.config import TrainConfig
 from datc.math.collapse import FLAG_KEY, CollapseWatch
 from datc.math.numerics import NonFiniteReport
-from datc.run.export import save_final_policy
+from datc.memory.micro_batch import RECORD_FILE
 from datc.run.logger import RunLogger
 from datc.run.rundir import release_run_locks
-from datc.run.runlock import note
+from datc.run.runlock import note, warn
 from datc.run.signals import stop_if_requested, stop_requested, stop_signals
 from datc.step import train_step
 from datc.step.ops import StepOps
@@ -40,9 +41,10 @@ from datc.training.lifecycle import (
     resolved_config,
     resume,
     save,
+    save_final_policy,
 )
 from datc.training.session import build_session
-from datc.utils import atomic_write_json, keep_freed_memory, quiet_libraries, seed_everything
+from datc.utils import keep_freed_memory, quiet_libraries, seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +84,7 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
     if t.keep_freed_memory and not dist.enabled:  # single-process runs (see the README's speed section)
         keep_freed_memory()
     quiet_libraries()
-    if dist.is_main and not run.resumable:  # a fresh run sizes its own micro-batch (datc.backends.micro_batch)
+    if dist.is_main and not run.resumable:  # a fresh run sizes its own micro-batch (datc.memory.micro_batch)
         (run.path / RECORD_FILE).unlink(missing_ok=True)
     try:
         s = build_session(c, dist, ops, on_assets=lambda assets: check_inputs(dist, c, run, assets), run_dir=run.path)
@@ -106,7 +108,9 @@ def _loop(s, run, resolved: dict[str, Any], dist: Dist) -> dict[str, Any]:
     eval_rows = list(s.assets.eval)[: t.eval_size]
     start, elapsed = resume(s, run)
     if dist.is_main:
-        log.info("step plan: %s", s.plan.describe())
+        # the paths this run's step takes (datc.step.plan), for a reader: in the run directory, not the console
+        atomic_write_json(run.path / "step_plan.json", s.plan.describe())
+        log.debug("step plan: %s", s.plan.describe())
         if start > 0:
             note(f"resumed {run.path} from its checkpoint of step {start} of {t.steps}")
     completions = None  # of the last step before an eval (W&B's table)
@@ -134,7 +138,7 @@ def _loop(s, run, resolved: dict[str, Any], dist: Dist) -> dict[str, Any]:
         elapsed += metrics["perf/step_s"]
         metrics[FLAG_KEY], first_collapse = collapse.update(step, metrics)
         if first_collapse and dist.is_main:
-            log.warning(collapse.warning(step))
+            warn(collapse.warning(step))  # on a line of its own, off the progress bar's
         logger.log(metrics, step)
         _merged_nonfinite(dist, result.nonfinite).check(t.max_nonfinite_frac, step)  # after the step is logged
         if step % t.eval_every == 0 or step == t.steps:

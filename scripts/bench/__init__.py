@@ -47,4 +47,11 @@ Run from the repository root. Modules: ``scales`` (scales, targets, the notes of
 ``stats`` (pure figures), ``datc_side`` (this project's session and step: the only module that
 calls ``datc.training.trainer``), ``trl_side`` (TRL's trainer and reward callable), ``same_loss`` (1),
 ``measure`` (2 to 5), ``render`` (the markdown), ``cli`` (the command).
+
+The package also holds this project's own benchmarks, each a command of its own that writes to
+results/bench/: ``credit`` (``python -m scripts.bench.credit``: DATC's cost, credit.{json,md}),
+``credit_precision`` (the exact credit's error at lower matmul precision), ``decode`` (the decode
+loops on CPU, decode_cpu.{json,md}), ``edit_scores`` (``rm_counterfactual``'s edit scoring) and
+``threads`` (step time against torch threads); and ``engines``, ``flops``, ``compile_probe`` and
+``job_memory`` (see each module).
 """

@@ -65,7 +65,8 @@ def main() -> None:
     work = {"max_new_tokens": T, "force_length": force}
     os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
     torch.set_num_threads(a.threads)
-    from datc.utils import atomic_write_json, atomic_write_text, keep_freed_memory, quiet_libraries
+    from datc.atomic import atomic_write_json, atomic_write_text
+    from datc.utils import keep_freed_memory, quiet_libraries
 
     kept = keep_freed_memory()  # as datc-train does (trainer.keep_freed_memory); process-wide: TRL's blocks get it too
     quiet_libraries()

@@ -28,7 +28,7 @@ def step(s, it: int, min_new_tokens: int = 0) -> dict[str, float]:
     """One training step, ``datc.step.train_step(s, it)``'s metrics; with ``min_new_tokens`` its
     sampler forbids EOS before that many tokens (the same prompts, plan, sampling calls and
     ``learn``, timed from the same point)."""
-    from datc.engines.rollout import sample_groups
+    from datc.engines.generate import sample_groups
     from datc.step import train_step
 
     if min_new_tokens:

@@ -207,7 +207,7 @@ def load_results(out: Path, scale: str) -> dict[str, Any] | None:
 def write_markdown(out: Path) -> list[Path]:
     """Render each scale's markdown from its results file in ``out``, with the side-by-side
     section where both scales have results. Returns the files written."""
-    from datc.utils import atomic_write_text
+    from datc.atomic import atomic_write_text
 
     res = {k: load_results(out, k) for k in SCALES}
     written = []
@@ -222,7 +222,7 @@ def write_markdown(out: Path) -> list[Path]:
 def write_result(out: Path, stem: str, res: dict[str, Any], markdown: str) -> Path:
     """``res`` as ``out/<stem>.json`` and ``markdown`` as ``out/<stem>.md`` (each written whole, or
     not at all); the markdown's path."""
-    from datc.utils import atomic_write_json, atomic_write_text
+    from datc.atomic import atomic_write_json, atomic_write_text
 
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / f"{stem}.json", res)

@@ -33,7 +33,7 @@ def same_loss_check(overrides: list[str], tol: float, perturb: float = 0.02, max
     step after its rollout (``datc_side.learn``). Both policies get the same small
     perturbation (``perturb``) first, so the reference (the warm policy) differs and the KL term
     counts. Returns both sides' figures, and whether both rendered the prompts to the same ids."""
-    from datc.engines.rollout import sample_groups
+    from datc.engines.generate import sample_groups
 
     s = datc_session([*overrides, "credit=grpo"], max_new_tokens)
     t = s.c.trainer

@@ -1,5 +1,5 @@
 """Pure figures of the benchmark: spreads, block summaries, the contestants' order, closeness
-(tested in tests/test_bench.py)."""
+(tested in tests/scripts/test_bench.py)."""
 
 from __future__ import annotations
 

@@ -153,9 +153,9 @@ def build_trl(session, steps: int, seed: int, max_new_tokens: int | None = None,
     ``min_tokens``."""
     from trl import GRPOConfig
 
-    from datc.data.tokenizer import load_tokenizer
     from datc.models.build import freeze, load_pretrained
     from datc.models.chat import prompt_encoder
+    from datc.models.tokenizer import load_tokenizer
 
     c, t, a = session.c, session.c.trainer, session.assets
     if t.loss_agg != "token-mean" or t.epochs != 1 or t.mini_batch_size != t.batch_size:

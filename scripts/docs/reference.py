@@ -34,7 +34,7 @@ TESTS = ROOT / "tests"
 RESULTS = ROOT / "results"
 
 # Modules whose API page is rendered from their docstrings: the pure math (no model, config or
-# I/O inside, as tests/test_import_graph.py keeps them) and the credit interface a scheme author
+# I/O inside, as tests/structure/test_import_graph.py keeps them) and the credit interface a scheme author
 # writes against.
 API_MODULES = [
     "datc.math.advantages",
@@ -200,11 +200,16 @@ def _leaves(obj: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
     return out
 
 
-def _must_messages() -> dict[str, list[str]]:
-    """Field -> the ``must ...`` phrases of the ``ConfigError`` messages in ``datc/config.py``."""
-    import datc.config
+# The modules whose ConfigError messages say what a field must be: the schema's own checks and
+# every room's check that datc.checks.validate calls.
+CHECK_MODULES = ("datc/config.py", "datc/backends/checks.py", "datc/engines/checks.py", "datc/data/checks.py",
+                 "datc/models/lora.py", "datc/credit/__init__.py", "datc/rewards/rules.py")
 
-    src = Path(datc.config.__file__).read_text()
+
+def _must_messages() -> dict[str, list[str]]:
+    """Field -> the ``must ...`` phrases of the ``ConfigError`` messages of :data:`CHECK_MODULES`."""
+    root = Path(__file__).resolve().parents[2]
+    src = "\n".join((root / m).read_text() for m in CHECK_MODULES)
     out: dict[str, list[str]] = {}
     for field, phrase in re.findall(r'f?"([a-z_]+(?:\.[a-z_]+)+): (must [^"{]*?)(?:, got|"|\{)', src):
         phrase = phrase.strip().rstrip(",;")
@@ -233,7 +238,7 @@ def default_config():
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from datc.config import validate
+    from datc.checks import validate
     from datc.paths import CONFIG_DIR
 
     if GlobalHydra.instance().is_initialized():
@@ -257,6 +262,8 @@ def config_fields() -> list[ConfigField]:
 def _value(v: Any) -> str:
     if v is None:
         return "null"
+    if isinstance(v, str) and v.startswith(str(Path.home()) + "/"):  # cache_dir: not the builder's home
+        return "~" + v[len(str(Path.home())):]
     if isinstance(v, bool):
         return str(v).lower()
     if isinstance(v, (dict, list)) and len(str(v)) > 40:
@@ -306,7 +313,8 @@ def config_reference_md() -> str:
         lines += [f"## {title}", "", "| field | type | default | valid | description |", "|---|---|---|---|---|"]
         for f in fields:
             src = f" <small>({f.source})</small>" if f.source else ""
-            lines.append(f"| `{f.name}` | {_code(f.type)} | {_code(_value(f.default))} | {_cell(f.valid)} | "
+            field = f.name.replace(".", ".<wbr>")  # a long name breaks after a dot, never mid-word (docs/stylesheets)
+            lines.append(f"| <code class=\"field\">{field}</code> | {_code(f.type)} | {_code(_value(f.default))} | {_cell(f.valid)} | "
                          f"{_cell(f.description)}{src} |")
         lines.append("")
     return "\n".join(lines)
@@ -493,3 +501,53 @@ def scheme_page_md(s: SchemeInfo) -> str:
     results = scheme_results(s.label)
     lines += [f"- [`results/{r}`](../results/{r})" for r in results] or ["No committed results name it yet."]
     return "\n".join(lines) + "\n"
+
+
+# ---- the README's scheme table ------------------------------------------------------------------
+
+README_TABLE_START = "<!-- schemes: generated from the registry by `python -m scripts.docs.reference --readme` -->"
+README_TABLE_END = "<!-- /schemes -->"
+
+
+def _first_sentence(text: str) -> str:
+    """``text`` up to its first sentence's full stop (a stop followed by a space and a capital)."""
+    m = re.search(r"(?<=\S)\.\s+(?=[A-Z])", text)
+    return text[: m.start() + 1] if m else text
+
+
+def readme_schemes_table_md() -> str:
+    """The README's table: every credit label a run can carry, the baseline first, with the first
+    sentence of its config's header comment (the same source as its docs page)."""
+    infos = sorted(scheme_infos(), key=lambda s: (s.label != "grpo", s.label))
+    lines = ["| `credit=` | what it does |", "|---|---|"]
+    lines += [f"| `{s.label}` | {_cell(_first_sentence(s.summary))} |" for s in infos]
+    return "\n".join(lines)
+
+
+def readme_with_schemes_table(readme: str) -> str:
+    """``readme`` with the text between its scheme-table markers replaced by the generated table."""
+    a, b = readme.index(README_TABLE_START) + len(README_TABLE_START), readme.index(README_TABLE_END)
+    return readme[:a] + "\n" + readme_schemes_table_md() + "\n" + readme[b:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m scripts.docs.reference",
+                                     description="Rewrite the README's scheme table from the registry.")
+    parser.add_argument("--readme", action="store_true", help="rewrite README.md's table between its markers")
+    args = parser.parse_args(argv)
+    if not args.readme:
+        parser.print_help()
+        return 2
+    path = Path(__file__).resolve().parents[2] / "README.md"
+    text = path.read_text()
+    new = readme_with_schemes_table(text)
+    if new != text:
+        path.write_text(new)
+    print(f"README.md: {'rewritten' if new != text else 'already up to date'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

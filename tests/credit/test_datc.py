@@ -9,8 +9,8 @@ import torch
 from datc.credit import CREDIT_SCHEMES, compute_credit
 from datc.credit.base import CreditBatch
 from datc.credit.schemes.datc import DATCParams
-from tests.credit.conftest import make_batch as _make_batch
-from tests.credit.datc_reference import reference_scores
+from tests.helpers.credit import make_batch as _make_batch
+from tests.helpers.datc_reference import reference_scores
 
 F64 = torch.float64
 
@@ -157,8 +157,9 @@ def test_cosine_with_a_nan_reward_gradient_falls_back_through_the_scheme():
 
 
 def test_matmul_dtype_is_a_validated_credit_field(tmp_path):
-    from datc.config import ConfigError, validate
-    from tests.conftest import cfg_for
+    from datc.checks import validate
+    from datc.config import ConfigError
+    from tests.helpers.testbed import cfg_for
 
     c = validate(cfg_for(tmp_path, tmp_path, "credit=datc", "credit.matmul_dtype=bfloat16"))
     assert c.credit["matmul_dtype"] == "bfloat16"

@@ -5,8 +5,8 @@ import torch
 
 from datc.credit import CREDIT_SCHEMES
 from datc.credit.schemes.datc_magnitude import MagnitudeParams
-from tests.credit.conftest import make_batch
-from tests.credit.datc_reference import reference_force
+from tests.helpers.credit import make_batch
+from tests.helpers.datc_reference import reference_force
 
 F64 = torch.float64
 

@@ -17,7 +17,7 @@ from datc.credit.datc_math import (
     force_norm,
     rm_saliency,
 )
-from tests.credit.datc_reference import reference_force, reference_pi, reference_scores
+from tests.helpers.datc_reference import reference_force, reference_pi, reference_scores
 
 F64 = torch.float64
 COMBOS = list(itertools.product(LOGIT_MAPS, ALIGNMENTS))

@@ -10,7 +10,7 @@ import torch
 from datc.credit import CREDIT_SCHEMES, resolve_scheme
 from datc.credit.configs import credit_config
 from datc.credit.schemes.datc import DATCParams
-from tests.credit.conftest import make_batch as _make_batch
+from tests.helpers.credit import make_batch as _make_batch
 
 F64 = torch.float64
 

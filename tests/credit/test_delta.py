@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from datc.credit import CreditBatch, compute_credit, resolve_scheme
-from datc.engines.rollout import sample_groups
+from datc.engines.generate import sample_groups
 from datc.forward.passes import rollout_policy_pass
 
 SIG2 = 1 / (1 + math.exp(-2))  # sigmoid(2) = 0.8808

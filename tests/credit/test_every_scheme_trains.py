@@ -1,7 +1,7 @@
 """Every credit config (each registered scheme, each ablation over one) takes a training step on the
 testbed that logs the credit/ diagnostics, leaves a finite policy and evaluates to a finite gold
 reward. One step through the session each: the loop around the step (evaluations, checkpoints,
-the summary) does not depend on the scheme and is run end to end by tests/test_train_e2e.py."""
+the summary) does not depend on the scheme and is run end to end by tests/e2e/test_train_e2e.py."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import math
 import pytest
 import torch
 
-from datc.config import validate
+from datc.checks import validate
 from datc.credit.configs import credit_config_names
 from datc.step import train_step
 from datc.training.evaluation import evaluate
 from datc.training.session import build_session
-from tests.conftest import cfg_for
+from tests.helpers.testbed import cfg_for
 
 pytestmark = pytest.mark.slow
 

@@ -3,8 +3,9 @@ import math
 import pytest
 import torch
 
+from datc.batch import with_prompts
 from datc.credit import CreditBatch, compute_credit, resolve_scheme
-from datc.engines.rollout import sample_groups, with_prompts
+from datc.engines.generate import sample_groups
 from datc.forward.passes import logps_under_prompts, rollout_policy_pass
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from datc.credit import CreditBatch, compute_credit, resolve_scheme
-from datc.engines.rollout import sample_groups
+from datc.engines.generate import sample_groups
 from datc.forward.attribution import policy_grad_x_input
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from datc.config import validate
+from datc.checks import validate
 from datc.step import train_step
 from datc.training.session import build_session
-from tests.conftest import cfg_for
+from tests.helpers.testbed import cfg_for
 
 pytestmark = pytest.mark.slow
 

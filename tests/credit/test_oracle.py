@@ -5,11 +5,12 @@ import math
 import pytest
 import torch
 
-from datc.config import ConfigError, validate
+from datc.checks import validate
+from datc.config import ConfigError
 from datc.credit import CREDIT_SCHEMES, CreditBatch, compute_credit, resolve_scheme
 from datc.credit.base import GOLD_CONTRIB
 from datc.training.session import build_session
-from tests.conftest import cfg_for
+from tests.helpers.testbed import cfg_for
 
 
 def _batch(contrib, mask, adv):

@@ -65,7 +65,7 @@ def random_batch(seed: int = 0) -> CreditBatch:
         "response_end": end_of_text(torch.arange(T) < torch.tensor([7, 1, 4, 7, 2, 5])[:, None],
                                     torch.tensor([True, False, False, False, False, False])),  # row 0 ran out of budget
         "generator": torch.Generator().manual_seed(seed),
-        "all_sum": None,  # one process (2-process reductions: tests/test_distributed.py)
+        "all_sum": None,  # one process (2-process reductions: tests/e2e/test_distributed.py)
         "all_cat": None,
     }
     missing = [f.name for f in dataclasses.fields(CreditBatch) if f.name not in fillers]
@@ -134,3 +134,60 @@ def test_a_config_over_another_is_a_label_not_a_registered_scheme():
     assert credit_config_names() == sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
     with pytest.raises(ValueError, match="credit=nope: no such option in credit/; choose one of datc, (.*, )?datc_identity"):
         credit_config("nope")
+
+
+# ---- row-separability: what the zero-advantage skip relies on --------------------------------------
+
+
+def _rows_of(batch: CreditBatch, rows: torch.Tensor, seen_prompts: list[str]) -> CreditBatch:
+    """``batch``'s responses ``rows`` alone, as the step hands a scheme the rows it computes: every
+    per-response field selected; the per-batch ones (the RM's embedding) kept; the batch's
+    functions answer for the selected rows as they did for the whole batch."""
+    idx = rows.tolist()
+    out = {}
+    for f in dataclasses.fields(CreditBatch):
+        v = getattr(batch, f.name)
+        if f.name == "logps_under":
+            def sub(prompts, fn=v):
+                assert prompts == [seen_prompts[i] for i in idx]  # the same prompts, for the rows asked
+                return fn(seen_prompts)[rows]
+            out[f.name] = sub
+        elif f.name == "rm_edit_scores":
+            out[f.name] = lambda r, p, n, rows_per_forward=None, fn=v: fn(rows[r], p, n, rows_per_forward)
+        elif isinstance(v, torch.Tensor) and f.name != "rm_embedding" and v.shape[:1] == (B,):
+            out[f.name] = v.detach()[rows].requires_grad_(v.requires_grad)
+        elif isinstance(v, list) and len(v) == B:
+            out[f.name] = [v[i] for i in idx]
+        else:
+            out[f.name] = v
+    return CreditBatch(**out)
+
+
+@pytest.mark.parametrize("name", [n for n in CREDIT_SCHEMES.names() if CREDIT_SCHEMES.get(n).row_separable])
+def test_a_row_separable_scheme_gives_each_row_the_same_weights_alone(name):
+    # The zero-advantage skip (datc/step/rows.py) computes credit on the rows with A != 0 only, for
+    # a scheme that declares row_separable: verified here for every registered scheme that does,
+    # so a new scheme's declaration is checked, not listed by hand.
+    scheme = CREDIT_SCHEMES.get(name)
+    assert scheme.row_local  # row-separable implies row-local (tests/step/test_zero_advantage_skip.py)
+    batch, seen = random_batch(2), []
+    if batch.logps_under is not None:
+        full_fn = batch.logps_under
+        batch = dataclasses.replace(batch, logps_under=lambda prompts: seen.extend(prompts) or full_fn(prompts))
+    whole = compute_credit(scheme, batch, scheme.make_params({})).weights
+    rows = torch.nonzero(batch.advantages != 0).squeeze(-1)[[0, 2, 3]]
+    alone = compute_credit(scheme, _rows_of(random_batch(2), rows, seen or batch.prompts), scheme.make_params({})).weights
+    torch.testing.assert_close(alone, whole[rows], rtol=1e-5, atol=1e-6)
+
+
+def test_the_row_check_catches_a_scheme_that_reads_other_rows():
+    from datc.credit import credit_scheme
+
+    @credit_scheme("batch_mean", output="weights", normalization="none", row_local=True, row_separable=True)
+    def batch_mean(batch, params):  # declares row-separable but reads every row
+        return batch.response_mask.float() * batch.advantages.abs().mean()
+
+    batch, rows = random_batch(2), torch.tensor([0, 2, 3])
+    whole = compute_credit(batch_mean, batch, batch_mean.make_params({})).weights
+    alone = compute_credit(batch_mean, _rows_of(batch, rows, batch.prompts), batch_mean.make_params({})).weights
+    assert not torch.allclose(alone, whole[rows])

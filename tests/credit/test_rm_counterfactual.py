@@ -6,7 +6,8 @@ import torch
 from datc.credit import CREDIT_SCHEMES, CreditBatch, compute_credit, resolve_scheme
 from datc.credit.schemes.rm_counterfactual import counterfactual_contributions
 from datc.forward.attribution import rm_edit_scorer
-from datc.rewards.model import build_rm_inputs, score
+from datc.models.rm_inputs import build_rm_inputs
+from datc.rewards.model import score
 
 V = 5
 

@@ -7,7 +7,7 @@ import torch
 from datc.credit import CREDIT_SCHEMES, compute_credit
 from datc.credit.base import POLICY_LOGITS
 from datc.credit.weights import WeightParams
-from tests.credit.conftest import make_batch as _make_batch
+from tests.helpers.credit import make_batch as _make_batch
 
 F64 = torch.float64
 

@@ -9,14 +9,14 @@ import dataclasses
 import pytest
 import torch
 
-from datc.config import validate
+from datc.checks import validate
 from datc.credit import CREDIT_SCHEMES, compute_credit, scheme_key
 from datc.credit.base import POLICY_LOGITS
 from datc.credit.configs import credit_config, credit_config_names
 from datc.step import train_step
 from datc.step.ops import StepOps
 from datc.training.session import build_session, session_plan
-from tests.conftest import cfg_for
+from tests.helpers.testbed import cfg_for
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ def _one_step(cache_dir, tmp_path, name, row_local):
     # 8 responses, micro-batches of 2 (four chunks); logits recomputed, not generate's. Plain
     # forwards: a shared prompt forward rounds with the prompts computed together, which differ
     # here, and the Adam step turns rounding on a near-zero gradient into a step of ~lr
-    # (tests/test_shared_prompt.py checks the shared forwards).
+    # (tests/models/test_shared_prompt.py checks the shared forwards).
     c = validate(cfg_for(cache_dir, tmp_path / "unused", f"credit={name}", "trainer.warmup_steps=0",
                          "trainer.micro_batch_size=2", "trainer.reuse_rollout_logits=never",
                          "trainer.share_prompts=false"))

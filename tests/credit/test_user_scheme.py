@@ -6,25 +6,13 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
 
 from datc.config import ConfigError
 from datc.credit import CREDIT_SCHEMES, CreditBatch, compute_credit, resolve_scheme
-
-USER_MODULE = textwrap.dedent('''
-    import torch
-    from datc.credit import credit_scheme
-    from datc.credit.base import ENTROPY
-
-    @credit_scheme("entropy_weighted", needs={ENTROPY}, output="weights", normalization="per_response")
-    def entropy_weighted(batch, params):
-        """Weight tokens by rollout entropy, mean 1 over each response's valid tokens."""
-        w = batch.entropy * batch.response_mask
-        return w / w.sum(-1, keepdim=True).clamp(min=1e-8) * batch.response_mask.sum(-1, keepdim=True)
-''')
+from tests.helpers.user_scheme import USER_MODULE
 
 
 @pytest.fixture
@@ -49,11 +37,11 @@ def test_target_resolves_and_computes_without_registration(user_dir):
 
 
 def test_target_that_is_not_a_scheme_is_a_clear_error(user_dir):
-    from datc.config import validate
-    from tests.test_config import _compose
+    from datc.checks import validate
+    from tests.helpers.testbed import compose_train
 
     with pytest.raises(ConfigError, match="not a CreditScheme"):
-        validate(_compose(["+credit._target_=torch.ones"]))
+        validate(compose_train(["+credit._target_=torch.ones"]))
 
 
 @pytest.mark.slow

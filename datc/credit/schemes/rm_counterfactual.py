@@ -22,7 +22,7 @@ per forward sorted by column, so an edit at position t of a T-token response cos
 forwards. Measured on SmolLM2-135M (one CPU thread, 1,240 edits of 10 responses of 40 + 31
 tokens, K = 4; results/bench/edit_scores.md): 74 s at 64 edits per forward against 156 s for the
 edited rows scored whole (512 per forward, each prompt once), 2.1x. 512 edits per forward
-(``python scripts/bench_edit_scores.py --chunks 64 512``) was slower than 64 in a run beside
+(``python -m scripts.bench.edit_scores --chunks 64 512``) was slower than 64 in a run beside
 another job (118 s against 70 s): its forwards span more columns. Responses with ``A = 0`` are
 skipped, their weights are moot.
 

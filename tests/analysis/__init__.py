@@ -1,0 +1,1 @@
+"""The analysis commands: credit breakdown and heatmaps (datc.analysis)."""

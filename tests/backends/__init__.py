@@ -1,0 +1,1 @@
+"""The optimizer step and the DeepSpeed optimizer choice (datc.backends)."""

@@ -1,0 +1,1 @@
+"""datc-export (datc.commands)."""

@@ -1,0 +1,1 @@
+"""The config schema: every config composes and validates, bad values name the field."""

@@ -1,0 +1,1 @@
+"""The rollout engines: sampling, lean and static decode, vLLM (datc.engines)."""

@@ -1,0 +1,1 @@
+"""datc.math: advantages, losses, the sampler correction, length collapse, non-finite numbers."""

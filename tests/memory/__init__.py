@@ -1,0 +1,1 @@
+"""The memory plan and the micro-batch by memory (datc.memory)."""

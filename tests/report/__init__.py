@@ -1,0 +1,1 @@
+"""datc-compare: tables, tuning and the matched-KL control (datc.report)."""

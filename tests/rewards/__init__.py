@@ -1,0 +1,1 @@
+"""The reward model's scores and the rollout's response masks."""

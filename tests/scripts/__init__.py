@@ -1,0 +1,1 @@
+"""The tools of scripts/: the TRL comparison, the GPU check, the tuned sweep."""

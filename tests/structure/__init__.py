@@ -1,0 +1,1 @@
+"""The package's shape: its import graph, and the tests' own imports."""

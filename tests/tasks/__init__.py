@@ -1,0 +1,1 @@
+"""The tasks (datc.tasks)."""

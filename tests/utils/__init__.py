@@ -1,0 +1,1 @@
+"""datc.utils: the kept heap memory."""
