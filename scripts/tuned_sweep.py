@@ -10,11 +10,11 @@ Stages (``--stage all`` runs them in order):
 - ``lr``: every scheme at its knob's default, the learning rate x0.5, x1, x2 of the setting's
   default, on the selection draw and seeds (one ``datc-train -m`` grid per group of schemes);
 - ``knob``: at each scheme's chosen rate, its knob x0.5 and x2 (``tau`` for the schemes that share
-  the weight step under its softmax, a peer's own knob otherwise: :func:`datc.report.tuning.knob_for`);
+  the weight step under its softmax, a peer's own knob otherwise: :func:`datc.study.reading.knob_for`);
 - ``eval``: each scheme's chosen configuration on the evaluation draws and seeds, which the
   selection never saw, then the default configurations of the schemes whose choice moved
   (``--lane K/N`` splits the seeds among batches run side by side);
-- ``kl``: the matched-KL control (:mod:`datc.report.matched_kl`): for every scheme whose tuned gain
+- ``kl``: the matched-KL control (:mod:`datc.study.matched`): for every scheme whose tuned gain
   over the tuned baseline is resolved, the baseline's rate searched on the selection seeds until
   its mean final KL is within ±20% of the scheme's (a few rounds, the rates tried kept in
   ``matched.json``), then that rate on the evaluation seeds into ``matched/`` (``--lane K/N``
@@ -24,7 +24,7 @@ Stages (``--stage all`` runs them in order):
 The grids are Hydra's basic sweeper (``-m`` with comma lists): each run's directory is named by
 its config (``${datc.config_id:}``), so a killed batch run again skips the runs that finished and
 resumes the one that was cut (``trainer.resume=auto``). The choice between stages is read from the
-finished runs by :func:`datc.report.tuning.read_setting`, the same code ``datc-compare --tuned``
+finished runs by :func:`datc.study.reading.read_setting`, the same code ``datc-compare --tuned``
 reports with; a stage whose inputs are incomplete is refused in one line (exit 2) naming what is
 missing. Every setting's protocol is kept in ``<root>/<data>-<policy>/tuning.json``; a later batch
 with another protocol in the same folder is refused. Extra ``key=value`` arguments go to every
@@ -43,7 +43,8 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from datc.report.matched_kl import (
+from datc.report.statistics import same_value
+from datc.study.matched import (
     MATCHED_DIR,
     MAX_ROUNDS,
     matched_rows,
@@ -52,8 +53,7 @@ from datc.report.matched_kl import (
     within,
     write_search,
 )
-from datc.report.statistics import same_value
-from datc.report.tuning import (
+from datc.study.reading import (
     EVAL_DIR,
     KNOB_FACTORS,
     LR_FACTORS,
@@ -221,7 +221,7 @@ def stage_commands(stage: str, m: dict[str, Any], folder: Path, schemes: list[st
     # after the other, so a batch cut between two seeds leaves whole chosen pairs. A later batch
     # whose prepare made other assets (a real model's reward model prepared again on another
     # machine) never splits a chosen pair; a default pair may span the two phases, and
-    # datc.report.tuning checks the chosen and the default pairs at a seed apart.
+    # datc.study.reading checks the chosen and the default pairs at a seed apart.
     at_seeds = [(draw, seed) for draw, ss in m["evaluation"]["seeds"].items() for seed in ss]
     at_seeds = at_seeds[lane[0]::lane[1]]
     for configs in (tuned, [["credit=" + ",".join(moved)]] if moved else []):

@@ -141,7 +141,8 @@ FLOORS: list[set[str]] = [
     {"memory"},  # the memory plan (reading the step plan) and the micro-batch by memory
     {"training"},  # the session and the loop around the step
     {"train", "analysis"},  # datc-train; the analysis commands
-    {"__main__"},
+    {"study"},  # datc-study: METHOD §6's tuned comparison, run through Hydra's launchers and read back
+    {"compare", "__main__"},  # datc-compare (the report's command, and the study's tables with --tuned)
 ]
 FACE = "datc"  # datc/__init__.py
 PURE_MATH = tuple(n for n in MODULES if _room(n) == "math")

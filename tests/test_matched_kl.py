@@ -10,9 +10,9 @@ import math
 
 import pytest
 
-from datc.report import main as compare
-from datc.report.matched_kl import MATCHED_DIR, matched_lr, propose_lr
-from datc.report.tuning import MANIFEST, read_setting
+from datc.compare import main as compare
+from datc.study.matched import MATCHED_DIR, matched_lr, propose_lr
+from datc.study.reading import MANIFEST, read_setting
 from scripts.tuned_sweep import kl_round
 from tests.test_tuning import EVAL, LR, SELECT, sweep, write_run
 

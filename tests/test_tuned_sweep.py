@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 import scripts.tuned_sweep
-from datc.report import main as compare
+from datc.compare import main as compare
 from scripts.tuned_sweep import main as tuned_sweep
 from tests import cli
 

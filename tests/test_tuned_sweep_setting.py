@@ -13,7 +13,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from datc.paths import CONFIG_DIR
-from datc.report.tuning import MANIFEST
+from datc.study.reading import MANIFEST
 from scripts.tuned_sweep import _base, swept_groups
 
 

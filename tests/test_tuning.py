@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from datc.report import main
-from datc.report.tuning import MANIFEST, TuningError, knob_for, read_setting
+from datc.compare import main
+from datc.study.reading import MANIFEST, TuningError, knob_for, read_setting
 
 LR = 5e-4
 SELECT, EVAL = [100, 101], {"0": [200, 201], "1": [202, 203]}

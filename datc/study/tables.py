@@ -1,6 +1,6 @@
 """The tuned comparison's tables (``datc-compare --tuned``): per setting the choices, the
 selection scores, the evaluation table, the matched-KL control and every candidate, as Markdown
-(:func:`tuned_markdown`) and JSON (:func:`tuned_json`), made from :mod:`datc.report.tuning`'s
+(:func:`tuned_markdown`) and JSON (:func:`tuned_json`), made from :mod:`datc.study.reading`'s
 reading of a sweep."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from datc.report.loading import Run
-from datc.report.matched_kl import matched_json, matched_markdown
 from datc.report.statistics import (
     Report,
     build_report,
@@ -23,7 +22,8 @@ from datc.report.statistics import (
     t_interval,
 )
 from datc.report.tables import MIN_INTERVAL_N, _interval_text, collapse_note
-from datc.report.tuning import (
+from datc.study.matched import matched_json, matched_markdown
+from datc.study.reading import (
     MANIFEST,
     Candidate,
     SchemeTuning,

@@ -22,16 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from datc.report.loading import Run, deduplicate, load_run_dirs
-from datc.report.matched_kl import (
-    MATCHED_DIR,
-    matched_rows,
-    read_search,
-)
 from datc.report.statistics import (
     Interval,
     collapsed_seeds,
     same_value,
     t_interval,
+)
+from datc.study.matched import (
+    MATCHED_DIR,
+    matched_rows,
+    read_search,
 )
 
 MANIFEST = "tuning.json"

@@ -95,7 +95,7 @@ class MatchedRow:
 
 
 def matched_rows(st: Any, baseline: str, matched: Sequence[tuple[float, Run]]) -> list[MatchedRow]:
-    """The control for every scheme of ``st`` (a :class:`datc.report.tuning.SettingTuning`) whose
+    """The control for every scheme of ``st`` (a :class:`datc.study.reading.SettingTuning`) whose
     tuned gain over the tuned baseline is resolved."""
     base = st.schemes.get(baseline)
     if base is None or not base.tuned:
