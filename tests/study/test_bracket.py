@@ -6,7 +6,16 @@ from __future__ import annotations
 import itertools
 import random
 
-from datc.study.bracket import KNOB, RATE, Limits, Point, bracket_step, extra_at_most, factor, lattice_k
+from datc.study.bracket import (
+    KNOB,
+    RATE,
+    Limits,
+    Point,
+    bracket_step,
+    extra_at_most,
+    factor,
+    lattice_k,
+)
 
 
 def pts(scores: dict[int, float | None], **flags: set[int]) -> dict[int, Point]:
