@@ -79,7 +79,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_the_graph_sees_deferred_and_package_imports():
     graph = import_graph()
-    assert "datc.training.trainer" in graph["datc.train"]  # imported inside a function
+    assert "datc.training.trainer" in graph["datc.training.job"]  # imported inside a function
     assert "datc.credit.base" in graph["datc.analysis.inputs"]
 
 
