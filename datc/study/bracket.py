@@ -82,7 +82,7 @@ def bracket_step(points: Mapping[int, Point], lim: Limits) -> Step:
     tried and complete is fine (an edge if it diverged or collapsed), beyond the limits is an edge,
     otherwise needed; (5) nothing needed: ``b`` is chosen."""
     pts = {k: p for k, p in points.items() if lim.lo <= k <= lim.hi}
-    needed = tuple(k for k in lim.start if k not in pts or not pts[k].complete)
+    needed = tuple(k for k in lim.start if lim.lo <= k <= lim.hi and (k not in pts or not pts[k].complete))
     if needed:
         return Step(needed)
     ok = {k: p for k, p in pts.items() if usable(p)}
