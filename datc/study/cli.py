@@ -74,7 +74,7 @@ def _main(argv: list[str] | None) -> int:
     from datc.study.protocol import merge_manifest, new_manifest, scheme_spec, write_manifest
     from datc.training.job import hydra_error_line
 
-    args = _parser().parse_args(argv)
+    args = _parser().parse_intermixed_args(argv)  # options and KEY=VALUE in any order
     os.environ["HYDRA_FULL_ERROR"] = "1"
     folder = Path(args.root).absolute() / f"{args.data}-{args.policy}"
     task, hydra_args = split_overrides(args.overrides)
