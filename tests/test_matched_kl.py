@@ -13,8 +13,13 @@ import pytest
 from datc.compare import main as compare
 from datc.study.matched import MATCHED_DIR, matched_lr, propose_lr
 from datc.study.reading import MANIFEST, read_setting
-from scripts.tuned_sweep import kl_round
 from tests.test_tuning import EVAL, LR, SELECT, sweep, write_run
+
+try:
+    from scripts.tuned_sweep import kl_round
+except ImportError:  # removed by issue 54: the rounds are datc.study.jobs.kl_jobs (tests/study/)
+    kl_round = None
+needs_script = pytest.mark.skipif(kl_round is None, reason="scripts/tuned_sweep.py (lanes, ±20%) replaced by datc-study")
 
 
 def test_the_rate_is_interpolated_in_log_log_between_the_points_that_bracket_the_target():
@@ -63,6 +68,7 @@ def matched_sweep(root):
     return folder
 
 
+@needs_script
 def test_a_round_searches_on_the_selection_seeds_then_evaluates_the_matched_rate(tmp_path, capsys):
     folder = matched_sweep(tmp_path / "runs")
     m = _manifest(folder)
@@ -95,6 +101,7 @@ def test_a_round_searches_on_the_selection_seeds_then_evaluates_the_matched_rate
     assert [(r["scheme"], r["lr"], r["vs_matched"]["seeds"]) for r in control] == [("datc", 4 * LR, [200, 201, 202, 203])]
 
 
+@needs_script
 def test_lanes_share_each_search_round_and_wait_for_each_other(tmp_path):
     """--stage kl --lane k/n: each searched rate's selection seeds are split among the lanes; lane 0
     chooses every next rate (the others wait for it), and a lane whose share of a round is done
@@ -117,6 +124,7 @@ def test_lanes_share_each_search_round_and_wait_for_each_other(tmp_path):
     assert json.loads((folder / "matched.json").read_text())["datc"]["tried"] == [0.002, float(_arg(n0, "trainer.lr"))]
 
 
+@needs_script
 def test_a_search_that_stops_says_so_to_every_lane(tmp_path, capsys):
     folder = matched_sweep(tmp_path / "runs")
     m = _manifest(folder)
@@ -133,6 +141,7 @@ def test_a_search_that_stops_says_so_to_every_lane(tmp_path, capsys):
     assert kl_round(m, folder, "grpo", (1, 2)) == ([], None)  # lane 1 does not wait for a search that stopped
 
 
+@needs_script
 def test_a_gain_that_vanishes_at_matched_kl_reads_as_step_size(tmp_path):
     folder = matched_sweep(tmp_path / "runs")
     kl_round(_manifest(folder), folder, "grpo")
@@ -157,6 +166,7 @@ def test_a_matched_run_on_a_selection_seed_is_refused(tmp_path, capsys):
     assert "\n" not in err and "matched-KL evaluation run on selection seed 100" in err
 
 
+@needs_script
 def test_the_round_waits_for_a_complete_evaluation(tmp_path):
     folder = matched_sweep(tmp_path / "runs")
     next((folder / "eval").glob("*datc-p1-s203-lr0.001-tau0.5")).joinpath("summary.json").unlink()
@@ -167,6 +177,7 @@ def test_the_round_waits_for_a_complete_evaluation(tmp_path):
     assert read_setting(folder).schemes["datc"].chosen.kl.mean == pytest.approx(0.8)
 
 
+@needs_script
 def test_a_rate_the_comparison_already_evaluated_is_not_run_again(tmp_path):
     folder = matched_sweep(tmp_path / "runs")
     for d in (folder / "select").glob("*-datc-*tau0.5"):  # datc's target 0.21: grpo's chosen rate (x1, KL 0.2) matches
@@ -182,6 +193,7 @@ def test_a_rate_the_comparison_already_evaluated_is_not_run_again(tmp_path):
     assert len(row["matched_runs"]) == 4 and not (folder / MATCHED_DIR).exists()
 
 
+@needs_script
 def test_targets_within_ten_percent_share_a_round(tmp_path):
     folder = matched_sweep(tmp_path / "runs")
     m = json.loads((folder / MANIFEST).read_text())
