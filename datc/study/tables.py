@@ -1,6 +1,6 @@
 """The tuned comparison's tables (``datc-compare --tuned``): per setting the choices, the
 selection scores, the evaluation table, the matched-KL control and every candidate, as Markdown
-(:func:`tuned_markdown`) and JSON (:func:`tuned_json`), made from :mod:`datc.report.tuning`'s
+(:func:`tuned_markdown`) and JSON (:func:`tuned_json`), made from :mod:`datc.study.reading`'s
 reading of a sweep."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from datc.report.loading import Run
-from datc.report.matched_kl import matched_json, matched_markdown
 from datc.report.statistics import (
     Report,
     build_report,
@@ -23,7 +22,9 @@ from datc.report.statistics import (
     t_interval,
 )
 from datc.report.tables import MIN_INTERVAL_N, _interval_text, collapse_note
-from datc.report.tuning import (
+from datc.study.bracket import lattice_k
+from datc.study.matched import matched_json, matched_markdown
+from datc.study.reading import (
     MANIFEST,
     Candidate,
     SchemeTuning,
@@ -33,6 +34,7 @@ from datc.report.tuning import (
     find_settings,
     read_setting,
 )
+from datc.study.search import limits, on_path, points, step_text
 
 
 def _seeds_text(seeds: Mapping[str, Sequence[int]] | Sequence[int]) -> str:
@@ -87,6 +89,17 @@ def setting_markdown(st: SettingTuning, baseline: str) -> str:
         cells.append(f"{len(sc.tuned)}{collapse_note(collapsed_seeds(sc.tuned))} / {len(sc.default)}"
                      f"{collapse_note(collapsed_seeds(sc.default))}")
         lines.append("| " + " | ".join(cells) + " |")
+    if lims := limits(m):
+        lines += ["", "Search (METHOD §6, bracketing): the lattice points each coordinate needed, and how it ended "
+                  "(bracketed: the best point has a tried neighbour on each side).", "",
+                  "| scheme | learning rate: points tried | knob: points tried |", "|---|---|---|"]
+        for name in order:
+            sc = st.schemes[name]
+            sel = m["selection"]["seeds"]
+            rate = step_text(points(sc.spec, sc.candidates, sc.diverged, sel, lims[0]), sc.rate_step)
+            knob = "no knob" if not sc.spec.get("knob") else step_text(
+                points(sc.spec, sc.candidates, sc.diverged, sel, lims[1], sc.lr) if sc.lr is not None else None, sc.knob_step)
+            lines.append(f"| {name} | {rate} | {knob} |")
     if power := _power_lines(st, baseline):
         lines += ["", "Power of the tuned comparison (paired by seed): the 95% half-width reached and the smallest "
                   "difference such a test detects 80% of the time at this number of pairs and the observed spread "
@@ -97,7 +110,8 @@ def setting_markdown(st: SettingTuning, baseline: str) -> str:
               "| scheme | configuration | search step | mean final gold (selection) |", "|---|---|---|---|"]
     for name in order:
         sc = st.schemes[name]
-        lines += [f"| {name} | {sc.label(c.lr, c.knob)} | {_step(sc, c, name == st.kl_baseline)} | {_score_text(c, n_sel)} |" for c in sc.candidates]
+        lines += [f"| {name} | {sc.label(c.lr, c.knob)} | {_step(sc, c, name == st.kl_baseline, limits(m))} | {_score_text(c, n_sel)} |"
+                  for c in sc.candidates]
     return "\n".join(lines) + "\n"
 
 
@@ -113,10 +127,16 @@ def _power_lines(st: SettingTuning, baseline: str) -> list[str]:
     return out
 
 
-def _step(sc: SchemeTuning, c: Candidate, searched: bool = False) -> str:
-    """Where a candidate lies on the search: the rate grid, the knob grid at the chosen rate, or off it."""
-    on_rate = _same(c.knob, sc.spec.get("knob_default")) and any(_same(c.lr, x) for x in sc.spec["lr_grid"])
-    on_knob = sc.lr is not None and _same(c.lr, sc.lr) and any(_same(c.knob, x) for x in sc.spec.get("knob_grid") or [])
+def _step(sc: SchemeTuning, c: Candidate, searched: bool = False, lims=None) -> str:
+    """Where a candidate lies on the search: the rate grid (a bracketing study: its lattice), the knob
+    grid at the chosen rate, or off it."""
+    if lims is None:
+        on_rate = _same(c.knob, sc.spec.get("knob_default")) and any(_same(c.lr, x) for x in sc.spec["lr_grid"])
+        on_knob = sc.lr is not None and _same(c.lr, sc.lr) and any(_same(c.knob, x) for x in sc.spec.get("knob_grid") or [])
+    else:
+        on_rate = on_path(sc.spec, lims, None, c.lr, c.knob)
+        kk = lattice_k(c.knob, sc.spec.get("knob_default")) if sc.spec.get("knob") else None
+        on_knob = sc.lr is not None and _same(c.lr, sc.lr) and kk is not None and lims[1].lo <= kk <= lims[1].hi
     off = "matched-KL search (not eligible)" if searched else "off the search path (not eligible)"
     where = " and ".join(w for w, ok in (("rate", on_rate), ("knob", on_knob)) if ok) or off
     return where + (" (chosen)" if sc.chosen is c else "")
@@ -132,8 +152,15 @@ LEGEND = (
 )
 
 
+LEGEND_BRACKET = LEGEND.replace(
+    "(learning rate ×0.5/×1/×2 of the default at the knob's default, then the knob ×0.5/×1/×2 at that rate)",
+    "(learning rate ×0.5/×1/×2 of the default at the knob's default, extended by ×2 beyond an end that is best, up to "
+    "×32 or ×1/32, until the best point is bracketed; then the knob likewise at that rate, up to ×8 or ×1/8)")
+
+
 def tuned_markdown(settings: Sequence[SettingTuning], baseline: str) -> str:
-    return "# Tuned comparison\n\n" + LEGEND + "\n\n" + "\n".join(setting_markdown(s, baseline) for s in settings)
+    legend = LEGEND_BRACKET if any(limits(s.manifest) for s in settings) else LEGEND
+    return "# Tuned comparison\n\n" + legend + "\n\n" + "\n".join(setting_markdown(s, baseline) for s in settings)
 
 
 def tuned_json(settings: Sequence[SettingTuning], warnings: Sequence[str], baseline: str) -> str:
