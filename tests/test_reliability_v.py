@@ -1,0 +1,110 @@
+"""What a hostile user still hit (issue 57): a run killed before its first checkpoint, a resume
+that changes the thread count, ``datc-export`` racing on one ``--out``, ``datc-compare``'s lock
+files and a stale ``default/``. Each test fails on the code before its fix; the launcher's
+signal cases are in tests/e2e/test_kills.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from datc.config import ConfigError
+from tests import cli
+from tests.conftest import cfg_for, comparable, metric_rows, train_cmd
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---- 1. a run killed before its first checkpoint --------------------------------------------------
+
+
+def _as_killed_after_run_json(cache, run, *overrides) -> None:
+    """``run`` as a kill leaves it between ``run.json`` and ``inputs.json``: the directory opened
+    for the run (``run.json``, ``config.yaml``, its lock), nothing else."""
+    from datc.run.rundir import RunDir, release_run_locks
+    from datc.training.lifecycle import resolved_config
+
+    RunDir.open(run, resolved_config(cfg_for(cache, run, *overrides)), "auto")
+    release_run_locks()
+    assert (run / "run.json").exists() and not (run / "inputs.json").exists()
+
+
+@pytest.mark.slow
+def test_a_run_killed_before_its_first_checkpoint_starts_again(prepared_cache, tmp_path, capfd):
+    from datc.training.trainer import train
+
+    ref = tmp_path / "ref"
+    train(cfg_for(prepared_cache, ref))  # uninterrupted
+
+    run = tmp_path / "run"
+    _as_killed_after_run_json(prepared_cache, run)
+    capfd.readouterr()
+    summary = train(cfg_for(prepared_cache, run))  # it was refused: "cannot be checked: its inputs.json is missing"
+    assert "no checkpoint yet (it stopped before its first): starting it again from step 0" in capfd.readouterr().err
+    assert "accepted_input_changes" not in summary
+    assert comparable(metric_rows(run)) == comparable(metric_rows(ref))
+    assert json.loads((run / "inputs.json").read_text())["inputs"]
+
+    # the way out the refusal suggested wrote a false "accepted input change" into the summary
+    run2 = tmp_path / "run2"
+    _as_killed_after_run_json(prepared_cache, run2)
+    (run2 / "metrics.jsonl").write_text((ref / "metrics.jsonl").read_text().splitlines()[0] + "\n")  # step 0's eval
+    summary = train(cfg_for(prepared_cache, run2, "trainer.accept_changed_inputs=true"))
+    assert "accepted_input_changes" not in summary
+    assert "accepted_input_changes" not in json.loads((run2 / "run.json").read_text())
+    assert comparable(metric_rows(run2)) == comparable(metric_rows(ref))
+
+
+@pytest.mark.slow
+def test_a_run_killed_in_a_cold_prepare_step_starts_again_with_the_same_command(tmp_path):
+    cache, run = tmp_path / "cache", tmp_path / "run"  # a cold cache: seconds of prepare after run.json
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(train_cmd(cache, run), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not (run / "run.json").exists():
+            assert proc.poll() is None and time.time() < deadline
+            time.sleep(0.01)
+        time.sleep(0.3)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not (run / "inputs.json").exists() and not (run / "checkpoints").exists()
+    r = cli.run(train_cmd(cache, run), timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "starting it again from step 0" in r.stderr
+    assert (run / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_inputs_json_that_is_empty_or_a_directory_is_one_line(prepared_cache, tmp_path):
+    import shutil
+
+    from datc.training.trainer import train
+
+    run = tmp_path / "run"
+    train(cfg_for(prepared_cache, run))
+    for p in ("summary.json", "final", "checkpoints/step_0000003"):  # as a kill after step 2's checkpoint leaves it
+        shutil.rmtree(run / p) if (run / p).is_dir() else (run / p).unlink()
+    (run / "inputs.json").write_text("{}")  # it said "policy (...) was not a local file when the run started"
+    with pytest.raises(ConfigError, match=r"cannot be checked: its inputs.json holds no fingerprints \(not the file datc "
+                                          r"writes\), so nothing says"):
+        train(cfg_for(prepared_cache, run))
+    (run / "inputs.json").unlink()
+    (run / "inputs.json").mkdir()  # it was an IsADirectoryError traceback
+    for extra in ((), ("trainer.accept_changed_inputs=true",)):
+        r = cli.run(train_cmd(prepared_cache, run, *extra))
+        assert r.returncode == 2, r.stderr[-2000:]
+        lines = [ln for ln in r.stderr.splitlines() if ln.startswith("datc-train:")]
+        assert lines == [f"datc-train: run_dir: {run / 'inputs.json'} is a directory, not the run's record of its "
+                         "inputs; move it aside and run the same command again"], r.stderr[-2000:]
+        assert "Traceback" not in r.stderr
+    assert (run / "inputs.json").is_dir() and (run / "checkpoints" / "step_0000002").is_dir()
