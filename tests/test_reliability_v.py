@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -108,3 +107,74 @@ def test_inputs_json_that_is_empty_or_a_directory_is_one_line(prepared_cache, tm
                          "inputs; move it aside and run the same command again"], r.stderr[-2000:]
         assert "Traceback" not in r.stderr
     assert (run / "inputs.json").is_dir() and (run / "checkpoints" / "step_0000002").is_dir()
+
+
+# ---- 3a. datc-export: one writer per --out; a link, a read-only place, a Ctrl-C -------------------
+
+
+@pytest.fixture(scope="module")
+def trained(prepared_cache, tmp_path_factory):
+    from datc.training.trainer import train
+
+    run = tmp_path_factory.mktemp("exported") / "run"
+    train(cfg_for(prepared_cache, run))
+    return run
+
+
+def _left_beside(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
+@pytest.mark.slow
+def test_two_exports_racing_to_one_out_the_loser_is_refused(trained, tmp_path, monkeypatch, capsys):
+    from datc.commands import export
+
+    out = tmp_path / "out"
+    real = export.load_policy_weights
+    second: list[int] = []
+
+    def racing(model, state):  # the other export starts while this one is writing
+        if not second:
+            second.append(-1)
+            second[0] = export.main([str(trained), "--checkpoint", "2", "--out", str(out)])
+        real(model, state)
+
+    monkeypatch.setattr(export, "load_policy_weights", racing)
+    assert export.main([str(trained), "--checkpoint", "3", "--out", str(out)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert second == [2], err  # it exited 0 and printed the path, holding the other export
+    assert len(err) == 1 and "is being written by another datc-export now" in err[0], err
+    assert json.loads((out / "datc_export.json").read_text())["checkpoint"] == 3
+    assert _left_beside(tmp_path) == []  # no lock file, no temporary folder
+
+
+@pytest.mark.slow
+def test_export_out_a_link_a_read_only_place_or_a_ctrl_c_is_one_line(trained, tmp_path, monkeypatch, capsys):
+    import errno
+    import tempfile
+
+    from datc.commands import export
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert export.main([str(trained), "--out", str(tmp_path / "link")]) == 0  # it was a FileExistsError traceback
+    assert (tmp_path / "real" / "config.json").exists() and (tmp_path / "link").is_symlink()
+    assert capsys.readouterr().out.strip() == str(tmp_path / "link")
+
+    def read_only(*a, **k):
+        raise OSError(errno.EROFS, "Read-only file system", str(tmp_path / "mnt"))
+
+    with monkeypatch.context() as m:
+        m.setattr(tempfile, "mkdtemp", read_only)
+        assert export.main([str(trained), "--out", str(tmp_path / "ro")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("datc-export: --out: cannot write") and "Read-only file system" in err[0]
+
+    def ctrl_c(model, state):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(export, "load_policy_weights", ctrl_c)
+    assert export.main([str(trained), "--out", str(tmp_path / "cut" / "out")]) == 130  # it was a traceback
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["datc-export: interrupted (SIGINT); nothing was written (what --out held is as it was)"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]  # nothing of ro/ or cut/ stays
