@@ -178,3 +178,94 @@ def test_export_out_a_link_a_read_only_place_or_a_ctrl_c_is_one_line(trained, tm
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["datc-export: interrupted (SIGINT); nothing was written (what --out held is as it was)"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]  # nothing of ro/ or cut/ stays
+
+
+# ---- 3b. a stale default/ beside another sweep's tuned.md; 5. lock files left ---------------------
+
+
+def _sweep_without_default_runs(root: Path) -> None:
+    """A tuned sweep whose schemes all chose another rate than the default, and whose evaluation
+    ran the chosen configurations alone: no default-configuration runs."""
+    import shutil
+
+    from tests.test_tuning import EVAL, LR, SELECT, sweep, write_run
+
+    folder = sweep(root)
+    for seed in SELECT:  # grpo: twice the rate is now best
+        write_run(folder / "select", "grpo", seed, 2 * LR, 0.50)
+    for d in (folder / "eval").iterdir():
+        if "-lr0.0005-" in d.name:  # the default rate's evaluation runs
+            shutil.rmtree(d)
+    for draw, seeds in EVAL.items():
+        for seed in seeds:
+            write_run(folder / "eval", "grpo", seed, 2 * LR, 0.3, draw=int(draw))
+
+
+def test_a_tuned_comparison_without_default_runs_leaves_no_stale_default_tables(tmp_path, capsys):
+    from datc.report import main
+    from tests.test_tuning import sweep
+
+    sweep(tmp_path / "A")
+    _sweep_without_default_runs(tmp_path / "B")
+    out = tmp_path / "out"
+    main(["--tuned", str(tmp_path / "A"), "--out", str(out)])
+    assert (out / "default" / "table.md").exists()
+    capsys.readouterr()
+    main(["--tuned", str(tmp_path / "B"), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert not (out / "default").exists(), "A's default tables stayed beside B's tuned.md"
+    assert f"removed {out / 'default'}: an earlier comparison's tables" in err
+    assert (out / "evaluation" / "table.md").exists() and (out / "tuned.md").exists()
+
+    (out / "default").mkdir()
+    (out / "default" / "notes.txt").write_text("mine")  # not datc-compare's: never removed
+    before = (out / "tuned.md").read_text()
+    with pytest.raises(SystemExit) as e:
+        main(["--tuned", str(tmp_path / "B"), "--out", str(out)])
+    assert e.value.code == 2
+    assert "holds files datc-compare did not write" in capsys.readouterr().err
+    assert (out / "default" / "notes.txt").read_text() == "mine" and (out / "tuned.md").read_text() == before
+
+
+def test_datc_compare_leaves_no_lock_files(tmp_path, monkeypatch, capsys):
+    from datc.report import main
+    from tests.test_tuning import sweep
+
+    sweep(tmp_path / "sweep")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    main(["--tuned", str(tmp_path / "sweep"), "--out", str(runs / "compare")])
+    main([str(tmp_path / "sweep"), "--out", str(runs / "plain")])
+    monkeypatch.chdir(runs / "plain")
+    main([str(tmp_path / "sweep"), "--out", "."])  # written in place, its lock inside
+    locks = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*.lock"))
+    assert locks == [], locks  # .default.lock, .evaluation.lock, runs/.compare.lock stayed after every run
+
+
+def test_a_removed_lock_file_never_lets_two_holders_in(tmp_path):
+    import threading
+
+    from datc.atomic import held_lock
+
+    path, inside, overlaps = tmp_path / ".out.lock", [0], []
+    guard = threading.Lock()
+
+    def worker() -> None:
+        for _ in range(30):
+            with held_lock(path):
+                with guard:
+                    inside[0] += 1
+                    overlaps.append(inside[0])
+                time.sleep(0.001)
+                with guard:
+                    inside[0] -= 1
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(overlaps) == 180 and max(overlaps) == 1  # one holder at a time, though each removes the file
+    assert not path.exists()
+    with held_lock(path), pytest.raises(BlockingIOError), held_lock(path, wait=False):
+        pass  # busy: refused at once where asked
