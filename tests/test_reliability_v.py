@@ -269,3 +269,31 @@ def test_a_removed_lock_file_never_lets_two_holders_in(tmp_path):
     assert not path.exists()
     with held_lock(path), pytest.raises(BlockingIOError), held_lock(path, wait=False):
         pass  # busy: refused at once where asked
+
+
+# ---- 4. a resume that changes the thread count -----------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_resume_with_another_thread_count_is_refused_unless_asked_and_then_recorded(prepared_cache, tmp_path):
+    from datc.training.trainer import train
+    from tests.conftest import copy_as_killed
+
+    ref = tmp_path / "ref"  # as a 1-process datc-launch on 2 cores runs it
+    train(cfg_for(prepared_cache, ref, "trainer.threads=2"))
+    assert json.loads((ref / "inputs.json").read_text())["threads"] == 2
+    run = tmp_path / "run"
+    copy_as_killed(ref, run, last_checkpoint=2, rows_through=2)
+    # resumed by datc-train (threads 1): it trained on, differing from its first resumed step
+    with pytest.raises(ConfigError, match=r"^trainer.threads: .* was trained with trainer.threads=2 and is resumed with "
+                                          r"1; .*resume with trainer.threads=2 \(datc-launch: --threads 2\)"):
+        train(cfg_for(prepared_cache, run))
+    assert not (run / "summary.json").exists()
+    train(cfg_for(prepared_cache, run, "trainer.threads=2"))  # the same count: the uninterrupted run's numbers
+    assert comparable(metric_rows(run)) == comparable(metric_rows(ref))
+
+    asked = tmp_path / "asked"
+    copy_as_killed(ref, asked, last_checkpoint=2, rows_through=2)
+    summary = train(cfg_for(prepared_cache, asked, "trainer.accept_changed_inputs=true"))
+    assert summary["accepted_input_changes"] == ["trainer.threads 2 -> 1"]
+    assert json.loads((asked / "inputs.json").read_text())["threads"] == 1

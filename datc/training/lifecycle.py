@@ -84,6 +84,7 @@ def _check_inputs(c: TrainConfig, run: RunDir, assets: Assets) -> None:
     tok = assets.tokenizer_path if assets.tokenizer_path != assets.policy_path else None
     now = fingerprints({"policy": assets.policy_path, "reward": assets.reward_path, "tokenizer": tok,
                         "data": assets.data_path})
+    now["threads"] = c.trainer.threads  # not the run's identity, but its CPU sums depend on it (_threads_change)
     path = run.path / INPUTS_FILE
     if path.is_dir():  # not the file datc writes: nothing of the user's is replaced
         raise ConfigError(f"run_dir: {path} is a directory, not the run's record of its inputs; move it aside and run "
@@ -103,7 +104,10 @@ def _check_inputs(c: TrainConfig, run: RunDir, assets: Assets) -> None:
                 diff = changes(before, now)
             except (KeyError, TypeError, AttributeError):
                 unverifiable = "is damaged"
+        threads = _threads_change(c, run, before)
         if diff is not None and not diff:
+            if threads:
+                atomic_write_json(path, now)
             return
         if not c.trainer.accept_changed_inputs:
             more = f" (and {len(diff) - 1} more)" if diff and len(diff) > 1 else ""
@@ -119,6 +123,30 @@ def _check_inputs(c: TrainConfig, run: RunDir, assets: Assets) -> None:
         log.warning("trainer.accept_changed_inputs: resuming %s with %s; recorded as they are now", run.path, said)
         run.record_accepted_inputs(said)
     atomic_write_json(path, now)
+
+
+def _threads_change(c: TrainConfig, run: RunDir, before: dict | None) -> bool:
+    """A resume on the CPU with another ``trainer.threads`` than the run was trained with (its
+    ``inputs.json``): refused, since the CPU's sums depend on the thread count and the numbers
+    would differ from an uninterrupted run's from the first resumed step, unless
+    ``trainer.accept_changed_inputs`` (then recorded, as an input change). Returns whether an
+    accepted change was recorded."""
+    import torch
+
+    was, now = (before or {}).get("threads"), c.trainer.threads
+    on_cpu = c.trainer.device == "cpu" or (c.trainer.device == "auto" and not torch.cuda.is_available())
+    if not isinstance(was, int) or was == now or not on_cpu:
+        return False
+    if not c.trainer.accept_changed_inputs:
+        raise ConfigError(
+            f"trainer.threads: {run.path} was trained with trainer.threads={was} and is resumed with {now}; on the CPU "
+            "a step's sums depend on the thread count, so its numbers would differ from an uninterrupted run's from "
+            f"the first resumed step: resume with trainer.threads={was} (datc-launch: --threads {was}), or with "
+            f"trainer.accept_changed_inputs=true to go on with {now} (recorded in run.json and the summary)")
+    said = f"trainer.threads {was} -> {now}"
+    log.warning("trainer.accept_changed_inputs: resuming %s with %s; recorded", run.path, said)
+    run.record_accepted_inputs(said)
+    return True
 
 
 def read_inputs(path: Path) -> tuple[dict | None, str | None]:
