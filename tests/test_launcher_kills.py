@@ -77,6 +77,9 @@ def test_a_sigterm_right_after_a_sigint_is_the_same_stop():
             os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl-C still exits at once
             time.sleep(1)
         assert e.value.code == 130
+    with stop_signals():
+        os.kill(os.getpid(), signal.SIGHUP)  # the terminal closed (datc-launch passes it on): it ended the run at once
+        assert stop_requested()
 
 
 def _start(run: Path, cache_dir, port: int, backend: str) -> subprocess.Popen:
@@ -90,7 +93,8 @@ def _start(run: Path, cache_dir, port: int, backend: str) -> subprocess.Popen:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("signame", "backend", "port"), [
-    ("SIGKILL", "zero2", 29741), ("SIGKILL", "fsdp2", 29743), ("SIGHUP", "zero2", 29745), ("SIGTERM", "fsdp2", 29747)])
+    ("SIGKILL", "zero2", 29741), ("SIGKILL", "fsdp2", 29743), ("SIGHUP", "zero2", 29745), ("SIGTERM", "fsdp2", 29747),
+    ("SIGINT", "fsdp2", 29749)])
 def test_no_rank_outlives_the_launcher_killed_or_signalled(prepared_cache, tmp_path, signame, backend, port):
     run = tmp_path / "run"
     proc = _start(run, prepared_cache, port, backend)
@@ -105,6 +109,8 @@ def test_no_rank_outlives_the_launcher_killed_or_signalled(prepared_cache, tmp_p
         _, err = proc.communicate(timeout=120)
         assert proc.returncode != 0
         assert _left(run) == [], f"processes of the run outlived datc-launch ({signame}): {err[-2000:]}"
+        if signame == "SIGINT":  # a Ctrl-C while the ranks start: no KeyboardInterrupt traceback from their imports
+            assert proc.returncode == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -204,6 +204,19 @@ def _own_group_dying_with_us() -> None:
     set_parent_death_signal()
 
 
+def _handles(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has its own handler for ``signum`` (``/proc``'s ``SigCgt``): a rank
+    handles SIGTERM once it can stop with a checkpoint (:mod:`datc.run.signals`); before, a
+    SIGINT would end it in a ``KeyboardInterrupt`` traceback in the middle of its imports."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return True
+
+
 def run_forwarding_signals(argv: list[str], env: dict[str, str]) -> int:
     """Run the launcher and wait for it. SIGTERM (what ``timeout``, a scheduler or a parent
     process sends), SIGINT (Ctrl-C: the launcher runs in its own process group, so the terminal's
@@ -219,12 +232,17 @@ def run_forwarding_signals(argv: list[str], env: dict[str, str]) -> int:
 
     proc: subprocess.Popen | None = None
     got: list[int] = []
+    early: list[int] = []  # signals that came before the processes could stop with a checkpoint
 
     def forward(signum: int) -> None:
         ranks = rank_pids(proc.pid) or ([proc.pid] if _is_rank(proc.pid) else [])
-        if not ranks:  # nothing trains yet, so nothing to checkpoint: the launcher and what it started end
+        if not ranks or not all(_handles(pid, signal.SIGTERM) for pid in ranks):
+            # Nothing trains yet (a rank that cannot stop with a checkpoint is still importing), so
+            # nothing to save: the launcher and all it started end at once and quietly (a SIGINT
+            # would end a rank in a KeyboardInterrupt traceback, a SIGTERM torchrun in its own).
+            early.append(signum)
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGTERM)
+                os.killpg(proc.pid, signal.SIGKILL)
             return
         for pid in ranks:
             with contextlib.suppress(ProcessLookupError):
@@ -238,12 +256,16 @@ def run_forwarding_signals(argv: list[str], env: dict[str, str]) -> int:
     old = {s: signal.signal(s, on_signal) for s in (getattr(signal, n) for n in FORWARDED)}
     try:
         proc = subprocess.Popen(argv, env={**env, **launcher_env()}, preexec_fn=_own_group_dying_with_us)
-        for signum in got:  # arrived while it started
+        for signum in list(got):  # arrived while it started
             forward(signum)
         rc = proc.wait()
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+    if early and rc != 0:
+        with contextlib.suppress(OSError, ValueError):
+            print(f"datc-launch: {signal.Signals(early[0]).name} while the run was starting: its processes were ended "
+                  "before training (nothing to save); run the same command again to start it", file=sys.stderr)
     return 128 + got[0] if got and rc != 0 else rc
 
 
