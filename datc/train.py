@@ -61,6 +61,9 @@ def _hydra_main(cfg: DictConfig) -> float | None:
 def main() -> None:
     from hydra.errors import HydraException
 
+    from datc.run.lifeline import die_with_launcher
+
+    die_with_launcher()  # under datc-launch: this process ends with it, however it ends
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises its errors to us instead of printing many lines
     try:
         _hydra_main()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import fcntl
 import os
 import shutil
 import signal
@@ -16,7 +15,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from datc.atomic import atomic_write_bytes, follow_umask, umask
+from datc.atomic import atomic_write_bytes, follow_umask, held_lock, umask
 from datc.report.plots import plot_credit_accuracy, plot_gold_curves, plot_rm_vs_gold
 from datc.report.statistics import Report
 from datc.report.tables import latex_table, markdown_table, report_json, runs_csv, summary_markdown
@@ -74,14 +73,10 @@ def _holds_cwd(path: Path) -> bool:
     return path == cwd or path in cwd.parents
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # waits for the other comparison (seconds)
-        yield
-    finally:
-        os.close(fd)
+def _locked(path: Path) -> contextlib.AbstractContextManager[None]:
+    """The lock file ``path`` held for the block (another comparison waits, seconds) and removed at
+    its end, safely (:func:`datc.atomic.held_lock`): no ``.<name>.lock`` stays behind."""
+    return held_lock(path)
 
 
 @contextlib.contextmanager

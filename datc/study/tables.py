@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -205,10 +206,51 @@ def compare_tuned(root: str | Path, out: str | Path, baseline: str,
         print(f"datc-compare: warning: {w}", file=sys.stderr)
     out = Path(out)
     written = []
-    for sub, pick in (("evaluation", lambda sc: sc.tuned), ("default", lambda sc: sc.default)):
-        runs = _relabel(r for st in settings for sc in st.schemes.values() for r in pick(sc))
+    picked = {sub: _relabel(r for st in settings for sc in st.schemes.values() for r in pick(sc))
+              for sub, pick in (("evaluation", lambda sc: sc.tuned), ("default", lambda sc: sc.default))}
+    stale = [out / sub for sub, runs in picked.items() if not runs and stale_outputs(out / sub)]
+    for sub, runs in picked.items():
         if runs:
             written += write_outputs(build_report(runs, baseline), out / sub, warns)
     atomic_write_text(out / "tuned.json", tuned_json(settings, warns, baseline))
     atomic_write_text(out / "tuned.md", tuned_markdown(settings, baseline))
+    for folder in stale:
+        remove_outputs(folder)
+        print(f"datc-compare: warning: removed {folder}: an earlier comparison's tables, and this sweep has no "
+              f"{folder.name} runs to put there", file=sys.stderr)
     return [*written, out / "tuned.json", out / "tuned.md"]
+
+
+# What datc-compare writes into an output folder (datc.report.cli.write_outputs)
+COMPARE_OUTPUTS = {"table.md", "table.tex", "summary.md", "runs.csv", "report.json", "gold_curves.png",
+                   "credit_accuracy.png", "rm_vs_gold.png"}
+
+
+def stale_outputs(folder: Path) -> bool:
+    """Whether ``folder`` (``OUT/default/`` or ``OUT/evaluation/``, which this comparison has no
+    runs for) holds an earlier comparison's outputs, to be removed so they do not sit beside this
+    comparison's ``tuned.md``; a refusal (exit 2, nothing written) where it holds anything else."""
+    if not folder.exists() and not folder.is_symlink():
+        return False
+    names = {p.name for p in folder.iterdir()} if folder.is_dir() else None
+    if names is None or not names <= COMPARE_OUTPUTS:
+        print(f"datc-compare: --out: {folder} holds files datc-compare did not write, and this sweep has no "
+              f"{folder.name} runs to replace them with; move it aside or choose another --out (nothing written)",
+              file=sys.stderr)
+        raise SystemExit(2)
+    return True
+
+
+def remove_outputs(folder: Path) -> None:
+    """``folder``'s outputs removed (moved aside first, so no half-removed folder stays)."""
+    import shutil
+    import tempfile
+
+    from datc.atomic import held_lock
+
+    with held_lock(folder.parent / f".{folder.name}.lock"):  # not while another comparison writes it
+        if not folder.is_dir() or not {p.name for p in folder.iterdir()} <= COMPARE_OUTPUTS:
+            return
+        aside = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".old"))
+        os.rename(folder, aside / "x")
+        shutil.rmtree(aside, ignore_errors=True)
