@@ -32,8 +32,8 @@ def _clean(v: Any) -> Any:
 
 
 def _unclean(v: Any) -> Any:
-    """A ``metrics.jsonl`` value as it was logged (``"inf"`` back to a float); None: it was NaN or absent."""
-    return float(v) if v in ("inf", "-inf") else v
+    """A ``metrics.jsonl`` value as it was logged: ``"inf"`` back to a float, None (NaN) to NaN."""
+    return float(v) if v in ("inf", "-inf") else math.nan if v is None else v
 
 
 def keeps_completions(cfg: LoggerConfig) -> bool:
@@ -111,7 +111,7 @@ class RunLogger:
         for row in rows:
             if self.tracker is None:
                 break
-            metrics = {k: _unclean(v) for k, v in row.items() if k != "step" and v is not None}
+            metrics = {k: _unclean(v) for k, v in row.items() if k != "step"}
             self._send("log", metrics, int(row["step"]))
             n += 1
         return n

@@ -37,9 +37,11 @@ class TensorBoardTracker(Tracker):
         from torch.utils.tensorboard import SummaryWriter
 
         self.dir = Path(run.run_dir) / FOLDER
-        earlier = self.dir.is_dir() and any(self.dir.glob("events.out.tfevents.*"))
-        # steps from first_step on are logged again: what the folder holds of them is dropped
-        self._writer = SummaryWriter(str(self.dir), purge_step=run.first_step if earlier else None, flush_secs=30)
+        # Each writer opens with a session start at first_step (SummaryWriter's purge_step): the
+        # steps from there on are logged again, so TensorBoard drops what the folder holds of them.
+        # (Its loaders take a run's first start for the session's beginning, purging nothing, and
+        # each later one for a restart: a fresh run writes one too.)
+        self._writer = SummaryWriter(str(self.dir), purge_step=run.first_step, flush_secs=30)
         self._last = run.first_step
         if run.first_step == 0:
             self._log_config(run.config)
@@ -60,9 +62,11 @@ class TensorBoardTracker(Tracker):
             if isinstance(v, (bool, int, float)):
                 self._writer.add_scalar(k, float(v), step)  # float32 (what TensorBoard's fast loader reads)
         self._last = max(self._last, step)
+        self._writer.flush()  # on disk before the next checkpoint: a killed run resumes with no gap
 
     def log_samples(self, rows: list[dict[str, Any]], step: int) -> None:
         self._writer.add_text("eval/samples", markdown_table(list(rows[0]), [list(r.values()) for r in rows]), step)
+        self._writer.flush()
 
     def log_completions(self, completions: Completions, step: int) -> None:
         c = completions
@@ -70,6 +74,7 @@ class TensorBoardTracker(Tracker):
                 for p, t, w, r, a in zip(c.prompts, c.tokens, c.weights, c.rewards, c.advantages, strict=True)]
         self._writer.add_text("rollout/completions",
                               markdown_table(["prompt", "completion", "reward", "advantage", "credit: token (w)"], rows), step)
+        self._writer.flush()
 
     def finish(self, summary: dict[str, Any]) -> None:
         rows = [[k, v] for k, v in summary.items() if isinstance(v, (bool, int, float, str))]
