@@ -1,13 +1,14 @@
 """TensorBoard (``logger=tensorboard``): a local dashboard, no account or network.
 
 Event files go to ``<run_dir>/tensorboard/`` (``tensorboard --logdir <run_dir>``, or the folder
-holding several run directories to compare them). Every metric row is a scalar per key (float32, as TensorBoard keeps them),
-the eval samples and the completions table are Markdown tables in the Text tab (``eval/samples``,
-``rollout/completions``, each token with its credit weight), the resolved config
-is a YAML block (``config``) and its scalar fields the run's hyperparameters (HParams tab), the
-final evaluation a table (``summary``). A resumed run writes a new event file into the same folder
-that starts with a purge at the first step it redoes (``SummaryWriter(purge_step=...)``), so
-TensorBoard drops the steps logged after the checkpoint the run resumed from: one value per step.
+holding several run directories to compare them). Every metric row is a scalar per key (float32,
+as TensorBoard keeps them); the eval samples and the completions table are Markdown tables in the
+Text tab (``eval/samples``, ``rollout/completions``: each token with its credit weight); the
+resolved config is a YAML block (``config``) and its scalar fields the run's hyperparameters
+(HParams tab); the final evaluation a table (``summary``). A resumed run writes a new event file
+into the same folder that starts with a purge at the first step it redoes
+(``SummaryWriter(purge_step=...)``), so TensorBoard drops the steps logged after the checkpoint
+the run resumed from: one value per step (docs/trackers.md).
 """
 
 from __future__ import annotations
