@@ -261,7 +261,6 @@ CHOICES = {
     "trainer.lr_scheduler": (
         "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_min_lr", "polynomial",
     ),
-    "logger.name": ("none", "wandb"),
     "logger.mode": ("auto", "online", "offline", "disabled"),
     "data.prompt_format": ("text", "hh"),
     "data.long_prompts": ("error", "drop"),

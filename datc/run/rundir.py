@@ -194,7 +194,7 @@ class RunDir:
             )
         atomic_write_text(path / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(cfg)))
         wandb_id = uuid.uuid4().hex[:16]
-        atomic_write_json(run_json, {"run_id": run_id, "wandb_id": wandb_id, "identity": ident})
+        atomic_write_json(run_json, {"run_id": run_id, "wandb_id": wandb_id, "identity": ident, "trackers": []})
         _write_hydra_files(path, cfg)
         return cls(path, run_id, False, lock, wandb_id)
 
@@ -223,6 +223,25 @@ class RunDir:
             return list(json.loads((self.path / "run.json").read_text()).get("accepted_input_changes", []))
         except (OSError, ValueError):
             return []
+
+    def trackers(self) -> list[str]:
+        """The trackers this run was sent to (``run.json``'s ``trackers``, see :mod:`datc.run.trackers`);
+        a run from before that record: the logger its ``config.yaml`` names."""
+        try:
+            data = json.loads((self.path / "run.json").read_text())
+            if "trackers" in data:
+                return list(data["trackers"])
+            name = OmegaConf.load(self.path / "config.yaml").logger.name
+        except Exception:  # unreadable: said where the run's own files are read
+            return []
+        return [] if name in (None, "none") else [str(name)]
+
+    def record_tracker(self, name: str) -> None:
+        """Add ``name`` to the trackers this run was sent to (``run.json``)."""
+        run_json = self.path / "run.json"
+        data = json.loads(run_json.read_text())
+        data["trackers"] = sorted({*self.trackers(), name})
+        atomic_write_json(run_json, data)
 
     def read_summary(self) -> dict[str, Any] | None:
         """The finished run's summary; None if there is none, or if it is damaged (then it is

@@ -64,7 +64,7 @@ class StepPlan:
     gather_generation: bool  # sampling with the policy's parameters gathered once per call (ZeRO-3, FSDP2)
     sample_synced: bool  # sampling keeps every rank forwarding until all are done (synced, not gathered)
     decode: str  # the sampler's decode loop: static (cache and graph, datc.engines.static_decode) or dynamic
-    keep_completions: bool  # the step before an eval keeps its completions (for the W&B table)
+    keep_completions: bool  # the step before an eval keeps its completions (for the tracker's table)
     head_chunk: int | None  # the update's LM head this many positions at a time (no (rows, T, V) logits); None: whole
     grad_checkpoint: bool  # the update recomputes the decoder blocks' activations in the backward
     engine: str  # the rollout engine (datc.engines): torch samples with the policy, vllm with its own copy

@@ -240,6 +240,9 @@ class NoLogger:
 
     def log_completions(self, *args: Any) -> None: ...
 
+    def catch_up(self, *args: Any) -> int:
+        return 0
+
     def finish(self, *args: Any) -> None: ...
 
 
