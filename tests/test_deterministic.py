@@ -137,3 +137,12 @@ def test_one_and_two_processes_sample_the_same_step_one_responses_under_the_mode
     assert set(one_on[0]) == set(two["on"][0]) and len(one_on[0]) == 2  # the step's prompts, split over the ranks
     assert one_on[0] == two["on"][0]
     assert one_off[0] != two["off"][0]  # without the mode, the responses follow the process count
+
+
+def test_the_mode_names_its_runs_and_off_keeps_every_earlier_name(tmp_path):
+    """Off, a run keeps the name (and the identity a resume checks) it had before the field existed."""
+    from datc.run.naming import config_id
+
+    base = config_id(cfg_for(tmp_path, tmp_path / "r"))
+    assert config_id(cfg_for(tmp_path, tmp_path / "r", "trainer.deterministic=false")) == base
+    assert config_id(cfg_for(tmp_path, tmp_path / "r", "trainer.deterministic=true")) != base
