@@ -164,6 +164,7 @@ class TrainerConfig:
     device: str = "auto"
     progress: bool = True
     max_nonfinite_frac: float = 0.5
+    deterministic: bool = False
 
 @dataclass
 class LoggerConfig:
@@ -367,14 +368,11 @@ def check_fields(cfg: DictConfig | dict) -> TrainConfig:
             raise ConfigError(f"{key}: must be >= 0, got {_get(c, key)}")
     t = c.trainer
     if t.num_generations < 2:
-        raise ConfigError(
-            f"trainer.num_generations: must be >= 2 (group advantages compare responses to the same prompt), got {t.num_generations}"
-        )
+        raise ConfigError(f"trainer.num_generations: must be >= 2 (group advantages compare responses to the same prompt), "
+                          f"got {t.num_generations}")
     if t.batch_size % t.num_generations:
-        raise ConfigError(
-            f"trainer.batch_size: {t.batch_size} responses do not divide into groups of "
-            f"trainer.num_generations={t.num_generations}; use a multiple of {t.num_generations}"
-        )
+        raise ConfigError(f"trainer.batch_size: {t.batch_size} responses do not divide into groups of "
+                          f"trainer.num_generations={t.num_generations}; use a multiple of {t.num_generations}")
     if t.batch_size % t.mini_batch_size:
         raise ConfigError(f"trainer.mini_batch_size: {t.mini_batch_size} must divide trainer.batch_size={t.batch_size}")
     if t.lm_head_chunk is not None and t.lm_head_chunk <= 0:
@@ -387,9 +385,7 @@ def check_fields(cfg: DictConfig | dict) -> TrainConfig:
         raise ConfigError(f"trainer.micro_batch_size: must be a positive number of responses or auto, got {mb!r} "
                           "(a divisor of trainer.mini_batch_size; auto: sized by memory when the run starts, datc.memory.micro_batch)")
     if mb != "auto" and t.mini_batch_size % t.micro_batch_size:
-        raise ConfigError(
-            f"trainer.micro_batch_size: {t.micro_batch_size} must divide trainer.mini_batch_size={t.mini_batch_size}"
-        )
+        raise ConfigError(f"trainer.micro_batch_size: {t.micro_batch_size} must divide trainer.mini_batch_size={t.mini_batch_size}")
     if t.generation_batch_size is not None and (t.generation_batch_size <= 0 or t.generation_batch_size % t.num_generations):
         raise ConfigError(
             f"trainer.generation_batch_size: {t.generation_batch_size} must be a positive multiple of "

@@ -40,9 +40,9 @@ NON_IDENTITY = {"run_dir", "run_name", "results_dir", "cache_dir", "logger"}
 # loop samples the same distribution with the same logits to float rounding, as threads and device)
 NON_IDENTITY_TRAINER = {"resume", "progress", "threads", "device", "skip_zero_advantage", "gradient_checkpointing", "decode",
                         "decode_sync_every", "accept_changed_inputs"}
-# Later switches whose default (None) is the behaviour from before they existed: part of the
-# identity only when set, so adding them renamed no existing run.
-IDENTITY_WHEN_SET_TRAINER = {"lm_head_chunk"}
+# Later switches whose default is the behaviour from before they existed: part of the identity
+# only when set to something else, so adding them renamed no existing run. {field: its default}
+IDENTITY_WHEN_SET_TRAINER = {"lm_head_chunk": None, "deterministic": False}
 # How ZeRO-3 gathers the policy's parameters for sampling: the same samples either way.
 NON_IDENTITY_DEEPSPEED = {"gather_for_generation"}
 IGNORED_FILES = {".hydra", "train.log", "wandb", LOCK_FILE}
@@ -69,7 +69,7 @@ def _write_hydra_files(path: Path, cfg: dict[str, Any]) -> None:
 def identity(cfg: dict[str, Any]) -> dict[str, Any]:
     ident = {k: v for k, v in cfg.items() if k not in NON_IDENTITY}
     ident["trainer"] = {k: v for k, v in ident["trainer"].items()
-                        if k not in NON_IDENTITY_TRAINER and not (k in IDENTITY_WHEN_SET_TRAINER and v is None)}
+                        if k not in NON_IDENTITY_TRAINER and not (k in IDENTITY_WHEN_SET_TRAINER and v == IDENTITY_WHEN_SET_TRAINER[k])}
     if isinstance(ident.get("deepspeed"), dict):
         ident["deepspeed"] = {k: v for k, v in ident["deepspeed"].items() if k not in NON_IDENTITY_DEEPSPEED}
     # auto, plain and deepspeed are told apart by deepspeed.stage (a run keeps the identity it had

@@ -44,7 +44,7 @@ from datc.training.lifecycle import (
     save_final_policy,
 )
 from datc.training.session import build_session
-from datc.utils import keep_freed_memory, quiet_libraries, seed_everything
+from datc.utils import deterministic_mode, keep_freed_memory, quiet_libraries, seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,11 @@ def train(cfg: DictConfig | dict, run_dir: str | Path | None = None, ops: StepOp
     and the summary, every rank writes its own shards and RNG state into the checkpoints.
     ``ops``: the step's seams (:class:`datc.step.ops.StepOps`), for tests."""
     c = validate(cfg)  # typed and range-checked before any model loads
+    with deterministic_mode(c.trainer.deterministic):  # its settings before CUDA starts; the former ones after the run
+        return _run(c, cfg, run_dir, ops)
+
+
+def _run(c: TrainConfig, cfg: DictConfig | dict, run_dir: str | Path | None, ops: StepOps | None) -> dict[str, Any]:
     dist = init_distributed(c)  # world-size checks, then the process group (DeepSpeed only)
     try:
         with stop_signals():  # SIGTERM / SIGINT: checkpoint at the next step boundary, then stop
