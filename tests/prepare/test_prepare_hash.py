@@ -44,3 +44,56 @@ def test_a_reduced_real_prepare_has_the_pinned_hash(tmp_path):
     assert sha == PINNED_RM_SHA256, (
         f"reward model {sha} != pinned {PINNED_RM_SHA256}: another torch/MKL version, a CPU below AVX2, or a change "
         f"in the prepare (re-pin if intended)")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_the_pinned_build_ends_with_the_command_that_started_it(tmp_path):
+    # A killed datc-prepare (or datc-train) left its spawned, pinned build training on, orphaned.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from hydra import compose, initialize_config_dir
+
+    from datc.checks import validate
+    from datc.paths import CONFIG_DIR
+    from datc.prepare.assets import materialize_gguf
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        shared = validate(compose(config_name="train", overrides=["experiment=real_smollm2", f"cache_dir={CACHE}", *TINY]))
+    (tmp_path / "models").symlink_to(Path(materialize_gguf(shared.policy, CACHE)).parent)
+    (tmp_path / "wheels").symlink_to(CACHE / "wheels")
+    cmd = [sys.executable, "-m", "datc.commands.prepare", "experiment=real_smollm2", f"cache_dir={tmp_path}", *TINY,
+           "reward.train.steps=2000"]  # long enough to be killed while it trains
+    parent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        deadline, child = time.monotonic() + 240, None
+        while time.monotonic() < deadline and child is None and parent.poll() is None:
+            kids = _children(parent.pid)
+            child = next((k for k in kids if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()), None)
+            time.sleep(0.5)
+        assert child is not None, "the pinned build never started"
+        time.sleep(3)  # well into its work
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and Path(f"/proc/{child}").exists():
+            time.sleep(0.2)
+        alive = Path(f"/proc/{child}").exists() and "Z" not in Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert not alive, f"the pinned build (pid {child}) outlived the killed command"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
