@@ -71,6 +71,7 @@ class RewardTrainConfig:
     perturbations: bool = True
     trainable_layers: int = 0  # 0: train every layer; k: only the top k blocks and the head
     test_prompts: int = 64  # held-out prompts (8 samples each) for the reported fit to gold
+    share_prompts: bool = False  # each prompt forwarded once for its responses (to float rounding)
 
 
 @dataclass

@@ -276,7 +276,7 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
         policy_id = (config_hash(pol_key) if cfg.policy.path is None
                      else Path(policy_path).name if cfg.policy.gguf_file is not None else cfg.policy.path)
         train_key = asdict(cfg.reward.train)
-        for k, default in (("trainable_layers", 0), ("test_prompts", 64)):  # defaults keep the testbed's old keys
+        for k, default in (("trainable_layers", 0), ("test_prompts", 64), ("share_prompts", False)):  # defaults keep the testbed's old keys
             if train_key[k] == default:
                 del train_key[k]
         rm_key = {"v": PREPARE_VERSION, "arch": dict(cfg.reward.arch), "train": train_key, "policy": policy_id}

@@ -96,6 +96,11 @@ def identity(cfg: dict[str, Any]) -> dict[str, Any]:
     elif isinstance(ident.get("policy"), dict) and (lora := ident["policy"].get("lora")).get("alpha") == 2 * lora["r"]:
         # alpha written out at its default (2 r) is the same run as alpha: null
         ident["policy"] = {**ident["policy"], "lora": {**lora, "alpha": None}}
+    train = (ident.get("reward") or {}).get("train") if isinstance(ident.get("reward"), dict) else None
+    if isinstance(train, dict) and not train.get("share_prompts", True):
+        # the reward model's prepare without shared prompts (the default): a run keeps the identity it
+        # had before the option
+        ident["reward"] = {**ident["reward"], "train": {k: v for k, v in train.items() if k != "share_prompts"}}
     return ident
 
 

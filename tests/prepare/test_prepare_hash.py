@@ -1,7 +1,8 @@
 """A reduced real-preset prepare gives the same reward model, bit for bit, on any x86-64 machine
 with AVX2 (issue 55): the reward model is trained in a spawned process under
 ``datc.prepare.assets.PINNED_ENV``, whatever this process's kernels. Same code path as the full
-prepare (``ensure_assets``), sizes cut to well under a minute."""
+prepare (``ensure_assets``, the shared-prompt caching, training steps and held-out scoring of
+``reward.train.share_prompts``), sizes cut to well under a minute."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from datc.paths import default_cache_dir
 CACHE = Path(default_cache_dir())
 pytestmark = pytest.mark.slow
 
-# sha256 of model.safetensors for the overrides below (torch 2.13.0+cpu, MKL 2024.2); re-pin when
-# the procedure or the torch/MKL version changes
-PINNED_RM_SHA256 = "74e7eb8df5798e610c956c05255fba7b815eb58b1e4f69e686719647f8a234f8"
+# sha256 of model.safetensors for the overrides below (torch 2.13.0+cpu, MKL 2024.2), with the
+# preset's reward.train.share_prompts=true (each prompt forwarded once for its responses); re-pin
+# when the procedure or the torch/MKL version changes. (Unshared, the same run gave 74e7eb8d…a234f8.)
+PINNED_RM_SHA256 = "f7dc759ab2433bc0f2102f66875585f1ca4b84593bddecd852ea6bd50c5dc752"
 
 TINY = ["reward.train.steps=4", "reward.train.n_prompts=2", "reward.train.samples_per_prompt=2",
         "reward.train.edits_per_sample=1", "reward.train.trainable_layers=1", "reward.train.test_prompts=1",
