@@ -24,13 +24,12 @@ def _signal_name(code: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("LOGLEVEL", "CRITICAL")  # torchrun's agent logs each failure in many lines
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
-
     import logging
 
+    os.environ.setdefault("LOGLEVEL", "CRITICAL")  # torchrun's agent logs each failure in many lines
     import torch.distributed.elastic.multiprocessing.api  # noqa: F401  (its logger, quieted below)
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
 
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("torch.distributed.elastic") or name == "torch.distributed.run":
