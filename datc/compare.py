@@ -11,10 +11,9 @@ import errno
 import sys
 from collections.abc import Sequence
 
-from datc.report.cli import PUT_IN_PLACE, write_outputs
-from datc.report.grouping import adopt_configs, align_curves, grouped, split_by_config
-from datc.report.loading import deduplicate, load_run_dirs, load_runs_csv, load_wandb
-from datc.report.statistics import build_report
+# The report's modules (pandas, matplotlib) are imported in _main, inside main's handler: a Ctrl-C
+# in the command's first second is its one line too, not a traceback out of an import.
+PUT_IN_PLACE = "the outputs were put in place"  # datc.report.cli's: a Ctrl-C held off until they were
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,7 +62,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(130) from None
 
 
+def _unwritable(out: str, e: OSError) -> SystemExit:
+    """One line for an ``--out`` that cannot be written (a file in the way, no permission, a full disk)."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        why = "no space left on device (or quota exceeded)"
+    else:
+        why = f"cannot write there ({e.strerror or e})"
+    print(f"datc-compare: --out {out}: {why}; nothing was written (what --out held is as it was)", file=sys.stderr)
+    return SystemExit(2)
+
+
 def _main(argv: Sequence[str] | None) -> None:
+    from datc.report.cli import write_outputs
+    from datc.report.grouping import adopt_configs, align_curves, grouped, split_by_config
+    from datc.report.loading import deduplicate, load_run_dirs, load_runs_csv, load_wandb
+    from datc.report.statistics import build_report
+
     parser = _parser()
     args = parser.parse_args(argv)
     if args.tuned:  # datc/study/reading.py
@@ -71,7 +85,10 @@ def _main(argv: Sequence[str] | None) -> None:
             parser.error("--tuned reads the runs of its own ROOT: give no other ROOT, --runs-csv or --wandb-project")
         from datc.study.tables import compare_tuned
 
-        return print(*compare_tuned(args.tuned, args.out, args.baseline, write_outputs), sep="\n")
+        try:
+            return print(*compare_tuned(args.tuned, args.out, args.baseline, write_outputs), sep="\n")
+        except OSError as e:
+            raise _unwritable(args.out, e) from None
     if not args.roots and not args.wandb_project and not args.runs_csv:
         parser.error("give at least one ROOT, --runs-csv or --wandb-project")
     loaded = load_run_dirs(args.roots)
@@ -108,13 +125,7 @@ def _main(argv: Sequence[str] | None) -> None:
     try:
         written = write_outputs(build_report(unique.runs, args.baseline), args.out, warns)
     except OSError as e:  # a file in the way, no permission, a full disk: one line, nothing half-written
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            why = "no space left on device (or quota exceeded)"
-        else:
-            why = f"cannot write there ({e.strerror or e})"
-        print(f"datc-compare: --out {args.out}: {why}; nothing was written (what --out held is as it was)",
-              file=sys.stderr)
-        raise SystemExit(2) from None
+        raise _unwritable(args.out, e) from None
     for path in written:
         print(path)
 

@@ -7,7 +7,8 @@
 
 Under DeepSpeed it builds the ``deepspeed`` launcher's command line (``--no_local_rank``: ranks
 come from the environment, so Hydra overrides pass through untouched); under FSDP2 ``torchrun``'s
-(``python -m torch.distributed.run``, one node; several nodes start torchrun on each, or srun). It sets ``OMP_NUM_THREADS`` and
+(``python -m datc.commands.torchrun``: torchrun with its failures in one line; one node, several nodes start
+torchrun on each, or srun). It sets ``OMP_NUM_THREADS`` and
 ``trainer.threads`` to the machine's cores divided among its processes unless they are given:
 the launcher leaves them unset, and oversubscribed CPU threads made a 2-process CPU run about
 80× slower. ``--dry-run`` prints the command instead of running it.
@@ -108,7 +109,7 @@ def build(args: argparse.Namespace, cpu_count: int | None = None, environ: dict[
     if not multi:
         return Launch([sys.executable, "-m", "datc.train", *overrides], env)
     if backend == "fsdp2":
-        return Launch([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
+        return Launch([sys.executable, "-m", "datc.commands.torchrun", "--nnodes", "1", "--nproc-per-node",
                        str(args.nproc), "--master-port", str(args.master_port), "-m", "datc.train", *overrides], env)
     if "DS_ACCELERATOR" not in environ and not (_has_cuda() if cuda is None else cuda):
         env["DS_ACCELERATOR"] = "cpu"  # said, not detected: no "Setting accelerator to CPU" warning per process

@@ -24,6 +24,7 @@ from typing import Any
 from datc.report.loading import Run
 from datc.report.statistics import Interval, PairedDifference, paired_difference, t_interval
 from datc.report.statistics import same_value as _same
+from datc.study.errors import TuningError
 from datc.study.kl_search import credit_share
 
 TOLERANCE = 0.2  # |KL_grpo / KL_scheme - 1| at most this on the selection seeds: matched
@@ -206,10 +207,20 @@ def matched_json(rows: Sequence[MatchedRow]) -> list[dict[str, Any]]:
 
 
 def read_search(folder: Path) -> dict[str, Any]:
+    """The matched-KL search's log (``matched.json``), ``{}`` without one; one that is not what
+    :func:`write_search` writes (garbage, a list) is refused in one line (:class:`TuningError`)."""
+    path = folder / SEARCH_FILE
     try:
-        return json.loads((folder / SEARCH_FILE).read_text())
+        search = json.loads(path.read_text())
     except FileNotFoundError:
         return {}
+    except (OSError, ValueError) as e:
+        raise TuningError(f"{path}: unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); it is "
+                          "the matched-KL search's log: move it aside to run the search again") from None
+    if not isinstance(search, dict):
+        raise TuningError(f"{path}: not the matched-KL search's log (a JSON {type(search).__name__}, not an object); "
+                          "move it aside to run the search again")
+    return search
 
 
 def write_search(folder: Path, search: Mapping[str, Any]) -> None:

@@ -92,7 +92,11 @@ def merge_manifest(folder: Path, new: dict[str, Any]) -> tuple[dict[str, Any], s
     try:
         old = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise Refused(f"{path}: unreadable ({type(e).__name__}: {e})") from None
+        raise Refused(f"{path}: unreadable ({type(e).__name__}: {e}); move it aside or use another --root") from None
+    if not isinstance(old, dict) or not isinstance(old.get("schemes"), dict) or not isinstance(old.get("overrides", []), list) \
+            or not all(isinstance(o, str) for o in old.get("overrides", [])):
+        raise Refused(f"{path}: not a study's manifest (no object with its schemes and overrides); move it aside or "
+                      "use another --root")
     old_task = [o for o in old.get("overrides", []) if not o.lstrip("+~").startswith("hydra")]
     for key, a, b in (("setting", old.get("setting"), new["setting"]), ("experiment", old.get("experiment"), new["experiment"]),
                       ("overrides", old_task, new["overrides"]), ("selection", old.get("selection"), new["selection"]),

@@ -31,6 +31,7 @@ from datc.report.statistics import (
     same_value,
     t_interval,
 )
+from datc.study.errors import TuningError
 from datc.study.matched import (
     MATCHED_DIR,
     matched_rows,
@@ -47,10 +48,6 @@ KNOB_FACTORS = (0.5, 1.0, 2.0)  # x the knob's default (tau: 0.5, 1, 2), at the 
 # main knob where its weights are its own (output: weights); lam stays 1.
 STEP5_KNOBS = {"softmax": "tau", "linear": "alpha", "rank_power": "alpha"}
 PEER_KNOBS = {"delta": "tau", "grail": "std", "prob_reweight": "alpha", "entropy_top": "rho"}
-
-
-class TuningError(ValueError):
-    """A tuned sweep that cannot be read as one: one line, for the command to print."""
 
 
 def knob_for(credit: Mapping[str, Any], output: str) -> str | None:
@@ -163,8 +160,11 @@ def _assets(run: Run) -> dict[str, str] | None:
     ``inputs.json`` beside its summary (the prepared policy, reward model and data files); None
     without one."""
     try:
-        inputs = json.loads((Path(run.source).parent / "inputs.json").read_text()).get("inputs", {})
+        record = json.loads((Path(run.source).parent / "inputs.json").read_text())
     except (OSError, ValueError):
+        return None
+    inputs = record.get("inputs") if isinstance(record, dict) else None
+    if not isinstance(inputs, dict):  # not the file a run writes (a list, a number): nothing to check, as without one
         return None
     return {f"{kind}/{name}": meta["sha256"] for kind, v in inputs.items() if isinstance(v, dict)
             for name, meta in (v.get("files") or {}).items() if isinstance(meta, dict) and "sha256" in meta}

@@ -6,6 +6,7 @@ reading of a sweep."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import sys
@@ -205,6 +206,8 @@ def compare_tuned(root: str | Path, out: str | Path, baseline: str,
     for w in warns:
         print(f"datc-compare: warning: {w}", file=sys.stderr)
     out = Path(out)
+    if out.exists() and not out.is_dir():  # before anything is written: nothing half-written
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(out))
     written = []
     picked = {sub: _relabel(r for st in settings for sc in st.schemes.values() for r in pick(sc))
               for sub, pick in (("evaluation", lambda sc: sc.tuned), ("default", lambda sc: sc.default))}

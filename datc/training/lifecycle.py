@@ -26,6 +26,7 @@ from datc.run.checkpoint import latest_checkpoint, latest_loadable_checkpoint
 from datc.run.fingerprint import changes, fingerprints
 from datc.run.provenance import git_commit
 from datc.run.rundir import RunDir, metrics_gaps
+from datc.run.shards import latest_loadable_sharded_checkpoint
 from datc.training.session import Session
 from datc.utils import rng_state, set_rng_state
 
@@ -173,7 +174,10 @@ def resume(s: Session, run: RunDir) -> tuple[int, float]:
     already trained)."""
     dist = s.dist
     start, elapsed = 0, 0.0
-    ckpt, state = latest_loadable_checkpoint(run.path) if run.resumable else (None, None)
+    ckpt, state = None, None
+    if run.resumable:  # a damaged latest checkpoint is set aside and the one before loaded (every rank agreeing)
+        ckpt, state = (latest_loadable_sharded_checkpoint(run.path, dist.rank, dist.world_size, dist.gather)
+                       if dist.enabled else latest_loadable_checkpoint(run.path))
     if ckpt is not None:
         state = s.optim.load(ckpt, state)  # policy, optimizer and schedule (the backend's, datc.backends)
         set_rng_state(state["rng"])

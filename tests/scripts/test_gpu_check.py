@@ -80,7 +80,7 @@ def test_gpu_check_rehearsal_runs_every_case_and_reports_failures(tmp_path):
     assert det["metrics_equal"] and det["params_equal"] and det["steps"] == report["scale"]["steps"]
     assert det["verdict"].startswith("two identical runs of 2 steps: EQUAL bit for bit; step ")
     ranks = cases["train/qwen3/grpo/fsdp2/2ranks"]  # datc-launch --nproc 2 backend=fsdp2 (two gloo processes here)
-    assert ranks["nproc"] == 2 and "torch.distributed.run" in ranks["command"] and "beside none" in ranks["verdict"]
+    assert ranks["nproc"] == 2 and "datc.commands.torchrun" in ranks["command"] and "beside none" in ranks["verdict"]
     log = (out / "gpu_check.log").read_text()
     assert "determinism/qwen3: ok" in log and "EQUAL bit for bit" in log  # the verdict printed as the case ended
     md = (out / "gpu_check.md").read_text()
