@@ -139,8 +139,10 @@ def atomic_dir(path: str | Path, exist: str = "keep") -> Iterator[Path]:
             os.rename(path, old / "x")  # aside, then ours in: the path is never half-written
             try:
                 os.rename(tmp, path)
-            except OSError:
-                os.rename(old / "x", path)
+            except BaseException:  # an error, or a Ctrl-C between the two renames: the old one back
+                if not path.exists():
+                    os.rename(old / "x", path)
+                shutil.rmtree(old, ignore_errors=True)
                 raise
             shutil.rmtree(old, ignore_errors=True)
             return
@@ -153,3 +155,38 @@ def atomic_dir(path: str | Path, exist: str = "keep") -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextlib.contextmanager
+def held_lock(path: str | Path, wait: bool = True) -> Iterator[None]:
+    """An exclusive ``flock`` on the file ``path`` for the block (``wait=False``: a
+    ``BlockingIOError`` at once where another process holds it), the file removed at the block's
+    end so no lock file stays behind.
+
+    Removing it never lets two holders in: the holder unlinks the file while it still holds the
+    lock, after its work; a process that was waiting on the removed file then takes a lock on a
+    file no longer at ``path``, sees so (``samestat``) and starts again on the file now there,
+    which every later process locks too."""
+    import fcntl
+
+    path = Path(path)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(path))
+            except FileNotFoundError:
+                same = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if same:
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        os.close(fd)

@@ -71,6 +71,7 @@ class RewardTrainConfig:
     perturbations: bool = True
     trainable_layers: int = 0  # 0: train every layer; k: only the top k blocks and the head
     test_prompts: int = 64  # held-out prompts (8 samples each) for the reported fit to gold
+    share_prompts: bool = False  # each prompt forwarded once for its responses (to float rounding)
 
 
 @dataclass
@@ -164,6 +165,7 @@ class TrainerConfig:
     device: str = "auto"
     progress: bool = True
     max_nonfinite_frac: float = 0.5
+    deterministic: bool = False
 
 @dataclass
 class LoggerConfig:
@@ -261,7 +263,6 @@ CHOICES = {
     "trainer.lr_scheduler": (
         "constant", "constant_with_warmup", "linear", "cosine", "cosine_with_min_lr", "polynomial",
     ),
-    "logger.name": ("none", "wandb"),
     "logger.mode": ("auto", "online", "offline", "disabled"),
     "data.prompt_format": ("text", "hh"),
     "data.long_prompts": ("error", "drop"),
@@ -368,14 +369,11 @@ def check_fields(cfg: DictConfig | dict) -> TrainConfig:
             raise ConfigError(f"{key}: must be >= 0, got {_get(c, key)}")
     t = c.trainer
     if t.num_generations < 2:
-        raise ConfigError(
-            f"trainer.num_generations: must be >= 2 (group advantages compare responses to the same prompt), got {t.num_generations}"
-        )
+        raise ConfigError(f"trainer.num_generations: must be >= 2 (group advantages compare responses to the same prompt), "
+                          f"got {t.num_generations}")
     if t.batch_size % t.num_generations:
-        raise ConfigError(
-            f"trainer.batch_size: {t.batch_size} responses do not divide into groups of "
-            f"trainer.num_generations={t.num_generations}; use a multiple of {t.num_generations}"
-        )
+        raise ConfigError(f"trainer.batch_size: {t.batch_size} responses do not divide into groups of "
+                          f"trainer.num_generations={t.num_generations}; use a multiple of {t.num_generations}")
     if t.batch_size % t.mini_batch_size:
         raise ConfigError(f"trainer.mini_batch_size: {t.mini_batch_size} must divide trainer.batch_size={t.batch_size}")
     if t.lm_head_chunk is not None and t.lm_head_chunk <= 0:
@@ -388,9 +386,7 @@ def check_fields(cfg: DictConfig | dict) -> TrainConfig:
         raise ConfigError(f"trainer.micro_batch_size: must be a positive number of responses or auto, got {mb!r} "
                           "(a divisor of trainer.mini_batch_size; auto: sized by memory when the run starts, datc.memory.micro_batch)")
     if mb != "auto" and t.mini_batch_size % t.micro_batch_size:
-        raise ConfigError(
-            f"trainer.micro_batch_size: {t.micro_batch_size} must divide trainer.mini_batch_size={t.mini_batch_size}"
-        )
+        raise ConfigError(f"trainer.micro_batch_size: {t.micro_batch_size} must divide trainer.mini_batch_size={t.mini_batch_size}")
     if t.generation_batch_size is not None and (t.generation_batch_size <= 0 or t.generation_batch_size % t.num_generations):
         raise ConfigError(
             f"trainer.generation_batch_size: {t.generation_batch_size} must be a positive multiple of "

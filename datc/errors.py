@@ -3,6 +3,7 @@ layer (the config schema re-exports the error)."""
 
 from __future__ import annotations
 
+import errno
 import sys
 
 
@@ -44,3 +45,29 @@ def warn(msg: str, once: bool = False) -> None:
 def note(msg: str) -> None:
     """One line on stderr about what the command is doing (resuming, already finished)."""
     _say(f"datc: {msg}")
+
+
+# How a full disk reads in a library's own error: safetensors' "I/O error: No space left on device
+# (os error 28)", torch's zip writer's "unexpected pos" / "file write failed".
+_FULL = ("No space left on device", "Disk quota exceeded", "os error 28", "os error 122", "unexpected pos",
+         "write failed")
+
+
+def full_disk(e: BaseException) -> bool:
+    """Whether ``e``, what caused it, or a rank's failure inside DCP's ``CheckpointException``
+    (``failures``: rank -> (exception, traceback)) is a full disk or quota."""
+    seen: list[BaseException] = [e]
+    for _ in range(32):
+        if not seen:
+            return False
+        x = seen.pop()
+        if isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if isinstance(x, (OSError, RuntimeError)) and any(t in str(x) for t in _FULL):
+            return True
+        if type(x).__name__ == "SafetensorError" and any(t in str(x) for t in _FULL):
+            return True
+        for f in (getattr(x, "failures", None) or {}).values():
+            seen.append(f[0] if isinstance(f, tuple) else f)
+        seen += [c for c in (x.__cause__, x.__context__) if isinstance(c, BaseException)]
+    return False

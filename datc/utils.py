@@ -3,9 +3,12 @@ config hashing: :mod:`datc.hashing`)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import logging
 import math
+import os
 import platform
 import random
 import sys
@@ -20,6 +23,37 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+CUBLAS_WORKSPACE = ":4096:8"  # cuBLAS's deterministic workspace (read when its first handle is made)
+
+
+@contextlib.contextmanager
+def deterministic_mode(on: bool):
+    """``trainer.deterministic``: within the block, torch's deterministic algorithms (an op with
+    no deterministic kernel warns, naming itself, rather than stopping the run), cuDNN
+    deterministic with its benchmark off, and ``CUBLAS_WORKSPACE_CONFIG`` set if unset (before
+    CUDA's first cuBLAS handle: a warning if CUDA is already initialised). The process's former
+    settings come back after the block (the environment variable stays). ``on=False``: nothing
+    is touched, so a default run is bit for bit what it was before the option."""
+    if not on:
+        yield
+        return
+    if "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
+        if torch.cuda.is_initialized():
+            logging.getLogger(__name__).warning(
+                "trainer.deterministic: CUDA was initialised before CUBLAS_WORKSPACE_CONFIG was set; export "
+                "CUBLAS_WORKSPACE_CONFIG=%s before the run for cuBLAS to take it", CUBLAS_WORKSPACE)
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]
 
 
 def rng_state() -> dict[str, Any]:

@@ -209,15 +209,18 @@ def render_png(responses: list[ShownResponse], title: str, scales: Scales) -> by
 
 def figure(responses: list[ShownResponse], title: str, scales: Scales) -> Figure:
     """One subplot per response: schemes × tokens (gold contribution on top, on its own
-    scale), token texts along x; one colourbar per scale. Rendered with Agg; titles are wrapped
-    to the figure's width."""
+    scale), token texts along x; one horizontal colourbar per scale in a row of its own below
+    them (constrained layout gives each its own space, so a bar covers no title or tick label),
+    ticked at its ends and centre. Rendered with Agg; titles are wrapped to the figure's width."""
     n_max = max(len(r.tokens) for r in responses)
     n_rows = 1 + len(responses[0].weights)
     width = min(60.0, 3.0 + 0.32 * n_max)  # inches; very long responses get narrow cells
-    height = 0.9 + len(responses) * (0.9 + 0.28 * n_rows)
+    panel = 0.9 + 0.28 * n_rows
+    height = 0.9 + len(responses) * panel + 0.9  # the colourbars' row: bar, ticks and label
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(len(responses), 1, squeeze=False)[:, 0]
+    grid = fig.add_gridspec(len(responses) + 1, 2, height_ratios=[*[panel] * len(responses), 0.12])
+    axes = [fig.add_subplot(grid[i, :]) for i in range(len(responses))]
     for ax, r in zip(axes, responses, strict=True):
         names = list(r.weights)
         n, R = len(r.tokens), len(names)
@@ -236,11 +239,14 @@ def figure(responses: list[ShownResponse], title: str, scales: Scales) -> Figure
         gold = "n/a" if r.gold is None else f"{r.gold:.3f}"
         ax.set_title(_wrapped(f"{r.prompt}  ({r.label}: A = {r.advantage:+.3f}, gold = {gold})", width * 0.8, 8),
                      fontsize=8, loc="left")
-    for norm, label in ((scales.weight, "weight w (white = 1)"),
-                        (scales.gold, "gold contribution (white = 0)")):
-        # explicit ticks: the default ones skip the short half of a lopsided scale
-        fig.colorbar(ScalarMappable(norm, CMAP), ax=axes, label=label, fraction=0.03, pad=0.01,
-                     ticks=scale_marks(norm), format="%.2f")
+    for col, (norm, label) in enumerate(((scales.weight, "weight w (white = 1)"),
+                                         (scales.gold, "gold contribution (white = 0)"))):
+        # explicit ticks at the ends and the centre: the default ones skip the short half of a
+        # lopsided scale, and seven labels crowd a bar half the figure wide
+        bar = fig.colorbar(ScalarMappable(norm, CMAP), cax=fig.add_subplot(grid[-1, col]), orientation="horizontal",
+                           ticks=[float(norm.vmin), float(norm.vcenter), float(norm.vmax)], format="%.2f")
+        bar.set_label(label, fontsize=8)
+        bar.ax.tick_params(labelsize=7)
     fig.suptitle(_wrapped(title, width, 12), fontsize=12)
     return fig
 

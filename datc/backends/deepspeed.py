@@ -178,7 +178,7 @@ class DeepSpeedOptimizer:
              extra: dict[str, Any] | None = None) -> None:
         d = self.dist
         save_engine_checkpoint(run_path, step, self.module, {"elapsed": elapsed}, {"rng": rng, **(extra or {})}, d.rank,
-                               d.world_size, d.barrier, keep)
+                               d.world_size, d.gather, keep)
 
     def load(self, ckpt: Path, state: dict[str, Any]) -> dict[str, Any]:
         return load_engine_checkpoint(ckpt, self.module, self.dist.rank, self.dist.world_size)

@@ -39,8 +39,7 @@ from datc.backends.distributed import Dist, export_env, join_group
 from datc.backends.plain import TorchOptimizer
 from datc.config import ConfigError, TrainConfig
 from datc.run.checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
-
-DCP_DIR = "dcp"
+from datc.run.shards import DCP_DIR
 
 
 def _is_dtensor(x) -> bool:
@@ -200,7 +199,7 @@ class FSDP2Optimizer(TorchOptimizer):
 
         d = self.dist
         save_sharded_checkpoint(run_path, step, write, {"elapsed": elapsed, "scheduler": self.sched.state_dict()},
-                                {"rng": rng, **(extra or {})}, d.rank, d.world_size, d.barrier, keep, kind="fsdp2")
+                                {"rng": rng, **(extra or {})}, d.rank, d.world_size, d.gather, keep, kind="fsdp2")
 
     def load(self, ckpt: Path, state: dict[str, Any]) -> dict[str, Any]:
         import torch.distributed.checkpoint as dcp

@@ -23,8 +23,12 @@ trained policy's.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -123,26 +127,56 @@ def export_checkpoint(run_dir: str | Path, step: int | None = None, out: str | P
         raise ExportError(f"{run_dir}: not a datc run directory (no config.yaml)")
     ckpt = _checkpoint_dir(run_dir, step)
     c = validate(OmegaConf.create(read_run_config(run_dir)))  # checked against run.json
-    out = Path(out) if out is not None else run_dir / "export" / ckpt.name
+    given = Path(out) if out is not None else run_dir / "export" / ckpt.name
+    # a link to a folder is written through (the link stays the user's), as datc-compare does
+    out = Path(os.path.realpath(given)) if given.is_symlink() and given.is_dir() else given
     run_id = read_run_id(run_dir)
-    exist = check_target(out, run_id, replace)
-    marker = {"run_id": run_id, "run_dir": str(run_dir.resolve()), "checkpoint": int(ckpt.name.split("_")[1]),
-              "merge": merge and c.policy.lora.r > 0, "lora": c.policy.lora.r > 0}
-    if c.policy.path is not None:  # a given model: no data or cache needed
-        policy_path, tok_path = c.policy.path, c.policy.tokenizer or c.policy.path
-    else:
-        assets = ensure_assets(c)
-        policy_path, tok_path = assets.policy_path, assets.tokenizer_path
-    model = load_pretrained("causal_lm", policy_path, "policy.path")  # the architecture; weights replaced
-    if c.policy.lora.r > 0:
-        from datc.models.lora import add_adapters, load_trained_state, save_adapter
+    with _one_writer(out, given):
+        exist = check_target(out, run_id, replace)
+        marker = {"run_id": run_id, "run_dir": str(run_dir.resolve()), "checkpoint": int(ckpt.name.split("_")[1]),
+                  "merge": merge and c.policy.lora.r > 0, "lora": c.policy.lora.r > 0}
+        if c.policy.path is not None:  # a given model: no data or cache needed
+            policy_path, tok_path = c.policy.path, c.policy.tokenizer or c.policy.path
+        else:
+            assets = ensure_assets(c)
+            policy_path, tok_path = assets.policy_path, assets.tokenizer_path
+        model = load_pretrained("causal_lm", policy_path, "policy.path")  # the architecture; weights replaced
+        if c.policy.lora.r > 0:
+            from datc.models.lora import add_adapters, load_trained_state, save_adapter
 
-        pm = add_adapters(model, c.policy.lora)
-        load_trained_state(model, checkpoint_state_dict(ckpt), str(ckpt))
-        return save_adapter(pm, load_tokenizer(tok_path), out, model.state_dict(), merge=merge, exist=exist, marker=marker,
-                            base=None if merge else policy_path)  # the base travels with the adapter
-    load_policy_weights(model, checkpoint_state_dict(ckpt))
-    return save_pretrained_dir(model, load_tokenizer(tok_path), out, exist=exist, marker=marker)
+            pm = add_adapters(model, c.policy.lora)
+            load_trained_state(model, checkpoint_state_dict(ckpt), str(ckpt))
+            save_adapter(pm, load_tokenizer(tok_path), out, model.state_dict(), merge=merge, exist=exist, marker=marker,
+                         base=None if merge else policy_path)  # the base travels with the adapter
+        else:
+            load_policy_weights(model, checkpoint_state_dict(ckpt))
+            save_pretrained_dir(model, load_tokenizer(tok_path), out, exist=exist, marker=marker)
+    return given
+
+
+@contextlib.contextmanager
+def _one_writer(out: Path, given: Path) -> Iterator[None]:
+    """One ``datc-export`` writes ``out`` at a time: an exclusive lock on ``.<name>.export.lock``
+    beside it, from the check of what ``out`` holds to the rename that puts the export there (two
+    exports racing to one fresh ``--out`` each passed the check, and the loser printed the path
+    holding the other's export). The loser is refused at once; the lock file goes with the
+    export, and the folders made for it go again if nothing was written."""
+    from datc.atomic import held_lock
+
+    made = [d for d in [out.parent, *out.parent.parents] if not d.exists()]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with held_lock(out.parent / f".{out.name}.export.lock", wait=False):
+            yield
+    except BlockingIOError:
+        raise ExportError(f"--out: {given} is being written by another datc-export now; one export writes a path at "
+                          "a time: wait for it to end and look at what it wrote, or choose another path "
+                          "(nothing written)") from None
+    finally:
+        if not out.exists():
+            for d in made:  # innermost first, while empty
+                with contextlib.suppress(OSError):
+                    d.rmdir()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,8 +199,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ExportError, ConfigError, ModelLoadError, FileNotFoundError) as e:
         print(f"datc-export: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the export's temporary folder is removed (datc.atomic.atomic_dir)
+        print("datc-export: interrupted (SIGINT); nothing was written (what --out held is as it was)", file=sys.stderr)
+        return 130
     except Exception as e:
         if not _disk_full(e):
+            if isinstance(e, OSError) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                print(f"datc-export: --out: cannot write {e.filename or a.out} ({e.strerror}); choose a writable path "
+                      "(nothing written)", file=sys.stderr)
+                return 2
             raise
         # the export's temporary folder is already removed (datc.atomic.atomic_dir)
         print(f"datc-export: no space left on device (or quota exceeded) writing the export"

@@ -7,7 +7,8 @@
 
 Under DeepSpeed it builds the ``deepspeed`` launcher's command line (``--no_local_rank``: ranks
 come from the environment, so Hydra overrides pass through untouched); under FSDP2 ``torchrun``'s
-(``python -m torch.distributed.run``, one node; several nodes start torchrun on each, or srun). It sets ``OMP_NUM_THREADS`` and
+(``python -m datc.commands.torchrun``: torchrun with its failures in one line; one node, several nodes start
+torchrun on each, or srun). It sets ``OMP_NUM_THREADS`` and
 ``trainer.threads`` to the machine's cores divided among its processes unless they are given:
 the launcher leaves them unset, and oversubscribed CPU threads made a 2-process CPU run about
 80× slower. ``--dry-run`` prints the command instead of running it.
@@ -21,6 +22,7 @@ CPU" warning.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import subprocess
@@ -107,7 +109,7 @@ def build(args: argparse.Namespace, cpu_count: int | None = None, environ: dict[
     if not multi:
         return Launch([sys.executable, "-m", "datc.train", *overrides], env)
     if backend == "fsdp2":
-        return Launch([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
+        return Launch([sys.executable, "-m", "datc.commands.torchrun", "--nnodes", "1", "--nproc-per-node",
                        str(args.nproc), "--master-port", str(args.master_port), "-m", "datc.train", *overrides], env)
     if "DS_ACCELERATOR" not in environ and not (_has_cuda() if cuda is None else cuda):
         env["DS_ACCELERATOR"] = "cpu"  # said, not detected: no "Setting accelerator to CPU" warning per process
@@ -127,6 +129,14 @@ def build(args: argparse.Namespace, cpu_count: int | None = None, environ: dict[
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # a Ctrl-C before the processes started (while the config is checked)
+        print("datc-launch: interrupted (SIGINT) before the run started; nothing was started", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     try:
         launch = build(args)
@@ -182,33 +192,81 @@ def rank_pids(root: int) -> list[int]:
     return sorted(ranks)
 
 
+FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP")  # what a scheduler, a Ctrl-C and a closed terminal send
+
+
+def _own_group_dying_with_us() -> None:
+    """In the launcher's child, before it runs: its own process group (a Ctrl-C in the terminal
+    reaches ``datc-launch`` alone, which passes it on once, so DeepSpeed's launcher never turns it
+    into a SIGTERM), and Linux ends it with ``datc-launch``."""
+    from datc.run.lifeline import set_parent_death_signal
+
+    os.setpgid(0, 0)
+    set_parent_death_signal()
+
+
+def _handles(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has its own handler for ``signum`` (``/proc``'s ``SigCgt``): a rank
+    handles SIGTERM once it can stop with a checkpoint (:mod:`datc.run.signals`); before, a
+    SIGINT would end it in a ``KeyboardInterrupt`` traceback in the middle of its imports."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return True
+
+
 def run_forwarding_signals(argv: list[str], env: dict[str, str]) -> int:
-    """Run the launcher and wait for it. A SIGTERM to ``datc-launch`` (what ``timeout``, a
-    scheduler or a parent process sends) goes to the training processes themselves, which
-    checkpoint at the next step boundary and stop (:mod:`datc.run.signals`); the launchers would
-    kill them at once instead (DeepSpeed's sends SIGKILL). Exits with the ranks' status then
-    (128 + the signal). A Ctrl-C reaches every process of the terminal's group already: it is not
-    sent again (a second signal means "exit now")."""
+    """Run the launcher and wait for it. SIGTERM (what ``timeout``, a scheduler or a parent
+    process sends), SIGINT (Ctrl-C: the launcher runs in its own process group, so the terminal's
+    reaches ``datc-launch`` alone) and SIGHUP (the terminal closed) to ``datc-launch`` go to the
+    training processes themselves, which checkpoint at the next step boundary and stop
+    (:mod:`datc.run.signals`); the launchers would kill them at once instead (DeepSpeed's sends
+    SIGTERM on top of a Ctrl-C, then SIGKILL). Before any rank runs, the launcher's group is
+    ended. Exits with the ranks' status then (128 + the signal). Should ``datc-launch`` itself be
+    killed (``kill -9``), its processes end with it (:mod:`datc.run.lifeline`)."""
     import signal
 
-    proc = subprocess.Popen(argv, env=env)
+    from datc.run.lifeline import launcher_env
+
+    proc: subprocess.Popen | None = None
     got: list[int] = []
+    early: list[int] = []  # signals that came before the processes could stop with a checkpoint
 
-    def forward(signum, frame):
-        got.append(signum)
-        for pid in rank_pids(proc.pid) or [proc.pid]:
-            try:
+    def forward(signum: int) -> None:
+        ranks = rank_pids(proc.pid) or ([proc.pid] if _is_rank(proc.pid) else [])
+        if not ranks or not all(_handles(pid, signal.SIGTERM) for pid in ranks):
+            # Nothing trains yet (a rank that cannot stop with a checkpoint is still importing), so
+            # nothing to save: the launcher and all it started end at once and quietly (a SIGINT
+            # would end a rank in a KeyboardInterrupt traceback, a SIGTERM torchrun in its own).
+            early.append(signum)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            return
+        for pid in ranks:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
 
-    old = {signal.SIGTERM: signal.signal(signal.SIGTERM, forward),
-           signal.SIGINT: signal.signal(signal.SIGINT, lambda s, f: got.append(s))}
+    def on_signal(signum, frame):
+        got.append(signum)
+        if proc is not None:
+            forward(signum)
+
+    old = {s: signal.signal(s, on_signal) for s in (getattr(signal, n) for n in FORWARDED)}
     try:
+        proc = subprocess.Popen(argv, env={**env, **launcher_env()}, preexec_fn=_own_group_dying_with_us)
+        for signum in list(got):  # arrived while it started
+            forward(signum)
         rc = proc.wait()
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+    if early and rc != 0:
+        with contextlib.suppress(OSError, ValueError):
+            print(f"datc-launch: {signal.Signals(early[0]).name} while the run was starting: its processes were ended "
+                  "before training (nothing to save); run the same command again to start it", file=sys.stderr)
     return 128 + got[0] if got and rc != 0 else rc
 
 

@@ -27,6 +27,7 @@ class SamplingArgs:
     share_prompts: bool = True  # each prompt's prefill once for its group (torch engine)
     decode: str = "dynamic"  # the torch engine's decode loop (datc.engines.static_decode)
     sync_every: int = 8  # ... and how often it checks for finished rows
+    row_draws: bool = False  # trainer.deterministic: each response's draws from its own generator (its prompt's seed)
 
 
 class RolloutEngine:

@@ -56,7 +56,8 @@ def prefill(policy, ids: Tensor, mask: Tensor, prompt_repeats: int = 1) -> Prefi
 def sample_tokens(policy, ids: Tensor, mask: Tensor, max_new_tokens: int, temperature: float, top_p: float,
                   eos_id: int, pad_id: int, min_new_tokens: int = 0, keep_logits: bool = False,
                   synced_gpus: bool = False, prompt_repeats: int = 1, decode: str = "dynamic", sync_every: int = 8,
-                  graph: bool = True, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor | None]:
+                  graph: bool = True, generator: torch.Generator | None = None,
+                  uniforms: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """Sampling with the KV cache, the steps of transformers' ``generate`` for
     ``do_sample=True, top_k=0`` (float32 logits of the last position; EOS forbidden before
     ``min_new_tokens``; ``/ temperature``; top-p; ``softmax``; one draw; finished rows get the
@@ -77,10 +78,12 @@ def sample_tokens(policy, ids: Tensor, mask: Tensor, max_new_tokens: int, temper
     for finished rows every ``sync_every`` steps (:mod:`datc.engines.static_decode`: the same
     distribution and logits to float rounding; a model or case it cannot take decodes here,
     after one log line saying why). ``"dynamic"``: this loop. ``generator``: the draws' random
-    stream (None: torch's global one); the static decode takes only the global one."""
+    stream (None: torch's global one); ``uniforms`` (B, >= max_new_tokens): each row's uniform
+    numbers, drawn beforehand (:func:`datc.engines.sampling.row_uniforms`), instead of a stream.
+    The static decode takes only the global stream (either of them: the dynamic loop)."""
     B = ids.shape[0]
     cache, logits, next_pos = prefill(policy, ids, mask, prompt_repeats)
-    if decode == "static" and max_new_tokens > 1 and generator is None:
+    if decode == "static" and max_new_tokens > 1 and generator is None and uniforms is None:
         dec = static_decoder(policy, cache, mask, logits, next_pos, max_new_tokens, temperature=temperature, top_p=top_p,
                              eos_id=eos_id, pad_id=pad_id, min_new_tokens=min_new_tokens, keep_logits=keep_logits,
                              synced_gpus=synced_gpus)
@@ -110,7 +113,8 @@ def sample_tokens(policy, ids: Tensor, mask: Tensor, max_new_tokens: int, temper
             s = s / temperature
         if top_p < 1.0:
             s = top_p_filter(s, top_p)
-        nxt = sample_categorical(torch.softmax(s, dim=-1), generator=generator)
+        nxt = sample_categorical(torch.softmax(s, dim=-1), generator=generator,
+                                 uniforms=None if uniforms is None else uniforms[:, t])
         nxt = torch.where(unfinished, nxt, torch.full_like(nxt, pad_id))
         tokens.append(nxt)
         unfinished &= nxt != eos_id
@@ -144,6 +148,7 @@ def sample_groups(
     decode: str = "dynamic",
     sync_every: int = 8,
     generator: torch.Generator | None = None,
+    uniforms: Tensor | None = None,
 ) -> Rollout:
     """Sample ``num_generations`` responses per prompt (pure sampling: ``top_k`` off, so the
     sampling distribution is ``softmax(z / temperature)`` up to top-p; see ``sample_tokens``).
@@ -155,7 +160,8 @@ def sample_groups(
     tokens (the benchmark uses it to fix the response length). ``share_prompts``: the prefill
     forwards each prompt once for its group (``sample_tokens``' ``prompt_repeats``). ``decode``
     and ``sync_every``: ``sample_tokens``' decode loop (``"static"``: :mod:`datc.engines.static_decode`);
-    ``generator``: its random stream (None: torch's global one)."""
+    ``generator``: its random stream (None: torch's global one); ``uniforms``: the rows' uniform
+    numbers drawn beforehand (``sample_tokens``; ``trainer.deterministic``)."""
     device = next(policy.parameters()).device
     if encoder is not None:  # datc.models.chat.PromptEncoder: prompt formats and chat templates
         ids, mask = encoder.encode(examples, device)
@@ -169,7 +175,7 @@ def sample_groups(
         resp, logits = sample_tokens(policy, ids, mask, max_new_tokens, temperature, top_p, tokenizer.eos_token_id,
                                      tokenizer.pad_token_id, min_new_tokens, keep_logits, synced_gpus,
                                      num_generations if share_prompts else 1, decode, sync_every,
-                                     generator=generator)
+                                     generator=generator, uniforms=uniforms)
     finally:
         policy.train(was_training)
     if keep_logits and logits.shape[1] < max_new_tokens:

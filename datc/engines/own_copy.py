@@ -13,7 +13,8 @@ two differences that make it an engine with its own weights, as vLLM is:
   per-prompt seeds (:func:`datc.engines.base.prompt_seeds`), never from torch's global stream,
   which the trainer's thread uses (mini-batch order, the evaluation's forked stream): a batch's
   responses are a function of (its seeds, the weights it was sampled with), whatever the
-  threads' timing.
+  threads' timing; under ``trainer.deterministic`` each response draws from its own generator
+  seeded by its prompt's seed (:func:`datc.engines.sampling.row_uniforms`), as the built-in engine does.
 - **Log-probs.** Each sampled token's log-prob under the distribution it was drawn from,
   ``log softmax(z / temperature)`` of the engine's own logits (``Rollout.sampler_logps``), which
   the sampler/trainer correction (:mod:`datc.math.correction`) compares with the trained
@@ -31,6 +32,7 @@ import torch
 from datc.batch import Rollout
 from datc.engines.base import RolloutEngine, SamplingArgs
 from datc.engines.generate import sample_groups
+from datc.engines.sampling import row_uniforms
 from datc.math.logprobs import selective_log_softmax
 
 
@@ -72,10 +74,13 @@ class OwnCopyEngine(RolloutEngine):
             raise ValueError("the own-copy engine's logits are a past policy's; the step plan recomputes them")
         seeds = seeds if seeds is not None else list(range(len(examples)))
         device = next(self.model.parameters()).device
-        g = torch.Generator(device).manual_seed(call_seed(seeds))
+        if args.row_draws:  # trainer.deterministic: each response's draws from its prompt's seed, not the call's
+            draws = {"uniforms": row_uniforms(seeds, args.num_generations, args.max_new_tokens)}
+        else:
+            draws = {"generator": torch.Generator(device).manual_seed(call_seed(seeds))}
         ro = sample_groups(self.model, tok, examples, args.num_generations, args.max_new_tokens, args.temperature,
                            args.top_p, args.prompt_field, keep_logits=True, encoder=encoder,
-                           share_prompts=args.share_prompts, decode="dynamic", generator=g)
+                           share_prompts=args.share_prompts, decode="dynamic", **draws)
         logits = ro.logits if args.temperature == 1.0 else ro.logits / args.temperature
         ro.sampler_logps = selective_log_softmax(logits, ro.response_ids) * ro.response_mask
         ro.logits = None

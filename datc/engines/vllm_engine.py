@@ -232,6 +232,8 @@ class VLLMEngine(RolloutEngine):
         """The engine for run config ``c`` and placed models ``m``, weights pushed at once."""
         r = c.rollout
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
+        if c.trainer.deterministic and device.type == "cuda":  # vLLM's batch-invariant kernels (GPUs of compute capability 9.0+)
+            os.environ.setdefault("VLLM_BATCH_INVARIANT", "1")
         if device.type == "cpu":
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # leave the trainer's threads alone
         vllm_logs_to_the_run_log()  # again: the handlers of this run's train.log

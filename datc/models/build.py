@@ -3,6 +3,7 @@ hub id or local directory through the same ``from_pretrained`` path."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import inspect
 import os
@@ -18,6 +19,7 @@ from transformers import (
 )
 
 from datc.atomic import atomic_dir, atomic_write_json
+from datc.errors import first_line, full_disk
 
 # Said, not detected, on a machine without CUDA: DeepSpeed (imported by transformers' loading
 # path) otherwise logs "Setting accelerator to CPU" on every command.
@@ -220,9 +222,15 @@ def save_pretrained_dir(model, tok, out: str | Path, state_dict: dict[str, torch
     ``save_pretrained`` into ``out``, which appears complete or not at all (``exist``: what an
     ``out`` already there means, :func:`datc.atomic.atomic_dir`)."""
     out = Path(out)
-    with atomic_dir(out, exist) as tmp:
-        model.save_pretrained(tmp, state_dict=state_dict)
-        save_tokenizer(tok, tmp)
-        if marker is not None:
-            atomic_write_json(tmp / EXPORT_MARKER, marker)
+    try:
+        with atomic_dir(out, exist) as tmp:
+            model.save_pretrained(tmp, state_dict=state_dict)
+            save_tokenizer(tok, tmp)
+            if marker is not None:
+                atomic_write_json(tmp / EXPORT_MARKER, marker)
+    except Exception as e:  # safetensors says a full disk in its own error: an OSError, said in one line above
+        if isinstance(e, OSError) or not full_disk(e):
+            raise
+        raise OSError(errno.ENOSPC, f"No space left on device (or quota exceeded) while writing {out.name}/ "
+                                    f"({type(e).__name__}: {first_line(e, 160)}); nothing of it was left", str(out)) from e
     return out

@@ -59,7 +59,13 @@ def pins_kernels(cfg: TrainConfig) -> bool:
     return cfg.policy.path is not None and cfg.reward.path is None
 
 
-def _pinned_child(cfg: TrainConfig) -> None:
+def _pinned_child(cfg: TrainConfig, parent: int) -> None:
+    from datc.run.lifeline import set_parent_death_signal
+
+    # the build ends with the command that started it (a killed datc-prepare or datc-train leaves no
+    # orphan training on); each cache entry appears whole or not at all, so nothing half-made stays
+    if set_parent_death_signal() and os.getppid() != parent:
+        raise SystemExit(1)  # the parent ended before the signal was set
     logging.basicConfig(level=logging.INFO)
     torch.set_num_threads(cfg.trainer.threads)
     ensure_assets(cfg)
@@ -78,7 +84,7 @@ def _build_pinned(cfg: TrainConfig) -> None:
     saved = {k: os.environ.get(k) for k in PINNED_ENV}
     os.environ.update(PINNED_ENV)  # the spawned child inherits the environment as it is now
     try:
-        proc = mp.get_context("spawn").Process(target=_pinned_child, args=(cfg,), name="datc-prepare-pinned")
+        proc = mp.get_context("spawn").Process(target=_pinned_child, args=(cfg, os.getpid()), name="datc-prepare-pinned")
         proc.start()
     finally:
         for k, v in saved.items():
@@ -270,7 +276,7 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
         policy_id = (config_hash(pol_key) if cfg.policy.path is None
                      else Path(policy_path).name if cfg.policy.gguf_file is not None else cfg.policy.path)
         train_key = asdict(cfg.reward.train)
-        for k, default in (("trainable_layers", 0), ("test_prompts", 64)):  # defaults keep the testbed's old keys
+        for k, default in (("trainable_layers", 0), ("test_prompts", 64), ("share_prompts", False)):  # defaults keep the testbed's old keys
             if train_key[k] == default:
                 del train_key[k]
         rm_key = {"v": PREPARE_VERSION, "arch": dict(cfg.reward.arch), "train": train_key, "policy": policy_id}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -16,7 +17,8 @@ from datc.batch import encode_prompts, position_ids
 from datc.engines.generate import sample_groups
 from datc.math.metrics import pearson, within_group_corr
 from datc.models.rm_inputs import build_rm_inputs
-from datc.rewards.model import rm_forward
+from datc.models.shared_prompt import PromptGroups, forward_after_prompts, prompt_groups
+from datc.rewards.model import as_score, rm_forward, score
 from datc.run.signals import stop_in_prepare
 from datc.tasks import Task, gold_of
 
@@ -128,22 +130,58 @@ def top_layers_view(rm, k: int):
     return top
 
 
+def _left_pad(hs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of hidden states (L_i, d) left-padded with zeros into (n, L, d), and their mask (n, L)."""
+    L, d = max(len(h) for h in hs), hs[0].shape[-1]
+    x = hs[0].new_zeros(len(hs), L, d)
+    mask = torch.zeros(len(hs), L, dtype=torch.bool)
+    for r, h in enumerate(hs):
+        x[r, L - len(h):] = h
+        mask[r, L - len(h):] = True
+    return x, mask
+
+
+@contextmanager
+def _numbered_from_zero(layers):
+    """Blocks ``layers`` (the top of a model, run alone) numbered 0.. for the KV cache, as in a
+    model of that depth; their own numbers restored on exit."""
+    idx = [blk.self_attn.layer_idx for blk in layers]
+    try:
+        for j, blk in enumerate(layers):
+            blk.self_attn.layer_idx = j
+        yield
+    finally:
+        for blk, i in zip(layers, idx, strict=True):
+            blk.self_attn.layer_idx = i
+
+
 class _FrozenBottom:
     """Scores of a reward model whose lower blocks are frozen: the hidden states entering the
     first trainable block are computed once per (prompt, response) and cached, so each training
-    step runs only the top ``k`` blocks. Same function as ``_rm_batch_scores`` (tested)."""
+    step runs only the top ``k`` blocks. Same function as ``_rm_batch_scores`` (tested).
 
-    def __init__(self, rm, k: int, tok, max_new_tokens: int, encoder=None):
+    ``share``: each prompt (but its last token) is cached once, apart from its responses (the
+    prompt's last token and the response), and both the caching pass (the lower blocks only) and
+    each training step forward a prompt once for all its responses in the batch, through the KV
+    cache (:func:`datc.models.shared_prompt.forward_after_prompts`; the step backpropagates
+    through the repeated cache). Same function up to float rounding; about half the tokens at
+    2 prompts x 8 responses of ~45 + ~30 tokens."""
+
+    def __init__(self, rm, k: int, tok, max_new_tokens: int, encoder=None, share: bool = False):
         for p in rm.parameters():
             p.requires_grad_(False)
         self.top = top_layers_view(rm, k)
         for m in (*self.top.model.layers, self.top.model.norm, self.top.score):
             for p in m.parameters():
                 p.requires_grad_(True)
-        self.rm, self.k, self.tok, self.T, self.encoder = rm, k, tok, max_new_tokens, encoder
-        self.cache: dict[tuple[int, int], torch.Tensor] = {}  # (group, response) -> (L, d) valid positions
+        self.rm, self.k, self.tok, self.T, self.encoder, self.share = rm, k, tok, max_new_tokens, encoder, share
+        # (group, response) -> (L, d) valid positions; shared: the prompt's last token and the response
+        self.cache: dict[tuple[int, int], torch.Tensor] = {}
+        self.prompts: dict[int, torch.Tensor] = {}  # shared: group -> (L, d), its prompt but the last token
 
     def fill(self, pool, batch: int = 32) -> None:
+        if self.share:
+            return self._fill_shared(pool, batch)
         keys = [(g, j) for g, (_, resp, _) in enumerate(pool) for j in range(len(resp))]
         n_layers = len(self.rm.model.layers)
         for i in range(0, len(keys), batch):
@@ -156,15 +194,64 @@ class _FrozenBottom:
             for r, key in enumerate(chunk):
                 self.cache[key] = h[r][inp.attention_mask[r]].clone()
 
+    def _bottom(self):
+        """The reward model's base model up to the first trainable block (no final norm): its
+        last hidden state is that block's input. Shares the modules."""
+        import copy
+
+        inner = copy.copy(self.rm.model)
+        inner._modules = dict(self.rm.model._modules)
+        inner.layers = torch.nn.ModuleList(list(self.rm.model.layers)[: len(self.rm.model.layers) - self.k])
+        inner.norm = torch.nn.Identity()
+        return inner
+
+    def _fill_shared(self, pool, batch: int) -> None:
+        keys = [(g, j) for g, (_, resp, _) in enumerate(pool) for j in range(len(resp))]
+        bottom = self._bottom()
+        for i in range(0, len(keys), batch):
+            chunk = keys[i : i + batch]
+            inp = _rm_inputs(self.tok, [pool[g][0] for g, _ in chunk], [pool[g][1][j] for g, j in chunk], self.T, self.encoder)
+            cut, am = inp.prefix_len - 1, inp.attention_mask  # the prompt's last token goes with the response
+            groups = prompt_groups(inp.input_ids[:, :cut], am[:, :cut])
+            with torch.no_grad():
+                pre, out = forward_after_prompts(bottom, am[:, :cut], am[:, cut:], groups, prompt_ids=inp.input_ids[:, :cut],
+                                                 cont_ids=inp.input_ids[:, cut:])
+            for r, (g, j) in enumerate(chunk):
+                if g not in self.prompts:
+                    self.prompts[g] = pre.last_hidden_state[groups.inverse[r]][am[r, :cut]].clone()
+                self.cache[(g, j)] = out.last_hidden_state[r][am[r, cut:]].clone()
+
     def scores(self, keys: list[tuple[int, int]]) -> torch.Tensor:
-        hs = [self.cache[k] for k in keys]
-        L, d = max(len(h) for h in hs), hs[0].shape[-1]
-        x = hs[0].new_zeros(len(hs), L, d)
-        mask = torch.zeros(len(hs), L, dtype=torch.bool)
-        for r, h in enumerate(hs):
-            x[r, L - len(h):] = h
-            mask[r, L - len(h):] = True
+        if self.share:
+            return self._scores_shared(keys)
+        x, mask = _left_pad([self.cache[k] for k in keys])
         return rm_forward(self.top, x, mask)
+
+    def _scores_shared(self, keys: list[tuple[int, int]]) -> torch.Tensor:
+        order = list(dict.fromkeys(g for g, _ in keys))  # the distinct prompts, in order of first use
+        at = {g: i for i, g in enumerate(order)}
+        inverse = torch.tensor([at[g] for g, _ in keys])
+        first = torch.tensor([next(r for r, (g2, _) in enumerate(keys) if g2 == g) for g in order])
+        xp, pmask = _left_pad([self.prompts[g] for g in order])
+        xc, cmask = _left_pad([self.cache[k] for k in keys])
+        with _numbered_from_zero(self.top.model.layers):
+            _, out = forward_after_prompts(self.top, pmask[inverse], cmask, PromptGroups(first, inverse),
+                                           prompt_embeds=xp[inverse], cont_embeds=xc)
+        return as_score(out.logits)
+
+
+def _test_scores(rm, tok, examples, responses, max_new_tokens, encoder=None, share: bool = False) -> torch.Tensor:
+    """The reward model's scores of the held-out responses, in batches of 64 (``share``: each
+    prompt forwarded once per batch, :func:`datc.rewards.model.score`)."""
+    out = []
+    for i in range(0, len(responses), 64):
+        ex, resp = examples[i : i + 64], responses[i : i + 64]
+        if not share:
+            out.append(_rm_batch_scores(rm, tok, ex, resp, max_new_tokens, encoder))
+            continue
+        inp = _rm_inputs(tok, ex, resp, max_new_tokens, encoder)
+        out.append(score(rm, inp, _pad_responses(tok, resp, max_new_tokens)[1], batch_size=64).scores)
+    return torch.cat(out)
 
 
 RM_GROUP = 8  # responses per prompt in a reward-model batch, and per prompt in its held-out test
@@ -178,8 +265,10 @@ def train_reward_model(rm, policy, tok, task: Task, train_rows, eval_rows, rcfg,
     model must get right. Reports the fit on fresh warm-policy samples of held-out prompts.
     ``progress``: progress bars (sampling the pool; steps, loss, time left) on stderr.
     ``rcfg.trainable_layers = k > 0`` trains only the top k blocks, final norm and head (the
-    lower blocks' output is computed once per response); ``encoder`` renders prompts with the
-    policy's chat template, for sampling and scoring alike."""
+    lower blocks' output is computed once per response); with ``rcfg.share_prompts`` each prompt
+    is forwarded once for its responses there and in the held-out scoring (same function up to
+    float rounding); ``encoder`` renders prompts with the policy's chat template, for sampling
+    and scoring alike."""
     torch.manual_seed(seed)
     t0 = time.time()
     pool = _rm_pool(policy, tok, task, train_rows[: rcfg.n_prompts], rcfg.samples_per_prompt, max_new_tokens,
@@ -187,7 +276,7 @@ def train_reward_model(rm, policy, tok, task: Task, train_rows, eval_rows, rcfg,
     log.info("reward-model pool: %d responses in %.0fs", sum(len(r) for _, r, _ in pool), time.time() - t0)
     frozen = None
     if rcfg.trainable_layers > 0:
-        frozen = _FrozenBottom(rm, rcfg.trainable_layers, tok, max_new_tokens, encoder)
+        frozen = _FrozenBottom(rm, rcfg.trainable_layers, tok, max_new_tokens, encoder, rcfg.share_prompts)
         frozen.fill(pool)
         log.info("cached the frozen blocks' output in %.0fs", time.time() - t0)
     rng = torch.Generator().manual_seed(seed)
@@ -230,8 +319,7 @@ def train_reward_model(rm, policy, tok, task: Task, train_rows, eval_rows, rcfg,
     resp = [r for _, rs, _ in test for r in rs]
     gold = torch.cat([g for _, _, g in test])
     with torch.no_grad():
-        pred = torch.cat([_rm_batch_scores(rm, tok, ex[i : i + 64], resp[i : i + 64], max_new_tokens, encoder)
-                          for i in range(0, len(resp), 64)])
+        pred = _test_scores(rm, tok, ex, resp, max_new_tokens, encoder, rcfg.share_prompts)
     return {
         "train_pool": sum(len(r) for _, r, _ in pool),
         "final_train_loss": sum(losses[-50:]) / len(losses[-50:]) if losses else None,

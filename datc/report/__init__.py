@@ -20,12 +20,12 @@ when that interval excludes zero.
 
 Layout: :mod:`datc.report.loading` (runs from summaries and W&B), :mod:`datc.report.statistics`
 (intervals, paired differences, the :class:`Report`), :mod:`datc.report.tables` (text outputs),
-:mod:`datc.report.plots` (PNGs) and :mod:`datc.report.cli` (``datc-compare``: write them all).
+:mod:`datc.report.plots` (PNGs) and :mod:`datc.report.cli` (write them all; the command ``datc-compare`` is :mod:`datc.compare`).
 """
 
 from __future__ import annotations
 
-from datc.report.cli import main, write_atomic, write_outputs
+from datc.report.cli import write_atomic, write_outputs
 from datc.report.loading import (
     CSV_FIELDS,
     METRICS,
@@ -75,7 +75,7 @@ __all__ = [
     "CONFIDENCE", "CSV_FIELDS", "LEGEND", "MARKERS", "METRICS", "PAIRED_METRICS", "PLOTS", "TEX_ESCAPES", "TREATMENT",
     "UNIFORM_CREDIT", "UNKNOWN", "Cell", "CurveBand", "CurvePoint", "Interval", "LoadResult", "Metric",
     "PairedDifference", "Report", "Row", "Run", "Verdict", "build_report", "curve_band", "deduplicate", "gold_auc",
-    "latex_table", "load_run_dirs", "load_wandb", "main", "markdown_table", "paired_difference", "plot_credit_accuracy",
+    "latex_table", "load_run_dirs", "load_wandb", "markdown_table", "paired_difference", "plot_credit_accuracy",
     "plot_gold_curves", "plot_rm_vs_gold", "report_json", "run_from_summary", "runs_csv", "summary_from_wandb",
     "summary_markdown", "t_interval", "table_cells", "write_atomic", "write_outputs",
 ]

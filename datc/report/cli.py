@@ -1,12 +1,11 @@
-"""``datc-compare``: read runs, build the report, write every output file."""
+"""``datc-compare``'s writing half: every output file of a report, written as one unit. The command
+itself (its arguments, ``--tuned``) is :mod:`datc.compare`, above the study room it also reads."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import errno
-import fcntl
 import os
 import shutil
 import signal
@@ -16,11 +15,9 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from datc.atomic import atomic_write_bytes, follow_umask, umask
-from datc.report.grouping import adopt_configs, align_curves, grouped, split_by_config
-from datc.report.loading import deduplicate, load_run_dirs, load_runs_csv, load_wandb
+from datc.atomic import atomic_write_bytes, follow_umask, held_lock, umask
 from datc.report.plots import plot_credit_accuracy, plot_gold_curves, plot_rm_vs_gold
-from datc.report.statistics import Report, build_report
+from datc.report.statistics import Report
 from datc.report.tables import latex_table, markdown_table, report_json, runs_csv, summary_markdown
 
 
@@ -76,14 +73,10 @@ def _holds_cwd(path: Path) -> bool:
     return path == cwd or path in cwd.parents
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # waits for the other comparison (seconds)
-        yield
-    finally:
-        os.close(fd)
+def _locked(path: Path) -> contextlib.AbstractContextManager[None]:
+    """The lock file ``path`` held for the block (another comparison waits, seconds) and removed at
+    its end, safely (:func:`datc.atomic.held_lock`): no ``.<name>.lock`` stays behind."""
+    return held_lock(path)
 
 
 @contextlib.contextmanager
@@ -174,105 +167,3 @@ def _exchange(a: Path, b: Path) -> bool:
         return False
     at_fdcwd, rename_exchange = -100, 2
     return fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="datc-compare",
-        description="Compare runs across settings (data, policy) and credit schemes: "
-        "tables, summary, plots.",
-    )
-    p.add_argument(
-        "roots", nargs="*", metavar="ROOT", help="directories searched for **/summary.json"
-    )
-    p.add_argument("--out", required=True, help="output directory, e.g. results/four_settings")
-    p.add_argument(
-        "--wandb-project", metavar="ENTITY/PROJECT", help="also read the runs of this W&B project"
-    )
-    p.add_argument(
-        "--runs-csv", action="append", default=[], metavar="CSV",
-        help="also read the runs of a runs.csv this tool wrote (runs whose directories are gone; "
-        "each takes the config its setting's run directories share); repeatable",
-    )
-    p.add_argument(
-        "--pool", action="append", default=[], metavar="KEY",
-        help="a config key whose values may differ within a setting (e.g. prepare_seed: pool the "
-        "asset draws; pair them apart by giving each draw its own seeds); repeatable",
-    )
-    p.add_argument(
-        "--tuned", metavar="ROOT",
-        help="read a tuned sweep (METHOD §6; docs/tuned.md) instead of ROOTs: the configuration chosen per "
-        "setting and scheme, its selection score, and the evaluation table of tuned beside default",
-    )
-    p.add_argument(
-        "--baseline",
-        default="grpo",
-        help="credit scheme the others are paired against (default: grpo)",
-    )
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    try:
-        _main(argv)
-    except KeyboardInterrupt as e:
-        done = e.args == (PUT_IN_PLACE,)
-        print("datc-compare: interrupted (SIGINT); " + ("the outputs had just been written, whole" if done else
-              "nothing was written (what --out held is as it was)"), file=sys.stderr)
-        raise SystemExit(130) from None
-
-
-def _main(argv: Sequence[str] | None) -> None:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.tuned:  # datc/report/tuning.py
-        if args.roots or args.runs_csv or args.wandb_project:
-            parser.error("--tuned reads the runs of its own ROOT: give no other ROOT, --runs-csv or --wandb-project")
-        from datc.report.tuned_tables import compare_tuned
-
-        return print(*compare_tuned(args.tuned, args.out, args.baseline, write_outputs), sep="\n")
-    if not args.roots and not args.wandb_project and not args.runs_csv:
-        parser.error("give at least one ROOT, --runs-csv or --wandb-project")
-    loaded = load_run_dirs(args.roots)
-    runs, warns = list(loaded.runs), list(loaded.warnings)
-    if args.wandb_project:
-        try:
-            remote = load_wandb(args.wandb_project)
-        except Exception as e:
-            # No network, no credentials or no such project: one line instead of a traceback.
-            raise SystemExit(
-                f"datc-compare: reading W&B project {args.wandb_project} failed "
-                f"({type(e).__name__}: {e})"
-            ) from e
-        runs += remote.runs
-        warns += remote.warnings
-    if args.runs_csv:
-        tabled = load_runs_csv(args.runs_csv)
-        adopted = adopt_configs(tabled.runs, runs, args.pool)
-        runs += adopted.runs
-        warns += tabled.warnings + adopted.warnings
-    split = split_by_config(runs, args.pool)  # only configs that differ in the scheme and the seed share a setting
-    unique = deduplicate(split.runs)
-    aligned = align_curves(unique.runs)  # runs of another eval cadence: compared over the steps they share
-    warns += split.warnings + unique.warnings + aligned.warnings
-    unique = aligned
-    if unique.runs and not any(r.credit == args.baseline for r in unique.runs):
-        warns.append(f"no run of the baseline scheme {args.baseline!r}: no paired differences")
-    for w in warns:
-        print(f"datc-compare: warning: {w}", file=sys.stderr)
-    if not unique.runs:
-        sources = [*args.roots, *args.runs_csv, *([args.wandb_project] if args.wandb_project else [])]
-        raise SystemExit(f"datc-compare: no runs found in {', '.join(map(str, sources))}")
-    print(f"datc-compare: {grouped(unique.runs)}", file=sys.stderr)
-    try:
-        written = write_outputs(build_report(unique.runs, args.baseline), args.out, warns)
-    except OSError as e:  # a file in the way, no permission, a full disk: one line, nothing half-written
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            why = "no space left on device (or quota exceeded)"
-        else:
-            why = f"cannot write there ({e.strerror or e})"
-        print(f"datc-compare: --out {args.out}: {why}; nothing was written (what --out held is as it was)",
-              file=sys.stderr)
-        raise SystemExit(2) from None
-    for path in written:
-        print(path)

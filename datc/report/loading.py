@@ -364,7 +364,7 @@ def load_wandb(project: str) -> LoadResult:
 
 
 def _wandb_config(config: Any) -> dict[str, Any] | None:
-    from datc.run.rundir import identity
+    from datc.run.identity import identity
 
     try:
         return comparison_config(identity(dict(config)))

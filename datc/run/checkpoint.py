@@ -24,6 +24,7 @@ import torch
 
 from datc.atomic import atomic_dir, atomic_write_bytes
 from datc.config import ConfigError
+from datc.errors import full_disk
 
 _NAME = re.compile(r"^step_(\d{7})$")
 
@@ -124,21 +125,28 @@ def _rank_file(path: Path, rank: int) -> Path:
 
 
 def save_sharded_checkpoint(run_dir: str | Path, step: int, write: Callable[[Path], None], state: dict[str, Any],
-                            rank_state: dict[str, Any], rank: int, world_size: int, barrier: Callable[[], None],
+                            rank_state: dict[str, Any], rank: int, world_size: int, gather: Callable[[Any], list[Any]],
                             keep: int, kind: str) -> Path:
     """Every rank calls this at the same step; ``write(path)`` writes this rank's shards into the
-    step's directory. Returns the checkpoint directory."""
+    step's directory. Returns the checkpoint directory. ``gather``: every rank's object on every
+    rank (:meth:`datc.backends.distributed.Dist.gather`), also the barrier between the parts: a
+    part that fails on any rank (a full disk) fails on every rank with the same error, and the
+    half-written directory is removed."""
     root = Path(run_dir) / "checkpoints"
     path = root / f"step_{step:07d}"
     if rank == 0 and path.exists():  # an incomplete write of a killed run at this very step
         shutil.rmtree(path)
-    barrier()
-    write(path)
-    buf = io.BytesIO()
-    torch.save(rank_state, buf)
-    atomic_write_bytes(_rank_file(path, rank), buf.getvalue())
-    barrier()
-    if rank == 0:
+    gather(None)
+
+    def shards() -> None:
+        write(path)
+        buf = io.BytesIO()
+        torch.save(rank_state, buf)
+        atomic_write_bytes(_rank_file(path, rank), buf.getvalue())
+
+    def last() -> None:
+        if rank != 0:
+            return
         buf = io.BytesIO()
         _save({**state, "step": step, "world_size": world_size, kind: True}, buf)
         atomic_write_bytes(path / "state.pt", buf.getvalue())
@@ -149,8 +157,37 @@ def save_sharded_checkpoint(run_dir: str | Path, step: int, write: Callable[[Pat
             except OSError:
                 continue
             shutil.rmtree(aside, ignore_errors=True)
-    barrier()
+
+    for part in (shards, last):
+        _together(part, path, rank, gather)
     return path
+
+
+def _together(part: Callable[[], None], path: Path, rank: int, gather: Callable[[Any], list[Any]]) -> None:
+    """Run ``part`` on every rank, then agree: if it failed on any rank, rank 0 removes ``path``
+    (half-written) and every rank raises; a full disk as ``OSError(ENOSPC)`` (one line at the
+    top: :func:`datc.training.job.train_job`), anything else as the failing rank's error."""
+    mine: BaseException | None = None
+    try:
+        part()
+    except BaseException as e:  # noqa: BLE001  DCP raises CheckpointException, a BaseException
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        mine = e
+    said = None if mine is None else (full_disk(mine), f"{type(mine).__name__}: {(str(mine).strip().splitlines() or [''])[0][:160]}")
+    outcomes = gather(said)
+    failed = [(r, o) for r, o in enumerate(outcomes) if o is not None]
+    if not failed:
+        return
+    if rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+    r, (disk, text) = failed[0]
+    if any(o[0] for _, o in failed):
+        raise OSError(errno.ENOSPC, f"No space left on device (or quota exceeded) while writing a checkpoint "
+                                    f"(rank {r}: {text}); its half-written directory was removed", str(path)) from None
+    if mine is not None:
+        raise mine
+    raise RuntimeError(f"rank {r} failed writing the checkpoint {path} ({text})")
 
 
 def load_sharded_checkpoint(path: str | Path, rank: int, world_size: int, kind: str) -> dict[str, Any]:
@@ -169,14 +206,14 @@ def load_sharded_checkpoint(path: str | Path, rank: int, world_size: int, kind: 
 
 
 def save_engine_checkpoint(run_dir: str | Path, step: int, engine, state: dict[str, Any], rank_state: dict[str, Any],
-                           rank: int, world_size: int, barrier: Callable[[], None], keep: int) -> Path:
+                           rank: int, world_size: int, gather: Callable[[Any], list[Any]], keep: int) -> Path:
     """A DeepSpeed engine's checkpoint (:func:`save_sharded_checkpoint`)."""
     def write(path: Path) -> None:
         # frozen parameters (a LoRA policy's base) are not the run's to save: the base is reloaded
         with _frozen_ties_excluded(engine):
             engine.save_checkpoint(str(path.parent), tag=path.name, save_latest=False, exclude_frozen_parameters=True)
 
-    return save_sharded_checkpoint(run_dir, step, write, state, rank_state, rank, world_size, barrier, keep, "deepspeed")
+    return save_sharded_checkpoint(run_dir, step, write, state, rank_state, rank, world_size, gather, keep, "deepspeed")
 
 
 @contextmanager

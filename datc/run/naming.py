@@ -3,7 +3,7 @@
 ``configs/train.yaml`` names a run ``${data.name}-${policy.name}${datc.lora_mark:...}-${credit.name}-s${seed}-${datc.config_id:}``
 (``-lora<r>`` after the policy where it trains LoRA adapters).
 The readable parts say what a listing needs at a glance; ``datc.config_id`` is a 6-hex-digit
-hash of everything that determines the run's results (:func:`datc.run.rundir.identity`: the same
+hash of everything that determines the run's results (:func:`datc.run.identity.identity`: the same
 fields as the run's identity in ``run.json``), so two runs whose configs differ anywhere (a
 ``debug=fast`` sweep and the real one, ``deepspeed=zero2`` and plain PyTorch, another
 ``trainer.steps``) get different directories, while the same command always gets the same name
@@ -27,7 +27,7 @@ def config_id(root: DictConfig) -> str:
     """The hash of the identity of the config ``root`` (a composed config, with or without
     Hydra's node; raw or already merged into the schema: both give the same hash)."""
     from datc.config import TrainConfig
-    from datc.run.rundir import NON_IDENTITY, identity
+    from datc.run.identity import NON_IDENTITY, identity
 
     # Only the identity fields are resolved (run_name and run_dir refer to this hash).
     keys = [k for k in root if k not in NON_IDENTITY and k != "hydra"]

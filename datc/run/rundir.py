@@ -12,7 +12,6 @@ One process writes a run directory at a time: :meth:`RunDir.open` takes an exclu
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import json
 import uuid
@@ -22,8 +21,9 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from datc.atomic import atomic_write_json, atomic_write_text
-from datc.config import ConfigError, VLLMConfig
+from datc.config import ConfigError
 from datc.hashing import config_hash
+from datc.run.identity import _diff, identity
 from datc.run.runlock import (  # noqa: F401
     LOCK_FILE,
     RunBusyError,
@@ -34,17 +34,6 @@ from datc.run.runlock import (  # noqa: F401
     warn,
 )
 
-# Settings that change how a run is executed or reported, not what it computes.
-NON_IDENTITY = {"run_dir", "run_name", "results_dir", "cache_dir", "logger"}
-# (skip_zero_advantage leaves out only work whose result the loss multiplies by A = 0; the decode
-# loop samples the same distribution with the same logits to float rounding, as threads and device)
-NON_IDENTITY_TRAINER = {"resume", "progress", "threads", "device", "skip_zero_advantage", "gradient_checkpointing", "decode",
-                        "decode_sync_every", "accept_changed_inputs"}
-# Later switches whose default (None) is the behaviour from before they existed: part of the
-# identity only when set, so adding them renamed no existing run.
-IDENTITY_WHEN_SET_TRAINER = {"lm_head_chunk"}
-# How ZeRO-3 gathers the policy's parameters for sampling: the same samples either way.
-NON_IDENTITY_DEEPSPEED = {"gather_for_generation"}
 IGNORED_FILES = {".hydra", "train.log", "wandb", LOCK_FILE}
 
 
@@ -64,48 +53,6 @@ def _write_hydra_files(path: Path, cfg: dict[str, Any]) -> None:
     atomic_write_text(out / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.create({"hydra": hc})))
     atomic_write_text(out / "overrides.yaml", OmegaConf.to_yaml(hc.overrides.task))
 
-
-
-def identity(cfg: dict[str, Any]) -> dict[str, Any]:
-    ident = {k: v for k, v in cfg.items() if k not in NON_IDENTITY}
-    ident["trainer"] = {k: v for k, v in ident["trainer"].items()
-                        if k not in NON_IDENTITY_TRAINER and not (k in IDENTITY_WHEN_SET_TRAINER and v is None)}
-    if isinstance(ident.get("deepspeed"), dict):
-        ident["deepspeed"] = {k: v for k, v in ident["deepspeed"].items() if k not in NON_IDENTITY_DEEPSPEED}
-    # auto, plain and deepspeed are told apart by deepspeed.stage (a run keeps the identity it had
-    # before the option); fsdp2's settings change memory and waiting, not the numbers
-    if isinstance(ident.get("credit"), dict) and ident["credit"].get("end_token") == "score":
-        # the weight step's end_token at its default: a run keeps the identity it had before the option
-        ident["credit"] = {k: v for k, v in ident["credit"].items() if k != "end_token"}
-    if isinstance(ident.get("rollout"), dict):
-        # the synchronous step (rollout.max_staleness: 0) and the LoRA push at its default (auto): a run keeps
-        # the identity it had before the options
-        at_default = {"max_staleness": 0, "lora_sync": "auto"}
-        # rollout.vllm.* sat in rollout itself before it had its node (the built-in engine's config
-        # too, at the defaults): flattened, with the defaults where a config has no such node, a
-        # run keeps its identity
-        vllm = {**dataclasses.asdict(VLLMConfig()), **(ident["rollout"].get("vllm") or {})}
-        flat = {**{k: v for k, v in ident["rollout"].items() if k != "vllm"}, **vllm}
-        ident["rollout"] = {k: v for k, v in flat.items() if not (k in at_default and v == at_default[k])}
-    backend = ident.pop("backend", None)
-    if isinstance(backend, dict) and backend.get("name") == "fsdp2":
-        ident["backend"] = {"name": "fsdp2"}
-    if isinstance(ident.get("policy"), dict) and not (ident["policy"].get("lora") or {}).get("r"):
-        # LoRA off (policy.lora.r: 0): a full-policy run keeps the identity it had before the option
-        ident["policy"] = {k: v for k, v in ident["policy"].items() if k != "lora"}
-    elif isinstance(ident.get("policy"), dict) and (lora := ident["policy"].get("lora")).get("alpha") == 2 * lora["r"]:
-        # alpha written out at its default (2 r) is the same run as alpha: null
-        ident["policy"] = {**ident["policy"], "lora": {**lora, "alpha": None}}
-    return ident
-
-
-def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for k in sorted(set(a) | set(b)):
-            out += _diff(a.get(k), b.get(k), f"{prefix}{k}.")
-        return out
-    return [prefix.rstrip(".")] if a != b else []
 
 
 class RunDir:
@@ -194,7 +141,7 @@ class RunDir:
             )
         atomic_write_text(path / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(cfg)))
         wandb_id = uuid.uuid4().hex[:16]
-        atomic_write_json(run_json, {"run_id": run_id, "wandb_id": wandb_id, "identity": ident})
+        atomic_write_json(run_json, {"run_id": run_id, "wandb_id": wandb_id, "identity": ident, "trackers": []})
         _write_hydra_files(path, cfg)
         return cls(path, run_id, False, lock, wandb_id)
 
@@ -223,6 +170,25 @@ class RunDir:
             return list(json.loads((self.path / "run.json").read_text()).get("accepted_input_changes", []))
         except (OSError, ValueError):
             return []
+
+    def trackers(self) -> list[str]:
+        """The trackers this run was sent to (``run.json``'s ``trackers``, see :mod:`datc.run.trackers`);
+        a run from before that record: the logger its ``config.yaml`` names."""
+        try:
+            data = json.loads((self.path / "run.json").read_text())
+            if "trackers" in data:
+                return list(data["trackers"])
+            name = OmegaConf.load(self.path / "config.yaml").logger.name
+        except Exception:  # unreadable: said where the run's own files are read
+            return []
+        return [] if name in (None, "none") else [str(name)]
+
+    def record_tracker(self, name: str) -> None:
+        """Add ``name`` to the trackers this run was sent to (``run.json``)."""
+        run_json = self.path / "run.json"
+        data = json.loads(run_json.read_text())
+        data["trackers"] = sorted({*self.trackers(), name})
+        atomic_write_json(run_json, data)
 
     def read_summary(self) -> dict[str, Any] | None:
         """The finished run's summary; None if there is none, or if it is damaged (then it is

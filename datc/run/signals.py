@@ -1,10 +1,13 @@
-"""Stopping on SIGTERM (what Slurm and most schedulers send before SIGKILL) and SIGINT (Ctrl-C).
+"""Stopping on SIGTERM (what Slurm and most schedulers send before SIGKILL), SIGINT (Ctrl-C) and
+SIGHUP (the terminal closed).
 
 The first signal asks the run to stop at the next safe point, between two training steps:
 the trainer writes a checkpoint of the step it just finished and raises :class:`Interrupted`,
 and ``datc-train`` exits with one line (exit code 128 + the signal number). Re-running the same
 command resumes from that checkpoint. A second signal exits at once, without a checkpoint: the
-last periodic checkpoint remains, as after ``kill -9``.
+last periodic checkpoint remains, as after ``kill -9``. One exception: a SIGTERM within
+:data:`ESCALATION_S` of a SIGINT is the same stop, not a second one (DeepSpeed's and torchrun's
+launchers send SIGTERM on top of the Ctrl-C they pass on).
 
 Under DeepSpeed every rank checks, and the ranks agree (a sum over ranks) so that all of them
 write the same checkpoint and stop together.
@@ -16,11 +19,14 @@ import contextlib
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+ESCALATION_S = 3.0  # a launcher's SIGTERM this soon after a SIGINT is the same stop
 _received: list[int] = []  # signals received since the handlers were installed
+_first_at: list[float] = []  # when the first one came (time.monotonic)
 
 
 class Interrupted(Exception):
@@ -41,28 +47,40 @@ class Interrupted(Exception):
         return 128 + self.signum
 
 
+def _say(line: str) -> None:
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # a closed terminal (SIGHUP) or stream: the stop goes on unsaid
+        pass
+
+
 def _handler(signum: int, frame: Any) -> None:
     name = signal.Signals(signum).name
     # on a terminal, off the progress bar's line first (a signal handler takes no lock tqdm may hold)
     brk = "\n" if sys.stderr.isatty() else ""
     if _received:
-        print(f"{brk}datc-train: second signal ({name}): exiting now without a checkpoint; the last periodic checkpoint "
-              "remains", file=sys.stderr, flush=True)
+        if (signum == signal.SIGTERM and _received[0] == signal.SIGINT and signal.SIGTERM not in _received
+                and time.monotonic() - _first_at[0] < ESCALATION_S):
+            _received.append(signum)  # a launcher escalating the Ctrl-C it passed on: the same stop
+            return
+        _say(f"{brk}datc-train: second signal ({name}): exiting now without a checkpoint; the last periodic checkpoint "
+             "remains")
         raise SystemExit(128 + signum)
     _received.append(signum)
-    print(f"{brk}datc-train: {name} received: stopping at the next safe point (after the current training step, with a "
-          "checkpoint; in the prepare step within seconds, keeping what is cached); send it again to exit at once",
-          file=sys.stderr, flush=True)
+    _first_at[:] = [time.monotonic()]
+    _say(f"{brk}datc-train: {name} received: stopping at the next safe point (after the current training step, with a "
+         "checkpoint; in the prepare step within seconds, keeping what is cached); send it again to exit at once")
 
 
 @contextlib.contextmanager
 def stop_signals() -> Iterator[None]:
-    """Handle SIGTERM and SIGINT as above while the block runs (main thread only; elsewhere,
+    """Handle SIGTERM, SIGINT and SIGHUP as above while the block runs (main thread only; elsewhere,
     e.g. a test calling ``train`` in a thread, the default behaviour stays)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     _received.clear()
+    _first_at.clear()
     previous = {s: signal.signal(s, _handler) for s in SIGNALS}
     try:
         yield

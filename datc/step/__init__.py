@@ -24,7 +24,7 @@ from typing import Any
 
 from datc.batch import Rollout
 from datc.math.numerics import NonFiniteReport
-from datc.run.logger import completions_of
+from datc.run.completions import completions_of
 from datc.step.credit import assign_credit
 from datc.step.frozen import frozen_passes
 from datc.step.metrics import step_metrics
@@ -38,7 +38,7 @@ class StepResult:
 
     metrics: dict[str, float]  # reward/, rollout/, credit/, loss/, nonfinite/ and perf/ figures (over ranks)
     nonfinite: NonFiniteReport  # this rank's non-finite hits (the loop merges them over ranks)
-    completions: Any = None  # datc.run.logger.Completions for the eval's W&B table, on the step before an eval
+    completions: Any = None  # datc.run.completions.Completions for the eval's completions table, on the step before an eval
 
 
 def train_step(s, it: int) -> StepResult:

@@ -64,7 +64,7 @@ class StepPlan:
     gather_generation: bool  # sampling with the policy's parameters gathered once per call (ZeRO-3, FSDP2)
     sample_synced: bool  # sampling keeps every rank forwarding until all are done (synced, not gathered)
     decode: str  # the sampler's decode loop: static (cache and graph, datc.engines.static_decode) or dynamic
-    keep_completions: bool  # the step before an eval keeps its completions (for the W&B table)
+    keep_completions: bool  # the step before an eval keeps its completions (for the tracker's table)
     head_chunk: int | None  # the update's LM head this many positions at a time (no (rows, T, V) logits); None: whole
     grad_checkpoint: bool  # the update recomputes the decoder blocks' activations in the backward
     engine: str  # the rollout engine (datc.engines): torch samples with the policy, vllm with its own copy
@@ -143,7 +143,9 @@ def build_plan(t, scheme, vocab_size: int, *, with_ref: bool, trunk: int = 0, ba
         with_ref=with_ref, trunk=trunk, share_prompts=share,
         share_update_prompts=share and not grad_checkpoint and backend.share_update_prompts, synced_gpus=synced,
         gather_generation=gather, sample_synced=synced and not gather,
-        decode=decode_mode(t.decode, t.device != "cpu" and torch.cuda.is_available(), synced and not gather),
+        # trainer.deterministic: the dynamic loop, whose draws can come from each response's own generator
+        decode="dynamic" if getattr(t, "deterministic", False) else decode_mode(t.decode, t.device != "cpu" and torch.cuda.is_available(),
+                                                             synced and not gather),
         keep_completions=keep_completions, head_chunk=head_chunk, grad_checkpoint=grad_checkpoint,
         engine="torch" if engine is None else engine.name, sync_engine=own_weights,
         correction=correction if own_weights else "none", correction_cap=correction_cap, staleness=staleness,

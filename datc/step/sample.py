@@ -13,7 +13,7 @@ def sampling_args(s, plan: StepPlan) -> SamplingArgs:
     c, t = s.c, s.c.trainer
     return SamplingArgs(t.num_generations, t.max_new_tokens, t.temperature, t.top_p, c.data.prompt_field,
                         synced_gpus=plan.sample_synced, share_prompts=plan.share_prompts, decode=plan.decode,
-                        sync_every=t.decode_sync_every)
+                        sync_every=t.decode_sync_every, row_draws=t.deterministic)
 
 
 def sample_calls(s, engine, examples: list[dict], args: SamplingArgs, keep: bool, seeds: list[int]) -> Rollout:

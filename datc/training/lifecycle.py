@@ -17,14 +17,16 @@ from omegaconf import DictConfig, OmegaConf
 from datc.atomic import atomic_write_json
 from datc.backends.distributed import Dist
 from datc.config import ConfigError, TrainConfig
+from datc.errors import note
 from datc.math.collapse import collapse_record
 from datc.math.metrics import mean_of
 from datc.models.build import save_pretrained_dir
 from datc.prepare.assets import Assets
-from datc.run.checkpoint import latest_loadable_checkpoint
+from datc.run.checkpoint import latest_checkpoint, latest_loadable_checkpoint
 from datc.run.fingerprint import changes, fingerprints
 from datc.run.provenance import git_commit
 from datc.run.rundir import RunDir, metrics_gaps
+from datc.run.shards import latest_loadable_sharded_checkpoint
 from datc.training.session import Session
 from datc.utils import rng_state, set_rng_state
 
@@ -83,19 +85,30 @@ def _check_inputs(c: TrainConfig, run: RunDir, assets: Assets) -> None:
     tok = assets.tokenizer_path if assets.tokenizer_path != assets.policy_path else None
     now = fingerprints({"policy": assets.policy_path, "reward": assets.reward_path, "tokenizer": tok,
                         "data": assets.data_path})
+    now["threads"] = c.trainer.threads  # not the run's identity, but its CPU sums depend on it (_threads_change)
     path = run.path / INPUTS_FILE
+    if path.is_dir():  # not the file datc writes: nothing of the user's is replaced
+        raise ConfigError(f"run_dir: {path} is a directory, not the run's record of its inputs; move it aside and run "
+                          "the same command again")
+    if run.resumable and latest_checkpoint(run.path) is None:
+        # Stopped before its first checkpoint (killed in the prepare step, or before inputs.json was
+        # written): nothing to resume and nothing to protect, so the run starts again from step 0.
+        note(f"{run.path} holds this run with no checkpoint yet (it stopped before its first): starting it again "
+             "from step 0")
+        atomic_write_json(path, now)
+        return
     if run.resumable:
-        diff, unverifiable = None, None
-        try:
-            before = json.loads(path.read_text())
-            diff = changes(before, now) if isinstance(before, dict) else None
-        except FileNotFoundError:
-            unverifiable = "is missing"
-        except (ValueError, UnicodeDecodeError, KeyError, TypeError):
-            pass
-        if diff is None:
-            unverifiable = unverifiable or "is damaged"
-        elif not diff:
+        before, unverifiable = read_inputs(path)
+        diff = None
+        if before is not None:
+            try:
+                diff = changes(before, now)
+            except (KeyError, TypeError, AttributeError):
+                unverifiable = "is damaged"
+        threads = _threads_change(c, run, before)
+        if diff is not None and not diff:
+            if threads:
+                atomic_write_json(path, now)
             return
         if not c.trainer.accept_changed_inputs:
             more = f" (and {len(diff) - 1} more)" if diff and len(diff) > 1 else ""
@@ -113,13 +126,58 @@ def _check_inputs(c: TrainConfig, run: RunDir, assets: Assets) -> None:
     atomic_write_json(path, now)
 
 
+def _threads_change(c: TrainConfig, run: RunDir, before: dict | None) -> bool:
+    """A resume on the CPU with another ``trainer.threads`` than the run was trained with (its
+    ``inputs.json``): refused, since the CPU's sums depend on the thread count and the numbers
+    would differ from an uninterrupted run's from the first resumed step, unless
+    ``trainer.accept_changed_inputs`` (then recorded, as an input change). Returns whether an
+    accepted change was recorded."""
+    import torch
+
+    was, now = (before or {}).get("threads"), c.trainer.threads
+    on_cpu = c.trainer.device == "cpu" or (c.trainer.device == "auto" and not torch.cuda.is_available())
+    if not isinstance(was, int) or was == now or not on_cpu:
+        return False
+    if not c.trainer.accept_changed_inputs:
+        raise ConfigError(
+            f"trainer.threads: {run.path} was trained with trainer.threads={was} and is resumed with {now}; on the CPU "
+            "a step's sums depend on the thread count, so its numbers would differ from an uninterrupted run's from "
+            f"the first resumed step: resume with trainer.threads={was} (datc-launch: --threads {was}), or with "
+            f"trainer.accept_changed_inputs=true to go on with {now} (recorded in run.json and the summary)")
+    said = f"trainer.threads {was} -> {now}"
+    log.warning("trainer.accept_changed_inputs: resuming %s with %s; recorded", run.path, said)
+    run.record_accepted_inputs(said)
+    return True
+
+
+def read_inputs(path: Path) -> tuple[dict | None, str | None]:
+    """A run's recorded fingerprints (``inputs.json``), or None and why they cannot be read: a
+    phrase after the file's name (``is missing``, ``is damaged``, ``holds no fingerprints``)."""
+    try:
+        before = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, "is missing"
+    except (ValueError, UnicodeDecodeError):
+        return None, "is damaged"
+    except OSError as e:
+        return None, f"cannot be read ({e.strerror})"
+    inputs = before.get("inputs") if isinstance(before, dict) else None
+    if not isinstance(inputs, dict) or not all(
+            isinstance(v, dict) and isinstance(v.get("path"), str) and isinstance(v.get("files"), dict) for v in inputs.values()):
+        return None, "holds no fingerprints (not the file datc writes)"
+    return before, None
+
+
 def resume(s: Session, run: RunDir) -> tuple[int, float]:
     """Load the run's last checkpoint into the session (policy, optimizer, scheduler, RNG) when
     it has one, and cut ``metrics.jsonl`` back to it. Returns (first step to run, seconds
     already trained)."""
     dist = s.dist
     start, elapsed = 0, 0.0
-    ckpt, state = latest_loadable_checkpoint(run.path) if run.resumable else (None, None)
+    ckpt, state = None, None
+    if run.resumable:  # a damaged latest checkpoint is set aside and the one before loaded (every rank agreeing)
+        ckpt, state = (latest_loadable_sharded_checkpoint(run.path, dist.rank, dist.world_size, dist.gather)
+                       if dist.enabled else latest_loadable_checkpoint(run.path))
     if ckpt is not None:
         state = s.optim.load(ckpt, state)  # policy, optimizer and schedule (the backend's, datc.backends)
         set_rng_state(state["rng"])
@@ -185,6 +243,9 @@ class NoLogger:
     def log_samples(self, *args: Any) -> None: ...
 
     def log_completions(self, *args: Any) -> None: ...
+
+    def catch_up(self, *args: Any) -> int:
+        return 0
 
     def finish(self, *args: Any) -> None: ...
 

@@ -25,6 +25,7 @@ from datc.forward.trunk import shared_trunk_depth
 from datc.memory.micro_batch import AUTO, RECORD_FILE, resolve_micro_batch
 from datc.models.build import decoder_layers, resolve_device, resolve_dtype
 from datc.prepare.assets import Assets, ensure_assets
+from datc.run.logger import keeps_completions
 from datc.step.ops import StepOps
 from datc.step.plan import StepPlan, build_plan, head_chunk_for
 from datc.step.stream import SyncRollouts, build_stream
@@ -180,7 +181,7 @@ def session_plan(c: TrainConfig, scheme, m: Models, dist: Dist, engine=None, bac
     # the reward model reads the policy's prompt ids unless it has its own chat template
     trunk = shared_trunk_depth(m.ref, m.rm) if not c.reward.chat_template and not partitioned(m.rm) else 0
     return build_plan(c.trainer, scheme, m.vocab_size, with_ref=m.ref is not None, trunk=trunk, backend=declared,
-                      keep_completions=dist.is_main and c.logger.name == "wandb", head_chunk=chunk,
+                      keep_completions=dist.is_main and keeps_completions(c.logger), head_chunk=chunk,
                       grad_checkpoint=checkpointing, engine=engine,
                       correction=c.rollout.correction, correction_cap=c.rollout.correction_cap,
                       staleness=c.rollout.max_staleness)

@@ -26,7 +26,7 @@ from datc.config import TrainConfig
 from datc.math.collapse import FLAG_KEY, CollapseWatch
 from datc.math.numerics import NonFiniteReport
 from datc.memory.micro_batch import RECORD_FILE
-from datc.run.logger import RunLogger
+from datc.run.logger import RunLogger, send_finished_run
 from datc.run.rundir import release_run_locks
 from datc.run.runlock import note, warn
 from datc.run.signals import stop_if_requested, stop_requested, stop_signals
@@ -44,7 +44,7 @@ from datc.training.lifecycle import (
     save_final_policy,
 )
 from datc.training.session import build_session
-from datc.utils import keep_freed_memory, quiet_libraries, seed_everything
+from datc.utils import deterministic_mode, keep_freed_memory, quiet_libraries, seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,11 @@ def train(cfg: DictConfig | dict, run_dir: str | Path | None = None, ops: StepOp
     and the summary, every rank writes its own shards and RNG state into the checkpoints.
     ``ops``: the step's seams (:class:`datc.step.ops.StepOps`), for tests."""
     c = validate(cfg)  # typed and range-checked before any model loads
+    with deterministic_mode(c.trainer.deterministic):  # its settings before CUDA starts; the former ones after the run
+        return _run(c, cfg, run_dir, ops)
+
+
+def _run(c: TrainConfig, cfg: DictConfig | dict, run_dir: str | Path | None, ops: StepOps | None) -> dict[str, Any]:
     dist = init_distributed(c)  # world-size checks, then the process group (DeepSpeed only)
     try:
         with stop_signals():  # SIGTERM / SIGINT: checkpoint at the next step boundary, then stop
@@ -77,6 +82,8 @@ def _train(c: TrainConfig, resolved: dict[str, Any], dist: Dist, run_dir: str | 
     if done is not None:  # this run already finished: nothing to redo
         if dist.is_main:
             note(f"{run.path} already holds this run, finished: returning its summary (nothing retrained)")
+            if (sent := send_finished_run(run, c.logger, c.run_name, resolved, done)) is not None:
+                note(sent)  # e.g. `datc-train logger=tensorboard` after `make demo`
         if dist.is_main and c.results_dir is not None:  # e.g. `make demo-results` after `make demo`
             atomic_write_json(Path(c.results_dir) / f"{c.run_name}.json", done)
         return done
@@ -104,17 +111,19 @@ def _loop(s, run, resolved: dict[str, Any], dist: Dist) -> dict[str, Any]:
     # Seeded after the set-up: a cold cache (prepare draws random numbers) and a warm one must
     # give the same run. Rank r samples its own responses (rank 0's stream is a lone run's).
     seed_everything(c.seed + 1_000_003 * dist.rank)
-    logger = RunLogger(run.path, run.metrics_file, c.logger, c.run_name, run.wandb_id, resolved) if dist.is_main else NoLogger()
     eval_rows = list(s.assets.eval)[: t.eval_size]
     start, elapsed = resume(s, run)
+    logger = RunLogger(run, c.logger, c.run_name, resolved, start) if dist.is_main else NoLogger()
     if dist.is_main:
         # the paths this run's step takes (datc.step.plan), for a reader: in the run directory, not the console
         atomic_write_json(run.path / "step_plan.json", s.plan.describe())
         log.debug("step plan: %s", s.plan.describe())
         if start > 0:
             note(f"resumed {run.path} from its checkpoint of step {start} of {t.steps}")
-    completions = None  # of the last step before an eval (W&B's table)
+    completions = None  # of the last step before an eval (the tracker's completions table)
     prior = run.read_metrics() if start > 0 and dist.is_main else []  # a resumed run's step 0 (rank 0 logs)
+    if (n := logger.catch_up(prior)) and dist.is_main:  # resumed with a tracker it was not sent to before
+        note(f"sent the {n} metric rows this run logged before its resume to {logger.label} ({logger.where()})")
     collapse = CollapseWatch.from_rows(r for r in prior if r.get("step", 0) <= start)  # METHOD §6's length collapse
 
     def do_eval(step: int) -> None:

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     for side, tree in (("before", a.before), ("after", a.after)):
         dst = a.out / f"compare-{side}"
         env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
-        proc = subprocess.run([sys.executable, "-m", "datc.report", str(a.out / side), "--out", str(dst)], env=env,
+        proc = subprocess.run([sys.executable, "-m", "datc.compare", str(a.out / side), "--out", str(dst)], env=env,
                               capture_output=True, text=True, cwd=tree)
         if proc.returncode != 0:
             raise SystemExit(f"datc-compare on {tree}: {proc.stderr[-2000:]}")

@@ -41,15 +41,20 @@ def set_environment() -> None:
 # =============================================================================================
 
 
-def compose(family: str, overrides: list[str]):
-    """The family's preset (UltraFeedback setting) with ``overrides``, as a DictConfig."""
+def preset(family: str, variant: str = "") -> str:
+    """The family's paper preset (UltraFeedback setting), ``variant`` "_lora" its LoRA variant."""
+    return FAMILIES[family][0] + variant
+
+
+def compose(family: str, overrides: list[str], variant: str = ""):
+    """The family's preset (:func:`preset`) with ``overrides``, as a DictConfig."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     from datc.paths import CONFIG_DIR
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return hydra_compose(config_name="train", overrides=[f"experiment=paper/{FAMILIES[family][0]}", *overrides])
+        return hydra_compose(config_name="train", overrides=[f"experiment=paper/{preset(family, variant)}", *overrides])
 
 
 def chat_tokenizer(fmt: str, vocab_size: int, out: Path):
@@ -241,7 +246,8 @@ def _watch(run_dir: Path, steps: int, case_dir: Path, extra: dict[str, Any]) -> 
             continue
         n = sum('"perf/step_s"' in line for line in complete)
         if n >= steps:
-            _write_result(case_dir, {"status": "ok", "ended": "after the last step", **extra, **_cuda_memory()})
+            if not _write_result(case_dir, {"status": "ok", "ended": "after the last step", **extra, **_cuda_memory()}):
+                return  # the run ended first and its own result is written: the case's thread exits the process
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(0)
@@ -256,21 +262,24 @@ def _cuda_memory() -> dict[str, float]:
             "max_reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
 
 
-def plan_memory(family: str, overrides: list[str], stage: str, counts: dict[str, int], policy_bytes: int = 4) -> dict[str, Any]:
+def plan_memory(family: str, overrides: list[str], stage: str, counts: dict[str, int], policy_bytes: int = 4,
+                variant: str = "", n_gpus: int = 1) -> dict[str, Any]:
     """The memory plan's estimate (datc-memory-plan) for this case's shape on one GPU (``counts``: the
     parameters of the models built, equal to ``memory_plan.param_count`` of their arch blocks);
     ``none``: plain PyTorch; ``fsdp2``: backend=fsdp2. ``policy_bytes``: the trained policy's bytes per parameter (4, fp32)."""
     from datc.memory import plan as mp_
-    c = mp_.compose(FAMILIES[family][0], overrides)
+    c = mp_.compose(preset(family, variant), overrides)
     st = {"none": None, "zero3": 3, "fsdp2": mp_.FSDP2}.get(stage, 2)
+    if c.policy.lora.r > 0 and "adapter" not in counts:  # the adapters' parameters, counted from the policy's arch block
+        counts = {**counts, "adapter": mp_.lora_param_count(c.policy.arch, c.policy.lora)}
     if c.trainer.micro_batch_size == "auto":  # as the session resolves it (datc.memory.micro_batch)
         import torch
 
         from datc.memory.micro_batch import RESERVE_BYTES
 
         budget = torch.cuda.get_device_properties(0).total_memory - RESERVE_BYTES if torch.cuda.is_available() else None
-        c = mp_.auto_micro(c, counts, st, 1, budget)
-    p = mp_.plan(c, counts, st, 1, policy_bytes)
+        c = mp_.auto_micro(c, counts, st, n_gpus, budget)
+    p = mp_.plan(c, counts, st, n_gpus, policy_bytes)
     return {"gib": p["total"] / 2**30, "peak_phase": p["peak_phase"], "params": counts}
 
 
@@ -281,16 +290,20 @@ def case_train(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
     from datc.models.build import resolve_device, resolve_dtype
     from datc.training.trainer import train
 
-    cfg = compose(spec["family"], spec["overrides"])
+    cfg = compose(spec["family"], spec["overrides"], spec.get("preset", ""))
     run_dir = Path(spec["run_dir"])
     shutil.rmtree(run_dir, ignore_errors=True)
     device = resolve_device(cfg.trainer.device)
     extra = {"autocast_dtype": str(resolve_dtype(cfg.policy.dtype, device)).replace("torch.", ""),
              "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"}
     try:  # the estimate is a comparison only: without it the case goes on
-        extra["plan"] = plan_memory(spec["family"], spec["overrides"], spec["stage"], spec["params"])
+        extra["plan"] = plan_memory(spec["family"], spec["overrides"], spec["stage"], spec["params"], variant=spec.get("preset", ""))
     except Exception as e:  # noqa: BLE001
         extra["plan"] = {"error": f"{type(e).__name__}: {e}"}
+    if spec.get("variant"):  # lora, async, ...: what the variant's run is (scripts.gpu_check.runs)
+        from scripts.gpu_check.runs import variant_facts
+
+        extra.update(variant_facts(spec["variant"], cfg, device))
     threading.Thread(target=_watch, args=(run_dir, spec["steps"], case_dir, extra), daemon=True).start()
     train(cfg, run_dir)
     return {"ended": "run finished", **extra, **_cuda_memory()}
@@ -388,14 +401,33 @@ def case_fail(spec: dict[str, Any], case_dir: Path) -> dict[str, Any]:
     raise RuntimeError("a deliberately failing case (--inject-failures)")
 
 
-KINDS = {"build": case_build, "credit": case_credit, "decode": case_decode, "train": case_train, "synced": case_synced,
-         "fused_adam": case_fused_adam, "fail": case_fail}
+def _kinds() -> dict[str, Any]:
+    from scripts.gpu_check.runs import case_determinism, case_ranks
+
+    return {"build": case_build, "credit": case_credit, "decode": case_decode, "train": case_train, "synced": case_synced,
+            "fused_adam": case_fused_adam, "fail": case_fail, "determinism": case_determinism, "ranks": case_ranks}
 
 
-def _write_result(case_dir: Path, result: dict[str, Any]) -> None:
-    tmp = case_dir / "result.json.tmp"
-    tmp.write_text(json.dumps(result, default=str))
-    os.replace(tmp, case_dir / "result.json")
+_RESULT_LOCK = threading.Lock()
+_result_written = False  # this process's result is written (a case's process writes one, once)
+
+
+def _write_result(case_dir: Path, result: dict[str, Any]) -> bool:
+    """``result.json``, written whole (a temporary file of this process and thread, renamed) and
+    once: a training case has two writers, the thread that ends the process after the last step
+    and the case's own return, and the first one wins. Both once wrote the same temporary file,
+    so the second could truncate the file the first had just renamed into place, and the parent
+    read an empty ``result.json`` (a JSONDecodeError, now and then, in the rehearsal's ZeRO-2
+    cases, whose runs end soon after their last step). Returns whether this call wrote it."""
+    global _result_written
+    with _RESULT_LOCK:
+        if _result_written:
+            return False
+        tmp = case_dir / f".result.json.{os.getpid()}.{threading.get_ident()}.tmp"
+        tmp.write_text(json.dumps(result, default=str))
+        os.replace(tmp, case_dir / "result.json")
+        _result_written = True
+        return True
 
 
 def _child(kind: str, spec: dict[str, Any], case_dir: str) -> None:
@@ -409,7 +441,7 @@ def _child(kind: str, spec: dict[str, Any], case_dir: str) -> None:
         import torch
 
         torch.set_num_threads(spec.get("threads", 1))
-        _write_result(d, {"status": "ok", **KINDS[kind](spec, d)})
+        _write_result(d, {"status": "ok", **_kinds()[kind](spec, d)})
     except BaseException as e:  # noqa: BLE001 - every failure is the case's result
         tb = traceback.format_exc()
         print(tb, flush=True)

@@ -62,11 +62,19 @@ from typing import Any
 
 from datc.run.provenance import package_version, provenance
 from scripts.gpu_check.cases import FAMILIES, _child, set_environment
+from scripts.gpu_check.matrix import (
+    CREDITS,
+    DEFAULT_BUDGET_S,
+    STAGES,
+    Case,
+    build_cases,
+    render_since,
+    verdict,
+)
+from scripts.gpu_check.runs import VARIANTS
 
 set_environment()  # before torch is imported (here, in the fork server and in the cases)
 
-CREDITS = ("grpo", "datc")
-STAGES = ("none", "zero2", "zero3", "fsdp2")  # fsdp2: backend=fsdp2 on one rank (DeepSpeed off)
 PEAK_BF16 = 989e12  # H200 SXM dense bf16 (NVIDIA datasheet: 1,979 TFLOP/s with 2:4 sparsity, halved)
 PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "accelerate", "deepspeed", "datasets", "pyarrow",
             "pandas", "fsspec", "huggingface-hub", "hydra-core", "omegaconf", "pydantic", "pydantic-core", "numpy")
@@ -105,17 +113,6 @@ TINY = Scale(prompts=2, mini_batch=8, micro_batch=4, max_new_tokens=8, prompt_wo
 # =============================================================================================
 # The parent: cases in order, a deadline, the report
 # =============================================================================================
-
-
-@dataclass
-class Case:
-    """One check: ``kind`` is a key of :data:`KINDS`, ``spec`` its (picklable) arguments."""
-
-    name: str  # e.g. train/qwen3/datc/zero3
-    kind: str
-    spec: dict[str, Any]
-    timeout_s: float  # the case's own limit (the global deadline may cut it shorter)
-    result: dict[str, Any] = field(default_factory=dict)  # status ok | error | timeout | skipped, and the case's numbers
 
 
 class Runner:
@@ -168,7 +165,11 @@ class Runner:
         wall = time.monotonic() - t0
         log_tail = (d / "log.txt").read_text(errors="replace")[-3000:] if (d / "log.txt").exists() else ""
         if (d / "result.json").exists():
-            result = json.loads((d / "result.json").read_text())
+            text = (d / "result.json").read_text()
+            try:
+                result = json.loads(text)
+            except json.JSONDecodeError as e:  # never since the write is once and whole; said, not raised, if it is
+                result = {"status": "error", "error": f"unreadable result.json ({e}): {text[:200]!r}", "traceback": log_tail}
         elif timed_out:
             result = {"status": "timeout", "error": f"no result within the case's limit of {limit:.0f} s",
                       "traceback": log_tail}
@@ -200,10 +201,11 @@ def arch_overrides(scale: Scale) -> list[str]:
 
 def train_overrides(family: str, credit: str, stage: str, scale: Scale, fam_dir: Path, prompt_tokens: int,
                     run_dir: Path, work: Path, ds_optimizer: str, micro: int | str | None = None,
-                    mini: int | None = None, engine: str = "torch") -> list[str]:
+                    mini: int | None = None, engine: str = "torch", variant: str | None = None) -> list[str]:
     """The training case's overrides; ``micro``/``mini``: its micro- and mini-batch instead of the
     scale's (the ``/auto`` case: ``micro_batch_size: auto`` over a mini-batch of the whole batch);
-    ``engine``: the rollout engine (the ``/vllm`` cases: ``rollout=vllm``)."""
+    ``engine``: the rollout engine (the ``/vllm`` cases: ``rollout=vllm``); ``variant``: the
+    overrides of :data:`scripts.gpu_check.runs.VARIANTS` (lora's preset is its own)."""
     batch = scale.prompts * 8
     return [
         f"credit={credit}", *(["deepspeed=none", "backend=fsdp2"] if stage == "fsdp2" else [f"deepspeed={stage}"]),
@@ -219,7 +221,7 @@ def train_overrides(family: str, credit: str, stage: str, scale: Scale, fam_dir:
         "trainer.mask_truncated=false",  # random weights fill the budget: masking truncated responses would leave no loss
         f"trainer.threads={scale.threads}", "trainer.progress=false",
         *([f"deepspeed.optimizer_impl={ds_optimizer}"] if stage in ("zero2", "zero3") else []),
-        f"run_dir={run_dir}", f"cache_dir={work / 'cache'}",
+        f"run_dir={run_dir}", f"cache_dir={work / 'cache'}", *VARIANTS.get(variant or "", []),
     ]
 
 
@@ -237,11 +239,15 @@ def summarize_train(run_dir: Path, n_policy: int, prompt_tokens: int, batch: int
 
     keys = ("step_s", "rollout_s", "reward_s", "credit_s", "update_s")
     out: dict[str, Any] = {k: med(f"perf/{k}") for k in keys}
+    for k in ("rollout_wait_s", "engine_wait_s", "push_s"):  # the asynchronous rollout's waits (datc.step.stream)
+        if all(f"perf/{k}" in r for r in measured):
+            out[k] = med(f"perf/{k}")
     resp_len = med("rollout/response_len")
     gen_tokens = resp_len * batch
     upd_tokens = batch * (prompt_tokens + resp_len)
     out.update({
         "steps_logged": len(steps), "steps_measured": len(measured), "response_len": resp_len,
+        "total_s": sum(r["perf/step_s"] for r in steps), "rollout_total_s": sum(r["perf/rollout_s"] for r in steps),
         "gen_tokens_per_s": gen_tokens / out["rollout_s"], "update_tokens_per_s": upd_tokens / out["update_s"],
         "peak_mem_gib": max(r.get("perf/peak_mem_gb", math.nan) for r in steps),
     })
@@ -264,7 +270,7 @@ def render(report: dict[str, Any]) -> str:
     env, sc = report["env"], report["scale"]
     lines = [
         "# GPU check", "",
-        f"Command: `{report['command']}`  ",
+        f"Command: `{report['command']}` at commit {report.get('commit')}, {report.get('date')}  ",
         f"Device: {env.get('nvidia_smi') or 'no GPU (a rehearsal of the script, not a measurement)'}; "
         f"torch {env['packages'].get('torch')} (CUDA {env.get('torch_cuda')}), transformers {env['packages'].get('transformers')}, "
         f"deepspeed {env['packages'].get('deepspeed')}, Python {env['python']}.  ",
@@ -310,11 +316,12 @@ def render(report: dict[str, Any]) -> str:
                          f"{_fmt(pk.get('datc_exact'), '.0f')} | {_fmt(o16.get('datc_exact_bfloat16'))} | "
                          f"{_fmt(o16.get('datc_exact_tf32'))} | {_fmt(r.get('low_precision_err_vs_fp32_in_std', {}).get('bfloat16'), '.1e')}, "
                          f"{_fmt(r.get('low_precision_err_vs_fp32_in_std', {}).get('tf32'), '.1e')} |")
+    lines += render_since(report)
     lines += render_decode(report)
     lines += render_projection(report)
     lines += ["", "## Other cases", "", "| case | status | result |", "|---|---|---|"]
     for name, r in report["cases"].items():
-        if name.startswith(("train/", "credit/", "decode/")):
+        if name.startswith(("train/", "credit/", "decode/", "determinism/")):
             continue
         keep = {k: v for k, v in r.items() if k not in ("status", "traceback", "error")}
         lines.append(f"| {name} | {r['status']} | {json.dumps(keep, default=str)[:300]} |")
@@ -386,53 +393,14 @@ def write(out: Path, report: dict[str, Any]) -> None:
         os.replace(tmp, out / name)
 
 
-def build_cases(a: argparse.Namespace, scale: Scale, work: Path) -> list[Case]:
-    """Every case, most important first, so that a deadline cuts the end: family by family
-    (Qwen3, the larger, first), each its models, its credit timing, its decode loops, then its training cases
-    stage by stage (grpo and datc side by side), the first family's synced_gpus sampling, and
-    last the FusedAdam build."""
-    cases: list[Case] = []
-    for i, fam in enumerate(a.families):
-        cases.append(Case(f"build/{fam}", "build", {"family": fam, "dir": str(work / fam), "arch_overrides": arch_overrides(scale),
-                                                   "prompt_words": scale.prompt_words, "threads": scale.threads}, 300.0))
-        cases.append(Case(f"credit/{fam}", "credit", {"family": fam, "repeats": 5, "tokens": 512,
-                                                     "arch_overrides": arch_overrides(scale)}, 90.0))
-        cases.append(Case(f"decode/{fam}", "decode", {"family": fam, "stage": "none", "rows": scale.decode_rows,
-                                                     "max_new_tokens": scale.max_new_tokens, "repeats": scale.decode_repeats,
-                                                     "check_tokens": scale.decode_check_tokens,
-                                                     "copy_bytes": scale.copy_bytes, "threads": scale.threads}, 150.0))
-        for stage in (s for s in STAGES if s in a.stages):
-            for credit in (c for c in CREDITS if c in a.credits):
-                cases.append(Case(f"train/{fam}/{credit}/{stage}", "train",
-                                  {"family": fam, "credit": credit, "stage": stage, "steps": scale.steps,
-                                   "threads": scale.threads}, scale.case_timeout_s))
-        if i == 0 and "none" in a.stages and "datc" in a.credits:
-            # trainer.micro_batch_size: auto over one mini-batch of the whole batch (datc.memory.micro_batch)
-            cases.append(Case(f"train/{fam}/datc/none/auto", "train",
-                              {"family": fam, "credit": "datc", "stage": "none", "steps": scale.steps,
-                               "threads": scale.threads, "micro": "auto", "mini": scale.prompts * 8}, scale.case_timeout_s))
-        for engine in (e for e in a.engines if e != "torch"):  # another rollout engine: the preset's step with it
-            if i == 0 and "none" in a.stages:
-                for credit in (c for c in CREDITS if c in a.credits):
-                    cases.append(Case(f"train/{fam}/{credit}/none/{engine}", "train",
-                                      {"family": fam, "credit": credit, "stage": "none", "steps": scale.steps,
-                                       "threads": scale.threads, "engine": engine}, scale.case_timeout_s))
-        if i == 0 and "zero3" in a.stages:
-            for gather in (False, True):  # ZeRO-3 sampling: per-module synced gathers, then gathered once
-                cases.append(Case(f"synced/{fam}" + ("/gathered" if gather else ""), "synced",
-                                  {"family": fam, "prompts": scale.prompts, "threads": scale.threads, "gather": gather}, 120.0))
-    if not a.tiny:
-        cases.append(Case("fused_adam", "fused_adam", {}, 240.0))
-    if a.inject_failures:  # early, so the rehearsal shows that the cases after them still run
-        cases[1:1] = [Case("fail/error", "fail", {"how": "error"}, 60.0), Case("fail/hang", "fail", {"how": "hang"}, 3.0)]
-    return cases
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scripts.gpu_check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder of gpu_check.json and gpu_check.md")
     ap.add_argument("--tiny", action="store_true", help="tiny architectures and batch: the CPU rehearsal")
-    ap.add_argument("--budget-s", type=float, default=None, help="global deadline (default 450 s; --tiny 600 s)")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help=f"global deadline (default {DEFAULT_BUDGET_S:.0f} s; --tiny 600 s; --full 900 s)")
+    ap.add_argument("--full", action="store_true", help="every case (each family x credit x stage and the new cases), "
+                    "not the default matrix that fits 10 minutes of one GPU")
     ap.add_argument("--work", default=None, help="models, prompts and runs (default: a folder under /tmp, removed at the end)")
     ap.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     ap.add_argument("--credits", nargs="+", default=list(CREDITS), choices=list(CREDITS))
@@ -447,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--inject-failures", action="store_true", help="add a failing and a hanging case (rehearsal)")
     a = ap.parse_args(argv)
     t_start = time.monotonic()
-    budget = a.budget_s if a.budget_s is not None else (600.0 if a.tiny else 450.0)
+    budget = a.budget_s if a.budget_s is not None else (600.0 if a.tiny else 900.0 if a.full else DEFAULT_BUDGET_S)
     deadline = t_start + budget
     scale = TINY if a.tiny else REAL
     if a.steps is not None:
@@ -478,7 +446,11 @@ def main(argv: list[str] | None = None) -> int:
     preload = ["torch", "transformers", "datasets", "hydra", "omegaconf", "datc.training.trainer", "datc.prepare.assets",
                "datc.credit.datc_math", "datc.memory.plan", "scripts.gpu_check.cases", *([] if on_gpu else ["deepspeed"])]
     runner = Runner(work, deadline, a.start_method, preload)
-    cases = build_cases(a, scale, work)
+    gpus = env["cuda_devices"]
+    cases = build_cases(a, scale, work, gpus)
+    est = sum(c.est_s for c in cases)
+    log(f"{len(cases)} cases, estimated {est:.0f} s on one H200 (scripts.gpu_check.matrix.ESTIMATE_S), budget {budget:.0f} s"
+        + ("" if est <= budget or a.tiny else ": the deadline will cut the last ones, and say so"))
     report: dict[str, Any] = {
         **provenance("python -m scripts.gpu_check " + " ".join(argv if argv is not None else sys.argv[1:])),
         "tiny": a.tiny, "budget_s": budget, "wall_s": 0.0, "env": env, "scale": asdict(scale),
@@ -489,19 +461,20 @@ def main(argv: list[str] | None = None) -> int:
 
     def run_case(case: Case) -> None:
         fam = case.spec.get("family")
-        if case.kind in ("train", "synced", "decode"):
+        if case.kind in ("train", "synced", "decode", "determinism", "ranks"):
             stage = case.spec.get("stage", "zero3")
             run_dir = work / "runs" / case.name.replace("/", "_")
+            variant = "deterministic" if case.kind == "determinism" else case.spec.get("variant")
             ov = train_overrides(fam, case.spec.get("credit", "grpo"), stage, scale, work / fam,
                                  built[fam]["prompt_tokens"], run_dir, work, a.ds_optimizer,
-                                 case.spec.get("micro"), case.spec.get("mini"), case.spec.get("engine", "torch"))
+                                 case.spec.get("micro"), case.spec.get("mini"), case.spec.get("engine", "torch"), variant)
             case.spec.update(overrides=ov, run_dir=str(run_dir), params=built[fam]["params"])
         log(f"{case.name}: running (limit {case.timeout_s:.0f} s, {deadline - time.monotonic():.0f} s left)")
         case.result = runner.run(case, {"train": scale.min_start_s, "fused_adam": 60.0}.get(case.kind, 5.0))
         if case.kind == "build":
             built[fam] = case.result
             report["prompt_tokens"][fam] = case.result.get("prompt_tokens")
-        if case.kind == "train" and case.result["status"] == "ok":
+        if case.kind in ("train", "ranks") and case.result["status"] == "ok":
             try:
                 case.result["summary"] = summarize_train(Path(case.spec["run_dir"]), built[fam]["params"]["policy"],
                                                          built[fam]["prompt_tokens"], scale.prompts * 8, on_gpu)
@@ -512,8 +485,10 @@ def main(argv: list[str] | None = None) -> int:
 
     for case in cases:
         fam = case.spec.get("family")
-        if case.kind in ("credit", "decode", "train", "synced") and built.get(fam, {}).get("status") != "ok":
+        if case.kind in ("credit", "decode", "train", "synced", "determinism", "ranks") and built.get(fam, {}).get("status") != "ok":
             case.result = {"status": "skipped", "error": f"build/{fam} did not succeed"}
+        elif case.kind == "ranks" and on_gpu and gpus < case.spec["nproc"]:
+            case.result = {"status": "skipped", "error": f"{gpus} GPU on this machine: {case.spec['nproc']} ranks need as many"}
         else:
             try:
                 run_case(case)
@@ -521,10 +496,14 @@ def main(argv: list[str] | None = None) -> int:
                 case.result = {"status": "error", "error": f"gpu_check: {type(e).__name__}: {e}",
                                "traceback": traceback.format_exc()[-4000:]}
         r = case.result
-        log(f"{case.name}: {r['status']}" + (f" ({r.get('wall_s', 0):.0f} s)" if "wall_s" in r else "")
-            + (f": {r['error']}" if r.get("error") else "")
-            + (f"; step {r['summary']['step_s']:.2f} s, peak {r['summary']['peak_mem_gib']:.2f} GiB" if "summary" in r else ""))
         report["cases"][case.name] = r
+        try:
+            said = verdict(case.name, r, report["cases"])
+        except Exception as e:  # noqa: BLE001 - a verdict's error is said, the run goes on
+            said = f"(no verdict: {type(e).__name__}: {e})"
+        r["verdict"] = said
+        log(f"{case.name}: {r['status']}" + (f" ({r.get('wall_s', 0):.0f} s)" if "wall_s" in r else "")
+            + ("" if r["status"] == "ok" else f": {r.get('error', '')}") + (f"; {said}" if r["status"] == "ok" else ""))
         report["wall_s"], report["start_method"] = time.monotonic() - t_start, runner.start_method
         write(out, report)
     if not a.work:

@@ -43,6 +43,7 @@ PURE = {
     "dill": "datasets",
     "multiprocess": "datasets",
     "fsspec": "datasets (pins fsspec <= the version it was released with)",
+    "peft": "LoRA (policy.lora: the paper presets' _lora variants; its own needs are in the image)",
     "hjson": "deepspeed",
     "pydantic": "deepspeed's config",
     "annotated-types": "pydantic",

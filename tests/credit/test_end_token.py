@@ -59,7 +59,7 @@ def test_bad_values_and_a_missing_end_are_refused():
 
 
 def test_the_default_keeps_the_identity_a_run_had_before_the_option():
-    from datc.run.rundir import identity
+    from datc.run.identity import identity
 
     before = {"trainer": {"lr": 1e-3}, "credit": {"name": "datc", "tau": 1.0}}
     assert identity({**before, "credit": {**before["credit"], "end_token": "score"}}) == identity(before)

@@ -215,7 +215,7 @@ def test_the_run_name_tells_fsdp2_apart_and_keeps_the_others_as_they_were():
 
 def test_launch_starts_fsdp2_with_torchrun_and_refuses_a_hostfile():
     two = _launch("backend=fsdp2", "credit=datc")
-    assert two.argv[1:] == ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2", "--master-port",
+    assert two.argv[1:] == ["-m", "datc.commands.torchrun", "--nnodes", "1", "--nproc-per-node", "2", "--master-port",
                             "29655", "-m", "datc.train", "backend=fsdp2", "credit=datc", "trainer.threads=1"]
     assert two.env == {"OMP_NUM_THREADS": "1"}
     with pytest.raises(SystemExit, match="for FSDP2 on several nodes start torchrun on each node"):

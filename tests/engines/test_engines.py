@@ -155,7 +155,7 @@ def test_a_sweep_of_vllm_jobs_in_one_process_is_warned_from_its_second_job():
 
     vllm, torch_engine = OmegaConf.create({"rollout": {"name": "vllm"}}), OmegaConf.create({"rollout": {"name": "torch"}})
     line = in_process_sweep_note(hc(), vllm)
-    assert line is not None and "job 1 of this sweep" in line and "--process-per-job" in line
+    assert line is not None and "job 1 of this sweep" in line and "submitit_local" in line
     assert in_process_sweep_note(hc(num=0), vllm) is None  # the first job: nothing left behind yet
     assert in_process_sweep_note(hc(mode=RunMode.RUN, num=0), vllm) is None
     assert in_process_sweep_note(hc(), torch_engine) is None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from datc.report.tuning import MANIFEST
+from datc.study.reading import MANIFEST
 
 LR = 5e-4
 SELECT, EVAL = [100, 101], {"0": [200, 201], "1": [202, 203]}

@@ -1,7 +1,8 @@
 """A reduced real-preset prepare gives the same reward model, bit for bit, on any x86-64 machine
 with AVX2 (issue 55): the reward model is trained in a spawned process under
 ``datc.prepare.assets.PINNED_ENV``, whatever this process's kernels. Same code path as the full
-prepare (``ensure_assets``), sizes cut to well under a minute."""
+prepare (``ensure_assets``, the shared-prompt caching, training steps and held-out scoring of
+``reward.train.share_prompts``), sizes cut to well under a minute."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from datc.paths import default_cache_dir
 CACHE = Path(default_cache_dir())
 pytestmark = pytest.mark.slow
 
-# sha256 of model.safetensors for the overrides below (torch 2.13.0+cpu, MKL 2024.2); re-pin when
-# the procedure or the torch/MKL version changes
-PINNED_RM_SHA256 = "74e7eb8df5798e610c956c05255fba7b815eb58b1e4f69e686719647f8a234f8"
+# sha256 of model.safetensors for the overrides below (torch 2.13.0+cpu, MKL 2024.2), with the
+# preset's reward.train.share_prompts=true (each prompt forwarded once for its responses); re-pin
+# when the procedure or the torch/MKL version changes. (Unshared, the same run gave 74e7eb8d…a234f8.)
+PINNED_RM_SHA256 = "f7dc759ab2433bc0f2102f66875585f1ca4b84593bddecd852ea6bd50c5dc752"
 
 TINY = ["reward.train.steps=4", "reward.train.n_prompts=2", "reward.train.samples_per_prompt=2",
         "reward.train.edits_per_sample=1", "reward.train.trainable_layers=1", "reward.train.test_prompts=1",
@@ -44,3 +46,56 @@ def test_a_reduced_real_prepare_has_the_pinned_hash(tmp_path):
     assert sha == PINNED_RM_SHA256, (
         f"reward model {sha} != pinned {PINNED_RM_SHA256}: another torch/MKL version, a CPU below AVX2, or a change "
         f"in the prepare (re-pin if intended)")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_the_pinned_build_ends_with_the_command_that_started_it(tmp_path):
+    # A killed datc-prepare (or datc-train) left its spawned, pinned build training on, orphaned.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from hydra import compose, initialize_config_dir
+
+    from datc.checks import validate
+    from datc.paths import CONFIG_DIR
+    from datc.prepare.assets import materialize_gguf
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        shared = validate(compose(config_name="train", overrides=["experiment=real_smollm2", f"cache_dir={CACHE}", *TINY]))
+    (tmp_path / "models").symlink_to(Path(materialize_gguf(shared.policy, CACHE)).parent)
+    (tmp_path / "wheels").symlink_to(CACHE / "wheels")
+    cmd = [sys.executable, "-m", "datc.commands.prepare", "experiment=real_smollm2", f"cache_dir={tmp_path}", *TINY,
+           "reward.train.steps=2000"]  # long enough to be killed while it trains
+    parent = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        deadline, child = time.monotonic() + 240, None
+        while time.monotonic() < deadline and child is None and parent.poll() is None:
+            kids = _children(parent.pid)
+            child = next((k for k in kids if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()), None)
+            time.sleep(0.5)
+        assert child is not None, "the pinned build never started"
+        time.sleep(3)  # well into its work
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and Path(f"/proc/{child}").exists():
+            time.sleep(0.2)
+        alive = Path(f"/proc/{child}").exists() and "Z" not in Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert not alive, f"the pinned build (pid {child}) outlived the killed command"
+    finally:
+        if parent.poll() is None:
+            parent.kill()

@@ -384,7 +384,7 @@ def test_wandb_mapping():
 def test_cli(runs_root, tmp_path):
     out = tmp_path / "results" / "four_settings"
     proc = subprocess.run(
-        [sys.executable, "-m", "datc.report", str(runs_root), "--out", str(out)],
+        [sys.executable, "-m", "datc.compare", str(runs_root), "--out", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -398,7 +398,7 @@ def test_cli(runs_root, tmp_path):
     lines = (out / "runs.csv").read_text().splitlines()
     assert len(lines) == 13 and lines[0].startswith("run_name,run_id,data,policy,credit,seed")
     empty = subprocess.run(
-        [sys.executable, "-m", "datc.report", str(tmp_path / "none"), "--out", str(out)],
+        [sys.executable, "-m", "datc.compare", str(tmp_path / "none"), "--out", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -422,7 +422,7 @@ def test_unfinished_runs_and_non_object_summaries_are_warned_and_skipped(tmp_pat
 
 
 def test_out_under_a_file_is_one_line_exit_2(runs_root, tmp_path, capsys):
-    from datc.report import main
+    from datc.compare import main
 
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
@@ -478,7 +478,7 @@ def _with_run_json(summary_path: Path, steps: int, lr: float = 1e-3, seed: int =
 
 
 def test_runs_whose_configs_differ_beyond_scheme_and_seed_are_split_and_said(tmp_path, capsys):
-    from datc.report import main
+    from datc.compare import main
 
     root = tmp_path / "runs"
     for seed in (0, 1, 2):
@@ -538,7 +538,7 @@ def test_two_comparisons_on_one_out_leave_one_whole(runs_root, tmp_path, monkeyp
     assert ("reviews" in table) == ("reviews" in csv), "table.md and runs.csv come from different comparisons"
     assert "reviews" in table and "keywords" not in csv  # B, the later one, whole
     assert (out / "README.md").read_text() == "kept\n"
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out.")) == [".out.lock"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out.")) == []  # the lock file goes with the last writer
 
 
 def test_a_comparison_that_fails_half_way_leaves_the_old_outputs(runs_root, tmp_path, monkeypatch):
@@ -582,7 +582,7 @@ def test_runs_of_a_runs_csv_pool_with_run_directories_over_asset_draws(tmp_path,
     their setting's directories share); --pool prepare_seed pools the draws into one setting."""
     import shutil
 
-    from datc.report import main
+    from datc.compare import main
 
     def draw(root: Path, p: int) -> None:  # seeds 3p..3p+2, as the pooled sweeps give them
         for seed in range(3 * p, 3 * p + 3):
@@ -658,7 +658,7 @@ def _leftovers(*dirs: Path) -> list[str]:
 def test_out_a_symlink_is_written_through_and_the_link_stays(runs_root, tmp_path, capsys):
     # Before: the swap replaced the user's link with a local folder and ended in an OSError; the
     # next comparison then wrote locally without a word.
-    from datc.report import main
+    from datc.compare import main
 
     real = tmp_path / "elsewhere" / "compare"
     real.mkdir(parents=True)
@@ -681,7 +681,7 @@ def test_out_a_symlink_is_written_through_and_the_link_stays(runs_root, tmp_path
 
 def test_out_the_working_directory_is_written_in_place(runs_root, tmp_path, monkeypatch):
     # Before: `--out .` ended in OSError EBUSY (a rename of ".") and left a "..lock" file.
-    from datc.report import main
+    from datc.compare import main
 
     here = tmp_path / "here"
     here.mkdir()
@@ -705,7 +705,7 @@ def test_a_full_disk_is_one_line_and_keeps_the_earlier_outputs(runs_root, tmp_pa
     import errno
 
     import datc.report.cli as cli
-    from datc.report import main
+    from datc.compare import main
 
     out = tmp_path / "out"
     main([str(runs_root), "--out", str(out)])
@@ -734,7 +734,7 @@ def test_ctrl_c_is_one_line_exit_130_and_the_outputs_stay_whole(runs_root, tmp_p
     import signal
 
     import datc.report.cli as cli
-    from datc.report import main
+    from datc.compare import main
 
     handler = signal.getsignal(signal.SIGINT)  # the default, or SIG_IGN where the suite runs in a background job
     out = tmp_path / "out"
@@ -785,7 +785,7 @@ def _with_cadence(summary_path: Path, seed: int, credit: str, **trainer) -> Path
 def test_checkpoint_and_eval_cadence_do_not_split_a_setting(tmp_path, capsys):
     # Before: runs differing only in trainer.checkpoint_every or trainer.eval_every were split
     # into settings of their own, so identical training never paired.
-    from datc.report import main
+    from datc.compare import main
 
     root = tmp_path / "runs"
     for seed in (0, 1, 2):

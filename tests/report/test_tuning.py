@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from datc.report import main
-from datc.report.tuning import TuningError, knob_for, read_setting
+from datc.compare import main
+from datc.study.reading import TuningError, knob_for, read_setting
 from tests.helpers.tuning import LR, sweep, write_run
 
 

@@ -64,7 +64,7 @@ def _identity(*overrides: str) -> dict:
     from omegaconf import OmegaConf
 
     from datc.config import TrainConfig
-    from datc.run.rundir import identity
+    from datc.run.identity import identity
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="train", overrides=list(overrides))
@@ -76,7 +76,7 @@ def _identity(*overrides: str) -> dict:
 def test_the_vllm_node_keeps_every_run_identity():
     """rollout.vllm.* sat in rollout itself before: a run's identity (and so its name and its
     resume) is the one it had, for the built-in engine and for vLLM; an old config still validates."""
-    from datc.run.rundir import identity
+    from datc.run.identity import identity
 
     old = json.loads((RECORD / "run.json").read_text())["identity"]["rollout"]
     assert "enforce_eager" in old and "vllm" not in old

@@ -15,8 +15,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = [f"train/{f}/{c}/{s}" for f in ("qwen3", "llama32") for c in ("grpo", "datc") for s in ("none", "zero2", "zero3", "fsdp2")]
+# built since the first GPU run: the presets' LoRA variants, the asynchronous rollout, the deterministic mode, FSDP2 on two ranks
+NEW = {*(f"train/{f}/{c}/none/lora" for f in ("qwen3", "llama32") for c in ("grpo", "datc")), "train/qwen3/grpo/none/async",
+       "determinism/qwen3", "train/qwen3/grpo/fsdp2/2ranks"}
 EXPECTED = {"build/qwen3", "build/llama32", "credit/qwen3", "credit/llama32", "decode/qwen3", "decode/llama32",
-            "synced/qwen3", "synced/qwen3/gathered", "fail/error", "fail/hang", *TRAIN, "train/qwen3/datc/none/auto"}
+            "synced/qwen3", "synced/qwen3/gathered", "fail/error", "fail/hang", *TRAIN, "train/qwen3/datc/none/auto", *NEW}
 
 
 @pytest.mark.slow
@@ -66,7 +69,22 @@ def test_gpu_check_rehearsal_runs_every_case_and_reports_failures(tmp_path):
         assert d["bound"]["weight_bytes"] > 0 and d["bound"]["kv_bytes"] > 0 and d["copy_bandwidth_gb_s"] > 0
         g = d["graph_vs_eager"]
         assert g["captured"] is False and g["bit_equal"] and g["shape"] == [16, 8, 512]  # 8 check tokens (TINY)
+    for name in (n for n in NEW if n.startswith("train/")):  # the new training cases ran their steps
+        assert cases[name]["summary"]["steps_logged"] == report["scale"]["steps"] and cases[name]["verdict"].startswith("step ")
+    for fam in ("qwen3", "llama32"):  # the preset's LoRA variant: adapters, the reference as adapters off, the plan's adapters
+        lora = cases[f"train/{fam}/datc/none/lora"]
+        assert lora["lora"]["r"] == 16 and "adapters disabled" in lora["lora"]["reference"] and lora["plan"]["params"]["adapter"] > 0
+    stale = cases["train/qwen3/grpo/none/async"]  # rollout.max_staleness=1: the engine's waits and the overlap's figure
+    assert stale["summary"]["rollout_wait_s"] >= 0 and "overlap" in stale["verdict"] and "saved_s" in stale["overlap"]
+    det = cases["determinism/qwen3"]  # the same short run twice under trainer.deterministic: equal bit for bit
+    assert det["metrics_equal"] and det["params_equal"] and det["steps"] == report["scale"]["steps"]
+    assert det["verdict"].startswith("two identical runs of 2 steps: EQUAL bit for bit; step ")
+    ranks = cases["train/qwen3/grpo/fsdp2/2ranks"]  # datc-launch --nproc 2 backend=fsdp2 (two gloo processes here)
+    assert ranks["nproc"] == 2 and "datc.commands.torchrun" in ranks["command"] and "beside none" in ranks["verdict"]
+    log = (out / "gpu_check.log").read_text()
+    assert "determinism/qwen3: ok" in log and "EQUAL bit for bit" in log  # the verdict printed as the case ended
     md = (out / "gpu_check.md").read_text()
+    assert "## Built since the first run" in md and "| qwen3 / grpo | fsdp2/2ranks | ok |" in md
     for name in TRAIN:
         assert f"| {name[6:]} | ok |" in md
     assert "| qwen3 | ok | 16 x" in md and "| static_graph |" in md
@@ -82,7 +100,8 @@ def test_gpu_check_reports_what_the_deadline_skipped(tmp_path):
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     cases = json.loads((out / "gpu_check.json").read_text())["cases"]
-    assert len(cases) == 1 + 1 + 1 + 8 + 1 + 2  # build, credit, decode, 2 credits x 4 stages, micro auto, synced (and gathered)
+    # build, credit, decode, 2 credits x 4 stages, micro auto, LoRA x 2 credits, async, determinism, 2 ranks, synced (and gathered)
+    assert len(cases) == 1 + 1 + 1 + 8 + 1 + 2 + 3 + 2
     assert all(r["status"] == "skipped" for r in cases.values())
     assert cases["build/qwen3"]["error"].startswith("global deadline")
     assert cases["train/qwen3/datc/zero3"]["error"] == "build/qwen3 did not succeed"

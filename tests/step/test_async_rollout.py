@@ -202,7 +202,7 @@ def test_max_staleness_settings_that_cannot_run_are_one_line_before_any_model(tm
 
 
 def test_max_staleness_0_keeps_a_run_s_identity_and_k_gives_another():
-    from datc.run.rundir import identity
+    from datc.run.identity import identity
     from datc.training.lifecycle import resolved_config
 
     def ident(*overrides):

@@ -79,7 +79,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_the_graph_sees_deferred_and_package_imports():
     graph = import_graph()
-    assert "datc.training.trainer" in graph["datc.train"]  # imported inside a function
+    assert "datc.training.trainer" in graph["datc.training.job"]  # imported inside a function
     assert "datc.credit.base" in graph["datc.analysis.inputs"]
 
 
@@ -141,7 +141,8 @@ FLOORS: list[set[str]] = [
     {"memory"},  # the memory plan (reading the step plan) and the micro-batch by memory
     {"training"},  # the session and the loop around the step
     {"train", "analysis"},  # datc-train; the analysis commands
-    {"__main__"},
+    {"study"},  # datc-study: METHOD §6's tuned comparison, run through Hydra's launchers and read back
+    {"compare", "__main__"},  # datc-compare (the report's command, and the study's tables with --tuned)
 ]
 FACE = "datc"  # datc/__init__.py
 PURE_MATH = tuple(n for n in MODULES if _room(n) == "math")

@@ -142,3 +142,41 @@ def test_top_layers_view_computes_the_whole_models_score(tok):
     torch.testing.assert_close(cached, full, rtol=1e-5, atol=1e-5)
     trainable = {n for n, p in rm.named_parameters() if p.requires_grad}
     assert trainable and all(n.startswith(("model.layers.2.", "model.norm", "score")) for n in trainable)
+
+
+def test_the_shared_prompt_training_step_equals_the_unshared_one(tok):
+    """``reward.train.share_prompts``: the cached lower blocks' output (each prompt once) and the
+    training step's scores, loss and gradients (each prompt through the top blocks once, its KV
+    cache repeated for its responses) are the unshared path's up to float rounding."""
+    from datc.models.build import build_reward_model
+
+    arch = dict(model_type="llama", num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
+                hidden_size=32, intermediate_size=64, max_position_embeddings=64)
+    examples = [{"prompt": "write about music :"}, {"prompt": "compute 1 plus 2 ="}, {"prompt": "write :"}]
+    words = ["song the ball <eos>", "3", "the ball song song the <eos>", "ball", "music the"]
+    resp = [tok.convert_tokens_to_ids(w.split()) for w in words]
+    pool = [(ex, resp[g:] + resp[:g], torch.arange(5.0) * (g + 1)) for g, ex in enumerate(examples)]
+    keys = [(2, j) for j in (0, 1, 1, 4)] + [(0, j) for j in (3, 2, 0, 1)]  # 2 prompts x 4, one response twice
+    gold = torch.cat([pool[g][2][j : j + 1] for g, j in keys])
+    out = {}
+    for share in (False, True):
+        rm = build_reward_model(arch, tok, 0).train()
+        frozen = _FrozenBottom(rm, 2, tok, 8, share=share)
+        frozen.fill(pool, batch=4)  # batches across groups
+        pred = frozen.scores(keys)
+        dev = pred.view(2, 4) - pred.view(2, 4).mean(1, keepdim=True)
+        loss = torch.nn.functional.mse_loss(pred, gold) + 4.0 * dev.square().mean()
+        loss.backward()
+        cached = {k: torch.cat([frozen.prompts[k[0]], v]) if share else v for k, v in frozen.cache.items()}
+        out[share] = (pred.detach(), loss.detach(), {n: p.grad for n, p in rm.named_parameters() if p.requires_grad}, cached)
+        assert [blk.self_attn.layer_idx for blk in rm.model.layers] == [0, 1, 2, 3]  # restored after the step
+    (p0, l0, g0, c0), (p1, l1, g1, c1) = out[False], out[True]
+    assert c0.keys() == c1.keys() and len(c0) == 15
+    for k in c0:
+        torch.testing.assert_close(c1[k], c0[k], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(p1, p0, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(l1, l0, rtol=1e-5, atol=1e-6)
+    assert g0.keys() == g1.keys() and any(n.startswith("model.layers.2.") for n in g0)
+    for n in g0:
+        assert g0[n].abs().max() > 0
+        torch.testing.assert_close(g1[n], g0[n], rtol=1e-4, atol=1e-6)

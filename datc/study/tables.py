@@ -1,19 +1,20 @@
 """The tuned comparison's tables (``datc-compare --tuned``): per setting the choices, the
 selection scores, the evaluation table, the matched-KL control and every candidate, as Markdown
-(:func:`tuned_markdown`) and JSON (:func:`tuned_json`), made from :mod:`datc.report.tuning`'s
+(:func:`tuned_markdown`) and JSON (:func:`tuned_json`), made from :mod:`datc.study.reading`'s
 reading of a sweep."""
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from datc.report.loading import Run
-from datc.report.matched_kl import matched_json, matched_markdown
 from datc.report.statistics import (
     Report,
     build_report,
@@ -23,7 +24,9 @@ from datc.report.statistics import (
     t_interval,
 )
 from datc.report.tables import MIN_INTERVAL_N, _interval_text, collapse_note
-from datc.report.tuning import (
+from datc.study.bracket import lattice_k
+from datc.study.matched import matched_json, matched_markdown
+from datc.study.reading import (
     MANIFEST,
     Candidate,
     SchemeTuning,
@@ -33,6 +36,7 @@ from datc.report.tuning import (
     find_settings,
     read_setting,
 )
+from datc.study.search import limits, on_path, points, step_text
 
 
 def _seeds_text(seeds: Mapping[str, Sequence[int]] | Sequence[int]) -> str:
@@ -87,6 +91,17 @@ def setting_markdown(st: SettingTuning, baseline: str) -> str:
         cells.append(f"{len(sc.tuned)}{collapse_note(collapsed_seeds(sc.tuned))} / {len(sc.default)}"
                      f"{collapse_note(collapsed_seeds(sc.default))}")
         lines.append("| " + " | ".join(cells) + " |")
+    if lims := limits(m):
+        lines += ["", "Search (METHOD §6, bracketing): the lattice points each coordinate needed, and how it ended "
+                  "(bracketed: the best point has a tried neighbour on each side).", "",
+                  "| scheme | learning rate: points tried | knob: points tried |", "|---|---|---|"]
+        for name in order:
+            sc = st.schemes[name]
+            sel = m["selection"]["seeds"]
+            rate = step_text(points(sc.spec, sc.candidates, sc.diverged, sel, lims[0]), sc.rate_step)
+            knob = "no knob" if not sc.spec.get("knob") else step_text(
+                points(sc.spec, sc.candidates, sc.diverged, sel, lims[1], sc.lr) if sc.lr is not None else None, sc.knob_step)
+            lines.append(f"| {name} | {rate} | {knob} |")
     if power := _power_lines(st, baseline):
         lines += ["", "Power of the tuned comparison (paired by seed): the 95% half-width reached and the smallest "
                   "difference such a test detects 80% of the time at this number of pairs and the observed spread "
@@ -97,7 +112,8 @@ def setting_markdown(st: SettingTuning, baseline: str) -> str:
               "| scheme | configuration | search step | mean final gold (selection) |", "|---|---|---|---|"]
     for name in order:
         sc = st.schemes[name]
-        lines += [f"| {name} | {sc.label(c.lr, c.knob)} | {_step(sc, c, name == st.kl_baseline)} | {_score_text(c, n_sel)} |" for c in sc.candidates]
+        lines += [f"| {name} | {sc.label(c.lr, c.knob)} | {_step(sc, c, name == st.kl_baseline, limits(m))} | {_score_text(c, n_sel)} |"
+                  for c in sc.candidates]
     return "\n".join(lines) + "\n"
 
 
@@ -113,10 +129,16 @@ def _power_lines(st: SettingTuning, baseline: str) -> list[str]:
     return out
 
 
-def _step(sc: SchemeTuning, c: Candidate, searched: bool = False) -> str:
-    """Where a candidate lies on the search: the rate grid, the knob grid at the chosen rate, or off it."""
-    on_rate = _same(c.knob, sc.spec.get("knob_default")) and any(_same(c.lr, x) for x in sc.spec["lr_grid"])
-    on_knob = sc.lr is not None and _same(c.lr, sc.lr) and any(_same(c.knob, x) for x in sc.spec.get("knob_grid") or [])
+def _step(sc: SchemeTuning, c: Candidate, searched: bool = False, lims=None) -> str:
+    """Where a candidate lies on the search: the rate grid (a bracketing study: its lattice), the knob
+    grid at the chosen rate, or off it."""
+    if lims is None:
+        on_rate = _same(c.knob, sc.spec.get("knob_default")) and any(_same(c.lr, x) for x in sc.spec["lr_grid"])
+        on_knob = sc.lr is not None and _same(c.lr, sc.lr) and any(_same(c.knob, x) for x in sc.spec.get("knob_grid") or [])
+    else:
+        on_rate = on_path(sc.spec, lims, None, c.lr, c.knob)
+        kk = lattice_k(c.knob, sc.spec.get("knob_default")) if sc.spec.get("knob") else None
+        on_knob = sc.lr is not None and _same(c.lr, sc.lr) and kk is not None and lims[1].lo <= kk <= lims[1].hi
     off = "matched-KL search (not eligible)" if searched else "off the search path (not eligible)"
     where = " and ".join(w for w, ok in (("rate", on_rate), ("knob", on_knob)) if ok) or off
     return where + (" (chosen)" if sc.chosen is c else "")
@@ -132,8 +154,15 @@ LEGEND = (
 )
 
 
+LEGEND_BRACKET = LEGEND.replace(
+    "(learning rate ×0.5/×1/×2 of the default at the knob's default, then the knob ×0.5/×1/×2 at that rate)",
+    "(learning rate ×0.5/×1/×2 of the default at the knob's default, extended by ×2 beyond an end that is best, up to "
+    "×32 or ×1/32, until the best point is bracketed; then the knob likewise at that rate, up to ×8 or ×1/8)")
+
+
 def tuned_markdown(settings: Sequence[SettingTuning], baseline: str) -> str:
-    return "# Tuned comparison\n\n" + LEGEND + "\n\n" + "\n".join(setting_markdown(s, baseline) for s in settings)
+    legend = LEGEND_BRACKET if any(limits(s.manifest) for s in settings) else LEGEND
+    return "# Tuned comparison\n\n" + legend + "\n\n" + "\n".join(setting_markdown(s, baseline) for s in settings)
 
 
 def tuned_json(settings: Sequence[SettingTuning], warnings: Sequence[str], baseline: str) -> str:
@@ -177,11 +206,54 @@ def compare_tuned(root: str | Path, out: str | Path, baseline: str,
     for w in warns:
         print(f"datc-compare: warning: {w}", file=sys.stderr)
     out = Path(out)
+    if out.exists() and not out.is_dir():  # before anything is written: nothing half-written
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(out))
     written = []
-    for sub, pick in (("evaluation", lambda sc: sc.tuned), ("default", lambda sc: sc.default)):
-        runs = _relabel(r for st in settings for sc in st.schemes.values() for r in pick(sc))
+    picked = {sub: _relabel(r for st in settings for sc in st.schemes.values() for r in pick(sc))
+              for sub, pick in (("evaluation", lambda sc: sc.tuned), ("default", lambda sc: sc.default))}
+    stale = [out / sub for sub, runs in picked.items() if not runs and stale_outputs(out / sub)]
+    for sub, runs in picked.items():
         if runs:
             written += write_outputs(build_report(runs, baseline), out / sub, warns)
     atomic_write_text(out / "tuned.json", tuned_json(settings, warns, baseline))
     atomic_write_text(out / "tuned.md", tuned_markdown(settings, baseline))
+    for folder in stale:
+        remove_outputs(folder)
+        print(f"datc-compare: warning: removed {folder}: an earlier comparison's tables, and this sweep has no "
+              f"{folder.name} runs to put there", file=sys.stderr)
     return [*written, out / "tuned.json", out / "tuned.md"]
+
+
+# What datc-compare writes into an output folder (datc.report.cli.write_outputs)
+COMPARE_OUTPUTS = {"table.md", "table.tex", "summary.md", "runs.csv", "report.json", "gold_curves.png",
+                   "credit_accuracy.png", "rm_vs_gold.png"}
+
+
+def stale_outputs(folder: Path) -> bool:
+    """Whether ``folder`` (``OUT/default/`` or ``OUT/evaluation/``, which this comparison has no
+    runs for) holds an earlier comparison's outputs, to be removed so they do not sit beside this
+    comparison's ``tuned.md``; a refusal (exit 2, nothing written) where it holds anything else."""
+    if not folder.exists() and not folder.is_symlink():
+        return False
+    names = {p.name for p in folder.iterdir()} if folder.is_dir() else None
+    if names is None or not names <= COMPARE_OUTPUTS:
+        print(f"datc-compare: --out: {folder} holds files datc-compare did not write, and this sweep has no "
+              f"{folder.name} runs to replace them with; move it aside or choose another --out (nothing written)",
+              file=sys.stderr)
+        raise SystemExit(2)
+    return True
+
+
+def remove_outputs(folder: Path) -> None:
+    """``folder``'s outputs removed (moved aside first, so no half-removed folder stays)."""
+    import shutil
+    import tempfile
+
+    from datc.atomic import held_lock
+
+    with held_lock(folder.parent / f".{folder.name}.lock"):  # not while another comparison writes it
+        if not folder.is_dir() or not {p.name for p in folder.iterdir()} <= COMPARE_OUTPUTS:
+            return
+        aside = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".old"))
+        os.rename(folder, aside / "x")
+        shutil.rmtree(aside, ignore_errors=True)

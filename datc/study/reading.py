@@ -1,12 +1,15 @@
-"""The tuned comparison of METHOD §6, read back: ``datc-compare --tuned ROOT``.
+"""The tuned comparison of METHOD §6, read back: ``datc-compare --tuned ROOT`` (and ``datc-study``
+between its stages).
 
-A tuned sweep (written by ``python -m scripts.tuned_sweep``, docs/tuned.md) holds one folder per
+A study (written by ``datc-study``, docs/study.md; before it ``scripts/tuned_sweep.py``) holds one folder per
 setting, ``ROOT/<data>-<policy>/``, with its protocol in ``tuning.json`` (the selection draw and
 seeds, the evaluation draws and seeds, and per scheme its default learning rate, the credit knob
 searched second and both grids) and its runs in ``select/`` and ``eval/``. Per setting and scheme
 the configuration is chosen by a coordinate search on the selection runs: the learning rate first
 (at the knob's default), then the knob at that rate, each by the mean final held-out gold over
-the selection seeds; a step whose grid is not complete chooses nothing. The evaluation table pairs
+the selection seeds; a step whose grid is not complete chooses nothing. A manifest with a
+``"search"`` brackets each coordinate (:mod:`datc.study.search`); one without it is the legacy
+fixed grid ×0.5/×1/×2, read as it always was. The evaluation table pairs
 the chosen configurations, and beside them the default ones, by seed on the evaluation runs only:
 a selection seed never enters an evaluation figure, and an evaluation that shares a seed with its
 selection is refused. Runs that collapsed in length (METHOD §6) are named in every table.
@@ -22,17 +25,20 @@ from pathlib import Path
 from typing import Any
 
 from datc.report.loading import Run, deduplicate, load_run_dirs
-from datc.report.matched_kl import (
-    MATCHED_DIR,
-    matched_rows,
-    read_search,
-)
 from datc.report.statistics import (
     Interval,
     collapsed_seeds,
     same_value,
     t_interval,
 )
+from datc.study.errors import TuningError
+from datc.study.matched import (
+    MATCHED_DIR,
+    matched_rows,
+    read_search,
+)
+from datc.study.search import bracket_search, diverged_runs, limits
+from datc.study.search import on_path as search_on_path
 
 MANIFEST = "tuning.json"
 SELECT_DIR, EVAL_DIR = "select", "eval"
@@ -42,10 +48,6 @@ KNOB_FACTORS = (0.5, 1.0, 2.0)  # x the knob's default (tau: 0.5, 1, 2), at the 
 # main knob where its weights are its own (output: weights); lam stays 1.
 STEP5_KNOBS = {"softmax": "tau", "linear": "alpha", "rank_power": "alpha"}
 PEER_KNOBS = {"delta": "tau", "grail": "std", "prob_reweight": "alpha", "entropy_top": "rho"}
-
-
-class TuningError(ValueError):
-    """A tuned sweep that cannot be read as one: one line, for the command to print."""
 
 
 def knob_for(credit: Mapping[str, Any], output: str) -> str | None:
@@ -91,6 +93,9 @@ class SchemeTuning:
     knob: float | None
     tuned: list[Run]  # evaluation runs of the chosen configuration
     default: list[Run]  # evaluation runs of the default configuration
+    rate_step: Any = None  # a bracketing study's (datc.study.search): the rate's and the knob's last Step
+    knob_step: Any = None
+    diverged: tuple[dict[str, Any], ...] = ()  # its selection runs that diverged (datc.study.search.diverged_runs)
 
     @property
     def chosen(self) -> Candidate | None:
@@ -155,8 +160,11 @@ def _assets(run: Run) -> dict[str, str] | None:
     ``inputs.json`` beside its summary (the prepared policy, reward model and data files); None
     without one."""
     try:
-        inputs = json.loads((Path(run.source).parent / "inputs.json").read_text()).get("inputs", {})
+        record = json.loads((Path(run.source).parent / "inputs.json").read_text())
     except (OSError, ValueError):
+        return None
+    inputs = record.get("inputs") if isinstance(record, dict) else None
+    if not isinstance(inputs, dict):  # not the file a run writes (a list, a number): nothing to check, as without one
         return None
     return {f"{kind}/{name}": meta["sha256"] for kind, v in inputs.items() if isinstance(v, dict)
             for name, meta in (v.get("files") or {}).items() if isinstance(meta, dict) and "sha256" in meta}
@@ -236,13 +244,13 @@ def _on_path(spec: Mapping[str, Any], lr_chosen: float | None, lr: float, knob: 
             and any(_same(knob, float(k)) for k in spec["knob_grid"]))
 
 
-def read_setting(folder: str | Path) -> SettingTuning:
+def read_setting(folder: str | Path, manifest: dict[str, Any] | None = None) -> SettingTuning:
     """One setting's tuned sweep: its manifest, every scheme's candidates and choice, and the
     evaluation runs of the chosen and the default configurations. Refuses (:class:`TuningError`)
     an evaluation that shares a seed with its selection, and runs whose configs differ in more
     than the searched coordinates, the seed and the asset draw."""
     folder = Path(folder)
-    m = read_manifest(folder)
+    m = manifest if manifest is not None else read_manifest(folder)  # datc-study's, before it is written (--plan)
     sel, ev = load_run_dirs([folder / SELECT_DIR]), load_run_dirs([folder / EVAL_DIR])
     warns = [w for w in sel.warnings + ev.warnings if "not a directory" not in w]
     sel_seeds = {int(s) for s in m["selection"]["seeds"]} | {r.seed for r in sel.runs if r.seed is not None}
@@ -252,6 +260,8 @@ def read_setting(folder: str | Path) -> SettingTuning:
                           "(METHOD §6: evaluate on fresh seeds); refused")
     data, policy = m["setting"]["data"], m["setting"]["policy"]
     n_seeds = len(m["selection"]["seeds"])
+    lims = limits(m)  # None: the legacy fixed grid
+    diverged = diverged_runs(folder / SELECT_DIR) if lims else []
     rests: dict[str, set[str]] = {}  # the config less the searched coordinates and the scheme's fields: one per setting
     schemes_rest: dict[str, set[str]] = {}  # a scheme's fields less its knob: one per scheme
     schemes, on_path = {}, {}
@@ -282,15 +292,22 @@ def read_setting(folder: str | Path) -> SettingTuning:
             rs = deduplicate(rs).runs
             cands.append(Candidate(lr, k, t_interval(r.final_gold for r in rs), tuple(sorted(r.seed for r in rs if r.seed is not None)),
                                    collapsed_seeds(rs), t_interval(r.final_kl for r in rs)))
-        lr, knob = _coordinate_search(scheme, spec, cands, n_seeds)
+        div = tuple(d for d in diverged if d.get("credit") == scheme)
+        steps = (None, None)
+        if lims is None:
+            lr, knob = _coordinate_search(scheme, spec, cands, n_seeds)
+        else:
+            lr, knob, *steps = bracket_search(spec, cands, div, m["selection"]["seeds"], lims)
         tuned = _runs_at(placed[EVAL_DIR], lr, knob) if lr is not None and (knob is not None or not spec.get("knob")) else []
         default = _runs_at(placed[EVAL_DIR], float(spec["lr"]), spec.get("knob_default"))
         other = [r for r, x, k in placed[EVAL_DIR] if r not in tuned and r not in default]
         if other:
             warns.append(f"{data} / {policy}, {scheme}: {len(other)} evaluation run(s) of neither the chosen nor the "
                          f"default configuration (e.g. {other[0].run_name}): left out")
-        schemes[scheme] = SchemeTuning(scheme, dict(spec), cands, lr, knob, deduplicate(tuned).runs, deduplicate(default).runs)
-        on_path[scheme] = [(r, _on_path(spec, lr, x, k)) for r, x, k in placed[SELECT_DIR]]
+        schemes[scheme] = SchemeTuning(scheme, dict(spec), cands, lr, knob, deduplicate(tuned).runs, deduplicate(default).runs,
+                                       *steps, div)
+        on_path[scheme] = [(r, _on_path(spec, lr, x, k) if lims is None else search_on_path(spec, lims, lr, x, k))
+                           for r, x, k in placed[SELECT_DIR]]
     if stray := sorted({r.credit for r in sel.runs + ev.runs} - set(m["schemes"])):
         warns.append(f"{data} / {policy}: runs of scheme(s) {', '.join(stray)} that its {MANIFEST} does not list: left out")
     split = next((v for v in schemes_rest.values() if len(v) > 1), None) or (set(rests) if len(rests) > 1 else None)

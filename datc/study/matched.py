@@ -1,12 +1,12 @@
 """METHOD §6's matched-KL control: GRPO at the learning rate whose final ``KL(π‖π_ref)`` is within
-±20% of a scheme's, so that a gain over GRPO can be told apart from a larger step.
+±5% of a scheme's (±20% in a study made before ``datc-study``: its manifest has no ``"search"``), so that a gain over GRPO can be told apart from a larger step.
 
 For every scheme whose tuned gain over tuned GRPO is resolved (the paired interval on the
 evaluation seeds excludes zero and the gain is positive), the *target* is the mean final KL of the
 scheme's chosen configuration on the **selection** seeds. GRPO's learning rate is searched on the
-same selection seeds (``scripts/tuned_sweep.py --stage kl``: :func:`propose_lr` from GRPO's finished
+same selection seeds (``datc-study --stage kl``: :func:`datc.study.kl_search.kl_step` from GRPO's finished
 selection points, a few rounds at most, each round's rates in ``matched.json``), and the rate whose
-mean selection KL is within ±20% of the target (:func:`matched_lr`) is run on the evaluation seeds
+mean selection KL is within the tolerance of the target (:func:`matched_lr`) is run on the evaluation seeds
 into the setting's ``matched/`` folder. ``datc-compare --tuned`` reports, per such scheme, the gain
 at equal tuning beside the gain against GRPO at matched KL, and both KLs on the evaluation seeds:
 nothing of the search looks at an evaluation run's gold.
@@ -24,6 +24,8 @@ from typing import Any
 from datc.report.loading import Run
 from datc.report.statistics import Interval, PairedDifference, paired_difference, t_interval
 from datc.report.statistics import same_value as _same
+from datc.study.errors import TuningError
+from datc.study.kl_search import credit_share
 
 TOLERANCE = 0.2  # |KL_grpo / KL_scheme - 1| at most this on the selection seeds: matched
 MAX_ROUNDS = 4  # search rounds per scheme (each: GRPO at one new rate on the selection seeds)
@@ -92,15 +94,31 @@ class MatchedRow:
     vs_matched: PairedDifference | None  # tuned scheme minus the matched baseline, evaluation seeds
     kl_scheme: Interval  # final KL of the scheme's tuned evaluation runs
     kl_matched: Interval  # final KL of the matched baseline's evaluation runs
+    tol: float = TOLERANCE  # the manifest's: ±5% for a bracketing study (METHOD §6), ±20% before it
+    bracket: bool = False  # a study made or continued by datc-study: the ratio and the credit share stated
+
+    @property
+    def ratio(self) -> float | None:
+        """The baseline's selection KL at the matched rate over the target."""
+        kl = next((kl for lr, kl in self.tried if self.lr is not None and _same(lr, self.lr)), None)
+        return None if kl is None else kl / self.target_kl
+
+    @property
+    def credit_share(self) -> float | None:
+        """METHOD §6: the gain at matched KL over the gain at equal tuning."""
+        d = self.vs_matched
+        return credit_share(None if d is None or not d.seeds else d.diff.mean, self.gain.diff.mean)
 
 
 def matched_rows(st: Any, baseline: str, matched: Sequence[tuple[float, Run]]) -> list[MatchedRow]:
-    """The control for every scheme of ``st`` (a :class:`datc.report.tuning.SettingTuning`) whose
+    """The control for every scheme of ``st`` (a :class:`datc.study.reading.SettingTuning`) whose
     tuned gain over the tuned baseline is resolved."""
     base = st.schemes.get(baseline)
     if base is None or not base.tuned:
         return []
     n_sel = len(st.manifest["selection"]["seeds"])
+    search = st.manifest.get("search")
+    tol = float(search["kl_tolerance"]) if search else TOLERANCE
     points = tuple((c.lr, c.kl.mean) for c in base.candidates
                    if _same(c.knob, base.spec.get("knob_default")) and len(c.seeds) >= n_sel and c.kl.mean is not None and c.kl.mean > 0)
     rows = []
@@ -111,12 +129,12 @@ def matched_rows(st: Any, baseline: str, matched: Sequence[tuple[float, Run]]) -
         if gain is None:
             continue
         target = sc.chosen.kl.mean
-        lr = matched_lr(points, target)
+        lr = matched_lr(points, target, tol)
         runs = tuple(r for x, r in matched if r.credit == baseline and lr is not None and _same(x, lr)) or \
             tuple(evaluated_at(base, lr))
         rows.append(MatchedRow(name, gain, target, points, lr, runs,
                                paired_difference(sc.tuned, runs, "final_gold") if runs else None,
-                               t_interval(r.final_kl for r in sc.tuned), t_interval(r.final_kl for r in runs)))
+                               t_interval(r.final_kl for r in sc.tuned), t_interval(r.final_kl for r in runs), tol, bool(search)))
     return rows
 
 
@@ -134,7 +152,7 @@ def verdict(row: MatchedRow) -> str:
     d = row.vs_matched
     if d is None or not d.seeds:
         return "matched rate not evaluated yet"
-    off = "" if _kl_within(row) else " (the evaluation seeds' KLs are not within ±20%)"
+    off = "" if _kl_within(row) else f" (the evaluation seeds' KLs are not within ±{row.tol:.0%})"
     if d.significant:
         return ("credit: the gain holds at matched KL" if d.diff.mean > 0 else "below GRPO at matched KL") + off
     return "step size: the gain is not resolved at matched KL" + off
@@ -142,7 +160,7 @@ def verdict(row: MatchedRow) -> str:
 
 def _kl_within(row: MatchedRow) -> bool:
     a, b = row.kl_scheme.mean, row.kl_matched.mean
-    return a is None or b is None or within(b, a)
+    return a is None or b is None or within(b, a, row.tol)
 
 
 def matched_markdown(rows: Sequence[MatchedRow], baseline: str, default_lr: float) -> str:
@@ -150,12 +168,15 @@ def matched_markdown(rows: Sequence[MatchedRow], baseline: str, default_lr: floa
 
     if not rows:
         return ""
+    bracket = rows[0].bracket
     lines = [
         f"Matched-KL control (METHOD §6): {baseline} at the learning rate whose mean final KL on the selection seeds is "
-        f"within ±{TOLERANCE:.0%} of the scheme's chosen configuration's, evaluated on the evaluation seeds.", "",
+        f"within ±{rows[0].tol:.0%} of the scheme's chosen configuration's, evaluated on the evaluation seeds."
+        + (" Credit share: the gain at matched KL over the gain at equal tuning." if bracket else ""), "",
         f"| scheme | Δ vs tuned {baseline} | its KL (selection) | matched {baseline} rate | {baseline}'s KL there (selection) "
-        f"| KL, evaluation: scheme / matched {baseline} | Δ vs matched {baseline} | reading | rates tried (lr: KL) |",
-        "|" + "---|" * 9,
+        f"| KL, evaluation: scheme / matched {baseline} | Δ vs matched {baseline} | reading | rates tried (lr: KL) |"
+        + (" credit share |" if bracket else ""),
+        "|" + "---|" * (10 if bracket else 9),
     ]
     for r in rows:
         kl_there = next((kl for lr, kl in r.tried if r.lr is not None and _same(lr, r.lr)), None)
@@ -169,7 +190,8 @@ def matched_markdown(rows: Sequence[MatchedRow], baseline: str, default_lr: floa
             r.scheme, f"**{_interval_text(r.gain.diff, r.gain.diff.n, signed=True)}**", f"{r.target_kl:.3f}",
             "not found" if r.lr is None else f"{r.lr:g} (×{r.lr / default_lr:.3g})",
             "n/a" if kl_there is None else f"{kl_there:.3f} (ratio {kl_there / r.target_kl:.2f})", ev, d_text, verdict(r),
-            ", ".join(f"{lr:g}: {kl:.3f}" for lr, kl in r.tried)]) + " |")
+            ", ".join(f"{lr:g}: {kl:.3f}" for lr, kl in r.tried),
+            *([] if not bracket else ["n/a" if r.credit_share is None else f"{r.credit_share:.2f}"])]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -180,14 +202,25 @@ def matched_json(rows: Sequence[MatchedRow]) -> list[dict[str, Any]]:
     return [{"scheme": r.scheme, "gain": iv(r.gain.diff), "target_kl": r.target_kl, "tried": [list(p) for p in r.tried],
              "lr": r.lr, "matched_runs": [m.run_name for m in r.matched],
              "vs_matched": None if r.vs_matched is None else {**iv(r.vs_matched.diff), "seeds": list(r.vs_matched.seeds)},
-             "kl_scheme": iv(r.kl_scheme), "kl_matched": iv(r.kl_matched), "reading": verdict(r)} for r in rows]
+             "kl_scheme": iv(r.kl_scheme), "kl_matched": iv(r.kl_matched), "reading": verdict(r),
+             **({"ratio": r.ratio, "credit_share": r.credit_share, "tolerance": r.tol} if r.bracket else {})} for r in rows]
 
 
 def read_search(folder: Path) -> dict[str, Any]:
+    """The matched-KL search's log (``matched.json``), ``{}`` without one; one that is not what
+    :func:`write_search` writes (garbage, a list) is refused in one line (:class:`TuningError`)."""
+    path = folder / SEARCH_FILE
     try:
-        return json.loads((folder / SEARCH_FILE).read_text())
+        search = json.loads(path.read_text())
     except FileNotFoundError:
         return {}
+    except (OSError, ValueError) as e:
+        raise TuningError(f"{path}: unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); it is "
+                          "the matched-KL search's log: move it aside to run the search again") from None
+    if not isinstance(search, dict):
+        raise TuningError(f"{path}: not the matched-KL search's log (a JSON {type(search).__name__}, not an object); "
+                          "move it aside to run the search again")
+    return search
 
 
 def write_search(folder: Path, search: Mapping[str, Any]) -> None:

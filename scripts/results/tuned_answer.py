@@ -1,0 +1,102 @@
+"""The answer table that opens ``results/tuned/README.md``: every setting a column, every scheme a
+row, the paired difference in final held-out gold to tuned GRPO and to GRPO at matched KL, with
+intervals, and what the runs cost. Read from the committed tables and records only:
+
+    python -m scripts.results.tuned_answer            # writes results/tuned/answer.md
+    python -m scripts.results.tuned_answer --check    # exit 1 if the committed file is stale
+
+Per setting ``<s>``: ``results/tuned/<s>/evaluation/report.json`` (each scheme's paired difference
+to tuned GRPO on the evaluation seeds, its length-collapsed runs), ``results/tuned/<s>/tuned.json``
+(the matched-KL control: the difference to GRPO at the matched rate, both KLs, the protocol's
+tolerance) and ``results/tuned/records/<s>/**/summary.json`` (runs and their training wall time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TUNED = ROOT / "results" / "tuned"
+OUT = TUNED / "answer.md"
+SETTINGS = ["keywords-tiny_gpt2", "keywords-tiny_llama", "arithmetic-tiny_gpt2", "arithmetic-tiny_llama",
+            "reviews-smollm2_135m_instruct"]
+TITLES = {"keywords-tiny_gpt2": "keywords / tiny GPT-2", "keywords-tiny_llama": "keywords / tiny Llama",
+          "arithmetic-tiny_gpt2": "arithmetic / tiny GPT-2", "arithmetic-tiny_llama": "arithmetic / tiny Llama",
+          "reviews-smollm2_135m_instruct": "reviews / SmolLM2-135M (real)"}
+ORDER = ["oracle", "rm_counterfactual", "datc", "datc_end_neutral", "datc_identity", "p2t", "grail"]
+
+
+def _iv(d: dict | None) -> str:
+    if not d or d.get("mean") is None:
+        return "n/a"
+    hw = d.get("half_width")
+    text = f"{d['mean']:+.3f}" + (f" ± {hw:.3f}" if hw is not None else "")
+    return f"**{text}**" if hw is not None and abs(d["mean"]) > hw else text  # the interval excludes zero
+
+
+def _setting(name: str) -> dict:
+    folder = TUNED / name
+    report = json.loads((folder / "evaluation" / "report.json").read_text())
+    tuned = json.loads((folder / "tuned.json").read_text())["settings"][0]
+    rows = {r["scheme"]: r for r in report["rows"]}
+    matched = {m["scheme"]: m for m in tuned.get("matched_kl", [])}
+    walls = [json.loads(p.read_text()).get("wall_time_s") for p in (TUNED / "records" / name).rglob("summary.json")]
+    walls = [w for w in walls if isinstance(w, (int, float))]
+    grpo = rows.get("grpo", {}).get("metrics", {}).get("final_gold")
+    return {"rows": rows, "matched": matched, "runs": len(walls), "hours": sum(walls) / 3600,
+            "median_s": statistics.median(walls) if walls else None, "grpo": grpo,
+            "pairs": len(rows.get("grpo", {}).get("seeds", []))}
+
+
+def _cell(s: dict, scheme: str) -> str:
+    row = s["rows"].get(scheme)
+    if row is None:
+        return "not run"
+    vs = row.get("vs_baseline", {}).get("final_gold")
+    text = _iv(vs)
+    m = s["matched"].get(scheme)
+    if m is not None:
+        share = (m["vs_matched"]["mean"] / m["gain"]["mean"]) if m.get("vs_matched") and m["gain"]["mean"] else None
+        ratio = (m["kl_matched"]["mean"] / m["kl_scheme"]["mean"]) if m.get("kl_matched") and m.get("kl_scheme") else None
+        text += f"; matched KL {_iv(m.get('vs_matched'))}"
+        if ratio is not None:
+            text += f" (KL ratio {ratio:.2f}"
+            text += f", credit share {share:.2f})" if share is not None else ")"
+    if row.get("length_collapsed"):
+        text += f" ({len(row['length_collapsed'])} collapsed)"
+    return text
+
+
+def answer_md() -> str:
+    settings = {n: _setting(n) for n in SETTINGS if (TUNED / n / "tuned.json").exists()}
+    cols = list(settings)
+    lines = ["| scheme | " + " | ".join(TITLES[c] for c in cols) + " |", "|---|" + "---|" * len(cols)]
+    lines.append("| tuned `grpo`: final gold (pairs) | " + " | ".join(
+        f"{settings[c]['grpo']['mean']:.3f} ({settings[c]['pairs']})" if settings[c]["grpo"] else "n/a" for c in cols) + " |")
+    for scheme in ORDER:
+        lines.append(f"| `{scheme}` | " + " | ".join(_cell(settings[c], scheme) for c in cols) + " |")
+    lines.append("| runs (training wall time, median a run) | " + " | ".join(
+        f"{settings[c]['runs']} ({settings[c]['hours']:.1f} h, {settings[c]['median_s']:.0f} s)" for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m scripts.results.tuned_answer", description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true", help="exit 1 if results/tuned/answer.md is not what the tables give")
+    args = p.parse_args(argv)
+    text = answer_md()
+    if args.check:
+        same = OUT.exists() and OUT.read_text() == text
+        print(f"{OUT.relative_to(ROOT)}: {'up to date' if same else 'stale'}")
+        return 0 if same else 1
+    OUT.write_text(text)
+    print(f"wrote {OUT.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""datc-study's refusals (one line, exit 2, before any run) and the continuation of a study made
+under the fixed-grid protocol (results/tuned/records): its --plan adds only the missing bracket points."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from datc.study.cli import main as study
+
+RECORDS = Path(__file__).resolve().parents[2] / "results" / "tuned" / "records"
+ARGS = ["--policy", "tiny_gpt2", "--data", "keywords", "--eval-draws", "0", "--eval-seeds", "200,201"]
+
+
+def run(argv, capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as e:
+        study(argv)
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--schemes", "grpo,nonesuch"], "credit=nonesuch: no such option in credit/"),
+    (["--schemes", "grpo", "--select-seeds", "100,200"], "shares seed(s) 200 with --select-seeds"),
+    (["--schemes", "grpo", "--select-seeds", "100"], "at least 2 seeds"),
+    (["--schemes", "grpo", "hydra/launcher=ray"], "hydra/launcher=ray: no such option in hydra/launcher"),
+    (["--schemes", "grpo", "seed=3"], "sets what the study sets"),
+])
+def test_bad_input_is_one_line_exit_2_and_runs_nothing(extra, says, tmp_path, capsys):
+    code, _, err = run([*ARGS, "--root", str(tmp_path), "--stage", "lr", *extra], capsys)
+    assert code == 2 and says in err and len([ln for ln in err.splitlines() if ln.startswith("datc-study:")]) == 1, err
+    assert not (tmp_path / "keywords-tiny_gpt2" / "select").exists()
+
+
+def test_another_protocol_and_a_held_lock_are_refused(tmp_path, capsys):
+    folder = tmp_path / "keywords-tiny_gpt2"
+    folder.mkdir()
+    m = json.loads((RECORDS / "keywords-tiny_gpt2" / "tuning.json").read_text())
+    (folder / "tuning.json").write_text(json.dumps(m))
+    code, _, err = run([*ARGS, "--root", str(tmp_path), "--schemes", "grpo", "--stage", "lr"], capsys)
+    assert code == 2 and "holds another protocol (overrides:" in err
+    from datc.study.launch import StudyLock
+
+    lock = StudyLock(tmp_path / "arithmetic-tiny_gpt2")
+    try:
+        code, _, err = run(["--policy", "tiny_gpt2", "--data", "arithmetic", "--root", str(tmp_path), "--schemes", "grpo",
+                            "--stage", "lr", "--eval-draws", "0", "--eval-seeds", "200,201"], capsys)
+    finally:
+        lock.close()
+    assert code == 2 and "another datc-study is running on this setting" in err
+
+
+def test_a_fixed_grid_study_is_continued_with_only_its_missing_bracket_points(tmp_path, capsys):
+    shutil.copytree(RECORDS / "keywords-tiny_gpt2", tmp_path / "keywords-tiny_gpt2")
+    before = (tmp_path / "keywords-tiny_gpt2" / "tuning.json").read_bytes()
+    m = json.loads(before)
+    code, out, err = run(["--policy", "tiny_gpt2", "--data", "keywords", "--root", str(tmp_path), "--schemes", ",".join(m["schemes"]),
+                          "--stage", "lr", "--plan", "trainer.threads=1"], capsys)
+    assert code == 0, err
+    assert "continued under METHOD §6's bracketing" in err
+    line = next(ln for ln in out.splitlines() if "stage lr:" in ln)
+    # every scheme whose best rate was x2 now needs x4 on both selection seeds, datc (best x0.5) x1/4
+    assert line.startswith("  stage lr: 16 runs now (")
+    assert "grpo lr ×4 ×2" in line and "oracle lr ×4 ×2" in line and "datc lr ×1/4 ×2" in line and "×1/2" not in line
+    assert "core-hours" in out
+    assert (tmp_path / "keywords-tiny_gpt2" / "tuning.json").read_bytes() == before  # --plan writes nothing
+    assert not (tmp_path / "keywords-tiny_gpt2" / "study.jsonl").exists()
+
+
+def test_the_studys_jobs_compose_to_the_records_run_directories(tmp_path):
+    # the new command's job overrides name the same runs as the fixed-grid batches did (composition only)
+    from hydra import initialize_config_dir
+
+    from datc.paths import CONFIG_DIR
+    from datc.study.jobs import base, config
+    from datc.study.launch import Job, StudyLauncher
+    from datc.study.reading import read_setting
+
+    folder = RECORDS / "keywords-tiny_gpt2"
+    m = json.loads((folder / "tuning.json").read_text())
+    st = read_setting(folder)
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3", job_name="datc-study"):
+        launcher = StudyLauncher([], tmp_path)
+        for scheme in ("grpo", "datc_identity"):
+            sc = st.schemes[scheme]
+            for c in sc.candidates[:2]:
+                job = Job([*base(m, folder, "select"), *config(scheme, sc.spec, c.lr, c.knob), "prepare_seed=0",
+                           f"seed={c.seeds[0]}"], scheme)
+                assert launcher.run_dir(job).is_dir(), job.overrides
+            r = sc.tuned[0]
+            job = Job([*base(m, folder, "eval"), *config(scheme, sc.spec, sc.lr, sc.knob),
+                       f"prepare_seed={json.loads((Path(r.source).parent / 'run.json').read_text())['identity']['prepare_seed']}",
+                       f"seed={r.seed}"], scheme)
+            assert launcher.run_dir(job).resolve() == Path(r.source).parent.resolve()
