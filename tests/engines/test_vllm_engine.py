@@ -161,7 +161,7 @@ def test_a_stale_run_samples_ahead_with_the_weights_of_its_schedule_and_resumes_
 ADAPTER_CHECK = """
 import json, sys, torch
 from tests.helpers.testbed import cfg_for
-from datc.config import validate
+from datc.checks import validate
 from datc.engines.vllm_engine import hf_weights
 from datc.step import train_step
 from datc.step.sample import sample_calls, sampling_args
