@@ -87,6 +87,21 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)
 
 
+def set_aside(path: Path, why: str) -> Path:
+    """Rename the damaged checkpoint ``path`` to ``<name>.damaged`` (never loaded again, kept to look
+    at; an earlier one of that name replaced) and say ``why`` in one line; returns the new path."""
+    aside = path.with_name(path.name + ".damaged")
+    try:
+        if aside.exists():
+            shutil.rmtree(aside)
+        os.replace(path, aside)
+    except OSError:
+        pass  # another rank set it aside first
+    print(f"datc: warning: checkpoint {path.name} skipped: {why}; set aside as {aside.name}, trying the one before",
+          file=sys.stderr, flush=True)
+    return aside
+
+
 def latest_loadable_checkpoint(run_dir: str | Path) -> tuple[Path | None, dict[str, Any] | None]:
     """The newest checkpoint whose ``state.pt`` loads, and that state. A damaged one (truncated,
     empty, unreadable) is renamed ``step_XXXXXXX.damaged`` (never loaded again, kept to look
@@ -96,16 +111,7 @@ def latest_loadable_checkpoint(run_dir: str | Path) -> tuple[Path | None, dict[s
             return path, load_checkpoint(path)
         except Exception as e:  # noqa: BLE001  torch raises RuntimeError, EOFError, UnpicklingError, ...
             first = (str(e).strip().splitlines() or [""])[0][:160]
-            aside = path.with_name(path.name + ".damaged")
-            try:
-                if aside.exists():
-                    shutil.rmtree(aside)
-                os.replace(path, aside)
-            except OSError:
-                pass  # another rank set it aside first
-            print(f"datc: warning: checkpoint {path.name} skipped: its state.pt does not load "
-                  f"({type(e).__name__}: {first}); set aside as {aside.name}, trying the one before",
-                  file=sys.stderr, flush=True)
+            set_aside(path, f"its state.pt does not load ({type(e).__name__}: {first})")
     return None, None
 
 

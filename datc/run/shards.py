@@ -8,16 +8,13 @@ directory at its end and DCP's metadata (what a truncation cuts), not the tensor
 
 from __future__ import annotations
 
-import os
 import pickle
-import shutil
-import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from datc.run.checkpoint import KINDS, checkpoint_dirs, load_checkpoint
+from datc.run.checkpoint import KINDS, checkpoint_dirs, load_checkpoint, set_aside
 
 DCP_DIR = "dcp"  # FSDP2's torch.distributed.checkpoint folder in a checkpoint (datc.backends.fsdp2)
 
@@ -110,14 +107,6 @@ def latest_loadable_sharded_checkpoint(run_dir: str | Path, rank: int, world_siz
         if bad is None:
             return path, state
         if rank == 0:
-            aside = path.with_name(path.name + ".damaged")
-            try:
-                if aside.exists():
-                    shutil.rmtree(aside)
-                os.replace(path, aside)
-            except OSError:
-                pass
-            print(f"datc: warning: checkpoint {name} skipped: {bad}; set aside as {aside.name}, trying the one before",
-                  file=sys.stderr, flush=True)
+            set_aside(path, bad)
         gather(None)  # the rename done before any rank goes on
     return None, None
