@@ -96,6 +96,17 @@ def peak_rss_mb() -> float:
     return math.nan
 
 
+def rss_mb() -> float:
+    """This process's resident memory now (VmRSS), in MB; NaN where /proc is missing."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return math.nan
+
+
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
 
 

@@ -14,7 +14,7 @@ from datc.credit.diagnostics import credit_metrics
 from datc.math.metrics import finite_mean, finite_std, within_group_corr
 from datc.step.credit import Credited
 from datc.step.reward import Rewarded
-from datc.utils import peak_rss_mb
+from datc.utils import peak_rss_mb, rss_mb
 
 
 def step_metrics(s, ro: Rollout, rw: Rewarded, cr: Credited, stats: dict[str, float],
@@ -49,6 +49,7 @@ def step_metrics(s, ro: Rollout, rw: Rewarded, cr: Credited, stats: dict[str, fl
         "perf/credit_s": t3 - t2, "perf/update_s": t4 - t3,
         "perf/tokens_per_s": n_tokens / (t4 - t0), "perf/samples_per_s": t.batch_size / (t4 - t0),
         "perf/peak_mem_gb": peak_memory_gb(s.device),
+        "perf/rss_gb": rss_mb() / 1024,  # host memory now: a run's trace of it over steps shows whether it stays flat
         **s.stream.figures(),  # rollout.max_staleness > 0: the batch's staleness and the waits (datc.step.stream)
     }
     if rw.gold is not None:
@@ -70,7 +71,7 @@ def _across_ranks(dist: Dist, metrics: dict[str, float]) -> dict[str, float]:
             out[k] = metrics[k]
         elif k == "perf/tokens_per_s":
             out[k] = sum(vals)
-        elif k == "perf/peak_mem_gb":
+        elif k in ("perf/peak_mem_gb", "perf/rss_gb"):
             out[k] = max(vals)
         elif k == "perf/samples_per_s":
             out[k] = min(vals)

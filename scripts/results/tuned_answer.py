@@ -8,7 +8,8 @@ intervals, and what the runs cost. Read from the committed tables and records on
 Per setting ``<s>``: ``results/tuned/<s>/evaluation/report.json`` (each scheme's paired difference
 to tuned GRPO on the evaluation seeds, its length-collapsed runs), ``results/tuned/<s>/tuned.json``
 (the matched-KL control: the difference to GRPO at the matched rate, both KLs, the protocol's
-tolerance) and ``results/tuned/records/<s>/**/summary.json`` (runs and their training wall time).
+tolerance) and ``results/tuned/records/<s>/**/summary.json`` (runs and their training wall time); a
+superseded study's under ``results/tuned/legacy_<reward model>/``.
 """
 
 from __future__ import annotations
@@ -22,11 +23,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 TUNED = ROOT / "results" / "tuned"
 OUT = TUNED / "answer.md"
+# a column's tables and records under results/tuned/: <s>/ and records/<s>/, or for a superseded
+# study (its reward model not re-creatable) legacy_<rm>/<s>/ and legacy_<rm>/records/<s>/
 SETTINGS = ["keywords-tiny_gpt2", "keywords-tiny_llama", "arithmetic-tiny_gpt2", "arithmetic-tiny_llama",
-            "reviews-smollm2_135m_instruct"]
+            "reviews-smollm2_135m_instruct", "legacy_rm09ab3fe7/reviews-smollm2_135m_instruct"]
 TITLES = {"keywords-tiny_gpt2": "keywords / tiny GPT-2", "keywords-tiny_llama": "keywords / tiny Llama",
           "arithmetic-tiny_gpt2": "arithmetic / tiny GPT-2", "arithmetic-tiny_llama": "arithmetic / tiny Llama",
-          "reviews-smollm2_135m_instruct": "reviews / SmolLM2-135M (real)"}
+          "reviews-smollm2_135m_instruct": "reviews / SmolLM2-135M (real)",
+          "legacy_rm09ab3fe7/reviews-smollm2_135m_instruct": "reviews / SmolLM2-135M (real; old reward model 09ab3fe7, lr from 1e-5)"}
+
+
+def _records(name: str) -> Path:
+    head, _, setting = name.rpartition("/")
+    return TUNED / head / "records" / setting
 ORDER = ["oracle", "rm_counterfactual", "datc", "datc_end_neutral", "datc_identity", "p2t", "grail"]
 
 
@@ -44,7 +53,7 @@ def _setting(name: str) -> dict:
     tuned = json.loads((folder / "tuned.json").read_text())["settings"][0]
     rows = {r["scheme"]: r for r in report["rows"]}
     matched = {m["scheme"]: m for m in tuned.get("matched_kl", [])}
-    walls = [json.loads(p.read_text()).get("wall_time_s") for p in (TUNED / "records" / name).rglob("summary.json")]
+    walls = [json.loads(p.read_text()).get("wall_time_s") for p in _records(name).rglob("summary.json")]
     walls = [w for w in walls if isinstance(w, (int, float))]
     grpo = rows.get("grpo", {}).get("metrics", {}).get("final_gold")
     return {"rows": rows, "matched": matched, "runs": len(walls), "hours": sum(walls) / 3600,

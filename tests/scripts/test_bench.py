@@ -395,3 +395,48 @@ def test_the_job_memory_probe_runs_jobs_in_one_process_and_finds_none_of_them_al
     assert all(0 < r[k]["VmRSS"] < 64 for r in res["jobs"] for k in ("start", "built", "end"))  # GB, read from /proc
     assert res["rss_growth_gb_per_job"] == res["jobs"][1]["end"]["VmRSS"] - res["jobs"][0]["end"]["VmRSS"]
     assert "| 1 |" in (tmp_path / "job_memory_torch.md").read_text()
+
+
+def test_the_memory_trace_slope_is_least_squares_by_hand():
+    from scripts.bench.memory_trace import slope
+
+    assert slope([1.0, 2.0, 3.0], [10.0, 12.0, 14.0]) == 2.0
+    assert slope([1.0, 2.0, 3.0, 4.0], [5.0, 5.0, 5.0, 5.0]) == 0.0
+    assert slope([1.0, 2.0, 3.0], [0.0, 3.0, 3.0]) == 1.5  # ((-1)(-2) + 0 + (1)(1)) / 2
+
+
+@pytest.mark.slow
+def test_the_memory_trace_reads_each_steps_resident_set_and_samples_the_process_tree(cache_dir, tmp_path):
+    # scripts/bench/memory_trace.py: a run in a child process, its steps' perf/rss_gb and the
+    # process tree's samples; the summary's slope over the second half of the steps.
+    from scripts.bench.memory_trace import main
+
+    assert main(["--name", "t", "--steps", "4", "--out", str(tmp_path), "debug=fast", f"cache_dir={cache_dir}"]) == 0
+    res = json.loads((tmp_path / "memory_trace_t.json").read_text())
+    assert [r["step"] for r in res["steps"]] == [1, 2, 3, 4]
+    assert all(0.05 < r["rss_gb"] <= r["peak_gb"] < 64 for r in res["steps"])  # VmRSS never above VmHWM
+    assert res["samples"] and all(s["processes"] >= 1 and s["tree_rss_mb"] > 0 for s in res["samples"])
+    s = res["summary"]
+    assert s["steps"] == 4 and s["rss_last_gb"] == res["steps"][-1]["rss_gb"]
+    mb = [r["rss_gb"] * 1024 for r in res["steps"][2:]]
+    assert s["second_half_slope_mb_per_step"] == pytest.approx(mb[1] - mb[0])
+    assert "slope" in (tmp_path / "memory_trace_t.md").read_text()
+
+
+def test_the_prepared_files_check_passes_on_its_own_pin_and_names_a_changed_file(cache_dir, tmp_path, capsys):
+    # scripts/dev/prepared_hashes.py: the full-size real prepare's pin (results/real_model/prepared.json)
+    # is checked by the same functions, here on the testbed's assets
+    from scripts.dev.prepared_hashes import main
+
+    pin = tmp_path / "prepared.json"
+    args = ["--pinned", str(pin), "debug=fast", f"cache_dir={cache_dir}"]
+    assert main(["--write", *args]) == 0
+    pinned = json.loads(pin.read_text())
+    assert set(pinned["files"]) == {"data/train.jsonl", "data/eval.jsonl", "policy/model.safetensors", "policy/config.json",
+                                    "reward/model.safetensors", "reward/config.json"}
+    assert all(len(sha) == 64 for sha in pinned["files"].values()) and "heldout_within_group_corr" in pinned["rm_report"]
+    assert main(args) == 0
+    pinned["files"]["reward/model.safetensors"] = "0" * 64
+    pin.write_text(json.dumps(pinned))
+    assert main(args) == 1
+    assert "reward/model.safetensors" in capsys.readouterr().err

@@ -1,0 +1,88 @@
+"""The real preset's prepared files against their pinned sha256 (``results/real_model/prepared.json``).
+The reduced prepare of ``tests/prepare/test_prepare_hash.py`` checks the same code path in the
+suite; this checks the full-size files a study's runs train on (about 25 minutes to prepare on 2
+idle cores, nothing when the cache holds them).
+
+    python -m scripts.dev.prepared_hashes                    # prepare if needed, compare; exit 1 on a difference
+    python -m scripts.dev.prepared_hashes --write            # pin what this machine prepared (after a change
+                                                            # of the procedure or of torch/MKL)
+    python -m scripts.dev.prepared_hashes experiment=real_smollm2 cache_dir=CACHE   # the overrides (default: the preset)
+
+Pinned: the data files, the policy's and the reward model's weights and configs. Not pinned: the
+reward model's ``rm_report.json`` (it records the prepare's seconds); its held-out figures are
+copied into the pin file beside the hashes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+PINNED = ROOT / "results" / "real_model" / "prepared.json"
+PINNED_FILES = {"data": ("train.jsonl", "eval.jsonl"), "policy": ("model.safetensors", "config.json"),
+                "reward": ("model.safetensors", "config.json")}
+REPORT_KEYS = ("heldout_within_group_corr", "heldout_corr", "heldout_gold_mean", "final_train_loss", "train_pool")
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def prepared(overrides: list[str]) -> dict[str, Any]:
+    """Prepare (or find in the cache) the assets of ``overrides`` and hash the pinned files."""
+    from hydra import compose, initialize_config_dir
+
+    from datc.checks import validate
+    from datc.paths import CONFIG_DIR
+    from datc.prepare.assets import ensure_assets
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = validate(compose(config_name="train", overrides=overrides))
+    a = ensure_assets(cfg)
+    dirs = {"data": Path(a.data_path), "policy": Path(a.policy_path), "reward": Path(a.reward_path)}
+    report = json.loads((dirs["reward"] / "rm_report.json").read_text())
+    return {"overrides": overrides,
+            "files": {f"{k}/{name}": sha256(dirs[k] / name) for k, names in PINNED_FILES.items() for name in names},
+            "rm_report": {k: report.get(k) for k in REPORT_KEYS}}
+
+
+def differences(pinned: dict[str, Any], got: dict[str, Any]) -> list[str]:
+    """One line per pinned file whose hash differs or that is missing."""
+    return [f"{name}: {got['files'].get(name, 'missing')} != pinned {sha}" for name, sha in pinned["files"].items()
+            if got["files"].get(name) != sha]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m scripts.dev.prepared_hashes", description=__doc__.split("\n\n")[0])
+    p.add_argument("--write", action="store_true", help="pin this machine's files")
+    p.add_argument("--pinned", default=str(PINNED))
+    p.add_argument("overrides", nargs="*", default=["experiment=real_smollm2"])
+    a = p.parse_args(argv)
+    got = prepared(list(a.overrides))
+    path = Path(a.pinned)
+    if a.write:
+        from datc.atomic import atomic_write_json
+        from datc.run.provenance import machine
+
+        atomic_write_json(path, {**got, "machine": machine()})
+        print(f"pinned {len(got['files'])} files in {path}")
+        return 0
+    pinned = json.loads(path.read_text())
+    if bad := differences(pinned, got):
+        print("prepared files differ from the pinned ones:\n  " + "\n  ".join(bad), file=sys.stderr)
+        return 1
+    print(f"{len(got['files'])} prepared files equal the pinned ones ({path.relative_to(ROOT) if path.is_relative_to(ROOT) else path})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
