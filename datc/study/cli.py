@@ -82,7 +82,10 @@ def _main(argv: list[str] | None) -> int:
     check_seeds_and_overrides(args.select_seeds, args.eval_seeds, draws, task)
     schemes = [s for s in args.schemes.split(",") if s]
     stages = STAGES if args.stage == "all" else (args.stage,)
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3", job_name="datc-study"):
+    # the jobs are datc-train's: named "train", their Hydra log is the run directory's train.log,
+    # which a run directory may hold before its run starts (a library that logs on import, vLLM's,
+    # creates it then); any other file there is refused as not a datc run
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3", job_name="train"):
         launcher = StudyLauncher(hydra_args, folder, args.batch_size)
         specs = {}
         for s in schemes:

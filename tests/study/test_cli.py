@@ -82,7 +82,7 @@ def test_the_studys_jobs_compose_to_the_records_run_directories(tmp_path):
     folder = RECORDS / "keywords-tiny_gpt2"
     m = json.loads((folder / "tuning.json").read_text())
     st = read_setting(folder)
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3", job_name="datc-study"):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3", job_name="train"):
         launcher = StudyLauncher([], tmp_path)
         for scheme in ("grpo", "datc_identity"):
             sc = st.schemes[scheme]
