@@ -70,8 +70,8 @@ def _start(run_dir: Path, cache_dir, port: int) -> subprocess.Popen:
 def _after_steps(proc: subprocess.Popen, run_dir: Path, n: int, timeout: float = 400) -> None:
     t0 = time.time()
     while _metric_steps(run_dir) < n:
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.time() - t0 < timeout
+        assert proc.poll() is None, f"exited ({proc.returncode}) before step {n}: " + proc.communicate()[1][-3000:]
+        assert time.time() - t0 < timeout, f"step {n} not reached in {timeout} s"
         time.sleep(0.5)
 
 
@@ -97,6 +97,7 @@ def test_sigterm_to_the_launcher_checkpoints_every_rank_and_a_killed_rank_ends_t
     _, err = proc.communicate(timeout=300)
     assert proc.returncode != 0
     lost = [ln for ln in err.splitlines() if "another process of this run ended or stopped answering" in ln]
-    assert len(lost) == 1 and lost[0].startswith("datc-train: rank 0 of 2") and "run the same command again" in lost[0], err[-3000:]
+    assert len(lost) == 1 and lost[0].startswith("datc-train: rank 0 of 2") and "run the same command again" in lost[0], \
+        f"after the kill (exit {proc.returncode}): " + err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert not subprocess.run(["pgrep", "-f", f"run_dir={run}"], capture_output=True).stdout
