@@ -354,8 +354,8 @@ def _load_matched(folder: Path, selection_seeds: Sequence[int]) -> tuple[list[tu
         return [], []
     loaded = load_run_dirs([folder / MATCHED_DIR])
     warns = [w for w in loaded.warnings if "not a directory" not in w]
-    out = []
-    for r in deduplicate(loaded.runs).runs:
+    at: dict[float, list[Run]] = {}  # the folder holds one rate per scheme matched, each at every evaluation seed
+    for r in loaded.runs:
         if r.seed in set(selection_seeds):
             raise ValueError(f"{r.source}: a matched-KL evaluation run on selection seed {r.seed} "
                              "(METHOD §6: evaluate on fresh seeds); refused")
@@ -363,7 +363,8 @@ def _load_matched(folder: Path, selection_seeds: Sequence[int]) -> tuple[list[tu
         if not isinstance(lr, (int, float)):
             warns.append(f"{r.source}: no run.json with a learning rate beside it: left out of the matched-KL control")
             continue
-        out.append((float(lr), r))
+        at.setdefault(float(lr), []).append(r)
+    out = [(lr, r) for lr in sorted(at) for r in deduplicate(at[lr]).runs]  # one run a seed at each rate
     return out, warns
 
 

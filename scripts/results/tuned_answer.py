@@ -68,9 +68,12 @@ def _cell(s: dict, scheme: str) -> str:
     vs = row.get("vs_baseline", {}).get("final_gold")
     text = _iv(vs)
     m = s["matched"].get(scheme)
-    if m is not None:
+    if m is not None and m.get("lr") is None:
+        text += "; matched KL: no GRPO rate reached its KL (see the setting's table)"
+    elif m is not None:
         share = (m["vs_matched"]["mean"] / m["gain"]["mean"]) if m.get("vs_matched") and m["gain"]["mean"] else None
-        ratio = (m["kl_matched"]["mean"] / m["kl_scheme"]["mean"]) if m.get("kl_matched") and m.get("kl_scheme") else None
+        kls = [(m.get(k) or {}).get("mean") for k in ("kl_matched", "kl_scheme")]
+        ratio = kls[0] / kls[1] if None not in kls and kls[1] else None
         text += f"; matched KL {_iv(m.get('vs_matched'))}"
         if ratio is not None:
             text += f" (KL ratio {ratio:.2f}"

@@ -95,3 +95,29 @@ def test_the_studys_jobs_compose_to_the_records_run_directories(tmp_path):
                        f"prepare_seed={json.loads((Path(r.source).parent / 'run.json').read_text())['identity']['prepare_seed']}",
                        f"seed={r.seed}"], scheme)
             assert launcher.run_dir(job).resolve() == Path(r.source).parent.resolve()
+
+
+def test_the_matched_runs_of_every_rate_are_read_not_one_run_a_seed(tmp_path):
+    # matched/ holds one rate per scheme whose gain was matched, each at every evaluation seed; the
+    # reading keeps each rate's runs (it once kept one run a seed, the newest, across rates: the
+    # other schemes' matched rates then read "not evaluated yet" with their runs on disk)
+    import shutil
+
+    from datc.study.reading import read_setting
+
+    src = Path(__file__).resolve().parents[2] / "results" / "tuned" / "legacy_rm09ab3fe7" / "records" / "reviews-smollm2_135m_instruct"
+    folder = tmp_path / src.name
+    shutil.copytree(src, folder)
+    before = read_setting(folder).matched
+    assert len({lr for lr, _ in before}) == 1 and len(before) == 12
+    for d in sorted((folder / "matched").iterdir()):  # the same seeds at a second rate
+        twin = d.with_name(d.name + "-x2")
+        shutil.copytree(d, twin)
+        run = json.loads((twin / "run.json").read_text())
+        run["identity"]["trainer"]["lr"] *= 2
+        (twin / "run.json").write_text(json.dumps(run))
+    after = read_setting(folder).matched
+    lrs = sorted({lr for lr, _ in after})
+    assert len(lrs) == 2 and lrs[1] == 2 * lrs[0]
+    assert sorted(r.seed for lr, r in after if lr == lrs[1]) == sorted(r.seed for _, r in before)
+    assert len(after) == 24
