@@ -87,7 +87,8 @@ def trace(overrides: list[str], steps: int, run_dir: Path, every_s: float = 1.0)
         if "perf/rss_gb" in rec:
             rows.append({"step": rec.get("step"), "rss_gb": rec["perf/rss_gb"], "peak_gb": rec.get("perf/peak_mem_gb"),
                          "step_s": rec.get("perf/step_s")})
-    return {"command": cmd[1:], "samples": samples, "steps": rows, "wall_s": round(time.monotonic() - t0, 1)}
+    shown = [a for a in cmd[1:] if not a.startswith("run_dir=")]  # a temporary directory: not part of the command
+    return {"command": shown, "samples": samples, "steps": rows, "wall_s": round(time.monotonic() - t0, 1)}
 
 
 def summarize(res: dict[str, Any]) -> dict[str, Any]:
