@@ -115,6 +115,16 @@ class StudyLauncher:
                 out.append(j)
         return out
 
+    def _time_limit_hint(self, e: Exception) -> str:
+        """submitit ends a job at its launcher's ``timeout_min`` (60 by default, the local executor's
+        too) and then reports it uncompleted: say which setting, since a real model's run under load
+        can take longer."""
+        minutes = self.master.hydra.launcher.get("timeout_min")
+        if minutes is None or type(e).__name__ != "UncompletedJobError":
+            return ""
+        return (f" (submitit ends a job after hydra.launcher.timeout_min={minutes} minutes: if the job's log says it "
+                "timed out, raise it; the run resumes from its last checkpoint)")
+
     def launch(self, jobs: list[Job]) -> list[Job]:
         """Runs ``jobs`` (in chunks of ``batch_size``) and returns those that failed, each with its
         one-line error. The disk is the truth of what finished; the launcher's returns give messages."""
@@ -124,10 +134,10 @@ class StudyLauncher:
             chunk = jobs[i:i + size]
             try:
                 rets = list(self.launcher.launch([j.overrides for j in chunk], self.next_idx))
-            except Exception as e:  # a worker killed (out of memory), a Slurm job lost
+            except Exception as e:  # a worker killed (out of memory), a Slurm job lost, a job past its time limit
                 rets = [None] * len(chunk)
                 for j in chunk:
-                    j.error = f"the launcher failed: {_line(e)}"
+                    j.error = f"the launcher failed: {_line(e)}{self._time_limit_hint(e)}"
             self.next_idx += len(chunk)
             for j, r in zip(chunk, rets, strict=False):
                 if r is not None:

@@ -121,3 +121,23 @@ def test_the_matched_runs_of_every_rate_are_read_not_one_run_a_seed(tmp_path):
     assert len(lrs) == 2 and lrs[1] == 2 * lrs[0]
     assert sorted(r.seed for lr, r in after if lr == lrs[1]) == sorted(r.seed for _, r in before)
     assert len(after) == 24
+
+
+def test_a_job_past_submitits_time_limit_names_the_setting(tmp_path):
+    # submitit ends a job at hydra.launcher.timeout_min (60 by default, the local executor's too)
+    # and reports it as uncompleted; a real-model run under load can take longer
+    from hydra import initialize_config_dir
+
+    from datc.paths import CONFIG_DIR
+    from datc.study.launch import StudyLauncher
+
+    class UncompletedJobError(RuntimeError):  # submitit.core.utils's, by name
+        pass
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3", job_name="train"):
+        local = StudyLauncher(["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=90"], tmp_path)
+        basic = StudyLauncher([], tmp_path)
+    hint = local._time_limit_hint(UncompletedJobError("Job 1 (task: 0) with path ..."))
+    assert "hydra.launcher.timeout_min=90 minutes" in hint and "resumes from its last checkpoint" in hint
+    assert local._time_limit_hint(RuntimeError("other")) == ""
+    assert basic._time_limit_hint(UncompletedJobError("x")) == ""
