@@ -53,8 +53,31 @@ def test_another_protocol_and_a_held_lock_are_refused(tmp_path, capsys):
     assert code == 2 and "another datc-study is running on this setting" in err
 
 
+def _as_fixed_grid(folder: Path) -> None:
+    """The committed keywords / tiny GPT-2 study as the fixed grid left it: its selection runs on
+    the ×0.5/×1/×2 grids only, the manifest without the bracketing search."""
+    from datc.study.reading import same_value
+
+    m = json.loads((folder / "tuning.json").read_text())
+    m.pop("search", None)
+    m.pop("continued_from", None)
+    (folder / "tuning.json").write_text(json.dumps(m, indent=2))
+    for d in ("eval", "matched"):
+        shutil.rmtree(folder / d, ignore_errors=True)
+    (folder / "matched.json").unlink(missing_ok=True)
+    for run in (folder / "select").iterdir():
+        ident = json.loads((run / "run.json").read_text())["identity"]
+        spec = m["schemes"][ident["credit"]["name"]]
+        knob = ident["credit"].get(spec["knob"].split(".", 1)[1]) if spec["knob"] else None
+        on_grid = any(same_value(ident["trainer"]["lr"], x) for x in spec["lr_grid"]) and (
+            knob is None or any(same_value(knob, x) for x in spec["knob_grid"]))
+        if not on_grid:
+            shutil.rmtree(run)
+
+
 def test_a_fixed_grid_study_is_continued_with_only_its_missing_bracket_points(tmp_path, capsys):
     shutil.copytree(RECORDS / "keywords-tiny_gpt2", tmp_path / "keywords-tiny_gpt2")
+    _as_fixed_grid(tmp_path / "keywords-tiny_gpt2")
     before = (tmp_path / "keywords-tiny_gpt2" / "tuning.json").read_bytes()
     m = json.loads(before)
     code, out, err = run(["--policy", "tiny_gpt2", "--data", "keywords", "--root", str(tmp_path), "--schemes", ",".join(m["schemes"]),
