@@ -83,28 +83,27 @@ def quiet_libraries() -> None:
     datasets.logging.set_verbosity_error()
 
 
+def _status_mb(key: str) -> float:
+    """A ``kB`` field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``), in MB; NaN where /proc is missing."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return math.nan
+
+
 def peak_rss_mb() -> float:
     """This process's peak resident memory (VmHWM), in MB; NaN where /proc is missing. Unlike
     ``ru_maxrss``, VmHWM belongs to the process image, so a child does not inherit its parent's
     peak across ``exec``."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return math.nan
+    return _status_mb("VmHWM")
 
 
 def rss_mb() -> float:
     """This process's resident memory now (VmRSS), in MB; NaN where /proc is missing."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return math.nan
+    return _status_mb("VmRSS")
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
