@@ -20,12 +20,15 @@ __all__ = ["CONFIG_DIR", "hydra_error_line", "lost_peer_line", "main"]
 
 
 def _run(cfg: DictConfig) -> float | None:
+    from datc.run.signals import until_said
+
     run_dir = HydraConfig.get().runtime.output_dir
-    try:
-        summary = train_job(cfg, run_dir, note=lambda: in_process_sweep_note(HydraConfig.get(), cfg))
-    except JobRefused as e:
-        print(e.line, file=sys.stderr)
-        sys.exit(e.code)
+    with until_said():  # a launcher's SIGTERM as the run fails does not swallow its line
+        try:
+            summary = train_job(cfg, run_dir, note=lambda: in_process_sweep_note(HydraConfig.get(), cfg))
+        except JobRefused as e:
+            print(e.line, file=sys.stderr, flush=True)
+            sys.exit(e.code)
     ev = summary["eval"]
     if os.environ.get("RANK", "0") == "0":  # rank 0 speaks for a multi-process run
         print(f"run {summary['run_name']}: eval gold {_num(ev['initial'].get('eval/gold'))} -> {_num(ev['final'].get('eval/gold'))}, "

@@ -16,6 +16,7 @@ write the same checkpoint and stop together.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -27,6 +28,7 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 ESCALATION_S = 3.0  # a launcher's SIGTERM this soon after a SIGINT is the same stop
 _received: list[int] = []  # signals received since the handlers were installed
 _first_at: list[float] = []  # when the first one came (time.monotonic)
+_run_scopes: list[int] = []  # how many stop_signals scopes began in this process (until_said reads it)
 
 
 class Interrupted(Exception):
@@ -81,6 +83,7 @@ def stop_signals() -> Iterator[None]:
         return
     _received.clear()
     _first_at.clear()
+    _run_scopes.append(1)
     previous = {s: signal.signal(s, _handler) for s in SIGNALS}
     try:
         yield
@@ -88,6 +91,38 @@ def stop_signals() -> Iterator[None]:
         for s, h in previous.items():
             signal.signal(s, h)
         _received.clear()
+
+
+ENDING = (signal.SIGTERM, signal.SIGHUP)  # what a launcher sends the other ranks when one of them died
+
+
+@contextlib.contextmanager
+def until_said() -> Iterator[None]:
+    """For a command's whole job (``datc-train``): a SIGTERM or SIGHUP that arrives after the run's
+    :func:`stop_signals` scope ended, while the run unwinds to its one line (another rank died:
+    DeepSpeed's and torchrun's launchers SIGTERM the survivors within a second, just as their
+    collective fails), is noted instead of ending the process before the line is printed; the
+    process then ends with the line and the run's own status. Before the run's scope began (the
+    config, the models loading) such a signal acts as before, and so does a second one while
+    ending: the process ends. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    started, noted = len(_run_scopes), []
+
+    def ending(signum: int, frame: Any) -> None:
+        if len(_run_scopes) > started and not noted:  # the run is ending already: its line follows
+            noted.append(signum)
+            return
+        signal.signal(signum, signal.SIG_DFL)  # before the run, or a second signal: the default action
+        os.kill(os.getpid(), signum)
+
+    previous = {s: signal.signal(s, ending) for s in ENDING}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def stop_requested(dist: Any = None) -> bool:
