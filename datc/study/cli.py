@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None,
                    help="jobs handed to the launcher per call (submitit_local starts a whole call at once)")
     p.add_argument("--run-seconds", type=float, default=None, help="--plan: one run's wall time, if this study measured none")
-    p.add_argument("--keep-checkpoints", action="store_true", help="keep finished runs' checkpoints (removed by default)")
+    p.add_argument("--keep-checkpoints", action="store_true", help="keep finished runs' checkpoints and final weights (removed by default, after each batch)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="hydra/...: the launcher; anything else: every run")
     return p
 
@@ -86,7 +86,7 @@ def _main(argv: list[str] | None) -> int:
     # which a run directory may hold before its run starts (a library that logs on import, vLLM's,
     # creates it then); any other file there is refused as not a datc run
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3", job_name="train"):
-        launcher = StudyLauncher(hydra_args, folder, args.batch_size)
+        launcher = StudyLauncher(hydra_args, folder, args.batch_size, args.keep_checkpoints)
         specs = {}
         for s in schemes:
             try:

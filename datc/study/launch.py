@@ -59,7 +59,8 @@ class StudyLauncher:
     """The configured launcher and the composition of the study's jobs. Call inside one
     ``initialize_config_dir`` block (the caller's)."""
 
-    def __init__(self, hydra_overrides: list[str], folder: Path, batch_size: int | None = None) -> None:
+    def __init__(self, hydra_overrides: list[str], folder: Path, batch_size: int | None = None,
+                 keep_checkpoints: bool = False) -> None:
         from hydra._internal.callbacks import Callbacks
         from hydra.core.global_hydra import GlobalHydra
         from hydra.core.plugins import Plugins
@@ -90,6 +91,7 @@ class StudyLauncher:
         except Exception as e:  # "IS THE PLUGIN INSTALLED?": one line
             raise Refused(f"the launcher {target or '?'} cannot be set up: {_line(e)}") from None
         self.folder, self.batch_size, self.next_idx = folder, batch_size, 0
+        self.keep_checkpoints = keep_checkpoints
         launcher_cfg = self.master.hydra.launcher
         self.parallel = int(batch_size or launcher_cfg.get("n_jobs") or launcher_cfg.get("array_parallelism") or 1)
         if "BasicLauncher" in target:
@@ -145,6 +147,8 @@ class StudyLauncher:
                 if state(self.run_dir(j)) == "todo":
                     j.error = j.error or "the job ended without a finished run"
                     failed.append(j)
+                elif not self.keep_checkpoints:  # after each chunk, not each round: a real run's weights are GBs
+                    prune_run(self.run_dir(j))
             self._log(chunk)
         return failed
 
@@ -163,17 +167,26 @@ class StudyLauncher:
                 f.write(json.dumps({"label": j.label, "run_dir": str(j.run_dir), "error": j.error, **j.measure}) + "\n")
 
 
+WEIGHTS = ("checkpoints", "final")  # what a study removes from a finished run (--keep-checkpoints keeps them)
+
+
+def prune_run(run: Path) -> bool:
+    """Removes a finished run's weights, its ``checkpoints/`` and ``final/`` policy (at the real
+    scale about 3 GB and 0.6 GB; a study of a hundred runs would fill a disk): a finished run never
+    resumes, and the tables read only its ``summary.json``, ``run.json``, ``inputs.json`` and
+    ``metrics.jsonl``. False where the run has not finished or holds no weights."""
+    if not (run / "summary.json").is_file():
+        return False
+    found = [run / w for w in WEIGHTS if (run / w).is_dir()]
+    for w in found:
+        shutil.rmtree(w, ignore_errors=True)
+    return bool(found)
+
+
 def prune_checkpoints(folder: Path, dirs: tuple[str, ...]) -> int:
-    """Removes the ``checkpoints/`` of every finished run below ``folder/<dirs>``: a finished run
-    never resumes, and the tables read its ``summary.json``, ``run.json`` and ``inputs.json``
-    (at the real scale a run's two kept checkpoints take about 3 GB). Returns how many."""
-    n = 0
-    for d in dirs:
-        for run in sorted((folder / d).glob("*/")):
-            if (run / "summary.json").is_file() and (run / "checkpoints").is_dir():
-                shutil.rmtree(run / "checkpoints", ignore_errors=True)
-                n += 1
-    return n
+    """:func:`prune_run` on every run below ``folder/<dirs>`` (runs finished by an earlier
+    invocation, or before a driver was stopped). Returns how many held weights."""
+    return sum(prune_run(run) for d in dirs for run in sorted((folder / d).glob("*/")))
 
 
 def measured_seconds(folder: Path, scheme: str | None = None) -> float | None:

@@ -164,3 +164,39 @@ def test_a_job_past_submitits_time_limit_names_the_setting(tmp_path):
     assert "hydra.launcher.timeout_min=90 minutes" in hint and "resumes from its last checkpoint" in hint
     assert local._time_limit_hint(RuntimeError("other")) == ""
     assert basic._time_limit_hint(UncompletedJobError("x")) == ""
+
+
+def test_each_batch_of_finished_runs_gives_back_its_weights_before_the_next_starts(tmp_path):
+    # a real run's checkpoints hold about 3 GB and its final policy 0.6 GB: removed once a round of
+    # twelve had finished, they held 37 GB at once; now each batch's, before the next batch runs
+    from hydra import initialize_config_dir
+
+    from datc.paths import CONFIG_DIR
+    from datc.study.launch import Job, StudyLauncher
+
+    seen = []
+
+    def fake_launch(overrides, idx):  # each job "finishes" with weights; note what the earlier ones still hold
+        seen.append(sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("r*/*") if p.is_dir()))
+        for o in overrides:
+            run = tmp_path / o[0]
+            for w in ("checkpoints/step_0000004", "final"):
+                (run / w).mkdir(parents=True)
+            if o[0] != "r3":  # r3 is cut: it resumes, so it keeps its checkpoints
+                (run / "summary.json").write_text("{}")
+        return [None] * len(overrides)
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3", job_name="train"):
+        for keep in (False, True):
+            for p in tmp_path.glob("r*"):
+                shutil.rmtree(p)
+            launcher = StudyLauncher([], tmp_path, batch_size=2, keep_checkpoints=keep)
+            launcher.launcher.launch, seen[:] = fake_launch, []
+            jobs = [Job([f"r{i}"], f"run {i}", run_dir=tmp_path / f"r{i}") for i in range(4)]
+            failed = launcher.launch(jobs)
+            assert [j.label for j in failed] == ["run 3"]
+            if keep:
+                assert seen[1] == ["r0/checkpoints", "r0/final", "r1/checkpoints", "r1/final"]
+            else:
+                assert seen[1] == []  # the first batch's weights were gone when the second began
+                assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("r*/*") if p.is_dir()) == ["r3/checkpoints", "r3/final"]

@@ -64,7 +64,7 @@ def test_a_study_through_the_basic_launcher_runs_resumes_and_is_reported(prepare
     err = capsys.readouterr().err
     assert "stage eval, round 1: 1 to run (3 finished, skipped)" in err  # only the failed one
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
-    assert not list(folder.glob("*/*/checkpoints"))  # finished: pruned
+    assert not list(folder.glob("*/*/checkpoints")) and not list(folder.glob("*/*/final"))  # finished: pruned
     assert all((p.parent / "train.log").is_file() for p in folder.glob("*/*/summary.json"))  # the job's log kept
     assert all(r["pid"] == os.getpid() for r in log(folder) if r.get("state"))  # basic: in this process
     m = json.loads((folder / "tuning.json").read_text())
