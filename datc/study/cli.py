@@ -128,6 +128,8 @@ def _run_stages(stages: tuple[str, ...], m: dict, folder: Path, launcher, args: 
     from datc.study.matched import MATCHED_DIR
     from datc.study.reading import EVAL_DIR, SELECT_DIR, read_setting
 
+    if not args.keep_checkpoints:  # runs that finished under a driver stopped before its batch ended
+        prune_checkpoints(folder, (SELECT_DIR, EVAL_DIR, MATCHED_DIR))
     for stage in stages:
         if stage == "kl" and args.baseline not in m["schemes"]:
             say(f"stage kl: no matched-KL control without the baseline {args.baseline} in the study")

@@ -200,3 +200,24 @@ def test_each_batch_of_finished_runs_gives_back_its_weights_before_the_next_star
             else:
                 assert seen[1] == []  # the first batch's weights were gone when the second began
                 assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("r*/*") if p.is_dir()) == ["r3/checkpoints", "r3/final"]
+
+
+def test_a_run_that_finished_under_a_stopped_driver_gives_back_its_weights_at_the_next_start(tmp_path, capsys):
+    # the driver stopped while the other job of its batch ran: the finished run kept its weights, and a
+    # stage with nothing left to run never reached the prune after a batch
+    shutil.copytree(RECORDS / "keywords-tiny_gpt2", tmp_path / "keywords-tiny_gpt2")
+    folder = tmp_path / "keywords-tiny_gpt2"
+    runs = sorted((folder / "select").iterdir())[:2]
+    for r in runs:
+        (r / "checkpoints" / "step_0000040").mkdir(parents=True)
+        (r / "final").mkdir()
+    m = json.loads((folder / "tuning.json").read_text())
+    argv = ["--policy", "tiny_gpt2", "--data", "keywords", "--root", str(tmp_path), "--schemes", ",".join(m["schemes"]),
+            "--stage", "knob", "trainer.threads=1"]
+    code, _, err = run([*argv, "--keep-checkpoints"], capsys)
+    assert code == 0 and "0 to run" in err, err
+    assert all((r / "checkpoints").is_dir() and (r / "final").is_dir() for r in runs)  # kept when asked
+    code, _, err = run(argv, capsys)
+    assert code == 0 and "0 to run" in err, err
+    assert not any((r / "checkpoints").exists() or (r / "final").exists() for r in runs)
+    assert all((r / "summary.json").is_file() and (r / "run.json").is_file() for r in runs)  # the records stay
