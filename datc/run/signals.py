@@ -84,13 +84,22 @@ def stop_signals() -> Iterator[None]:
     _received.clear()
     _first_at.clear()
     _run_scopes.append(1)
-    previous = {s: signal.signal(s, _handler) for s in SIGNALS}
+    try:
+        with _handling(SIGNALS, _handler):
+            yield
+    finally:
+        _received.clear()
+
+
+@contextlib.contextmanager
+def _handling(signals: tuple[int, ...], handler: Any) -> Iterator[None]:
+    """``handler`` for ``signals`` while the block runs; the former handlers after."""
+    previous = {s: signal.signal(s, handler) for s in signals}
     try:
         yield
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-        _received.clear()
 
 
 ENDING = (signal.SIGTERM, signal.SIGHUP)  # what a launcher sends the other ranks when one of them died
@@ -117,12 +126,8 @@ def until_said() -> Iterator[None]:
         signal.signal(signum, signal.SIG_DFL)  # before the run, or a second signal: the default action
         os.kill(os.getpid(), signum)
 
-    previous = {s: signal.signal(s, ending) for s in ENDING}
-    try:
+    with _handling(ENDING, ending):
         yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 def stop_requested(dist: Any = None) -> bool:
