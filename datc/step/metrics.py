@@ -48,8 +48,10 @@ def step_metrics(s, ro: Rollout, rw: Rewarded, cr: Credited, stats: dict[str, fl
         "perf/step_s": t4 - t0, "perf/rollout_s": t1 - t0, "perf/reward_s": t2 - t1,
         "perf/credit_s": t3 - t2, "perf/update_s": t4 - t3,
         "perf/tokens_per_s": n_tokens / (t4 - t0), "perf/samples_per_s": t.batch_size / (t4 - t0),
+        # host memory now (a run's trace of it over steps shows whether it stays flat), read before the
+        # high-water mark: VmHWM read after VmRSS is never below it, even while another thread allocates
+        "perf/rss_gb": rss_mb() / 1024,
         "perf/peak_mem_gb": peak_memory_gb(s.device),
-        "perf/rss_gb": rss_mb() / 1024,  # host memory now: a run's trace of it over steps shows whether it stays flat
         **s.stream.figures(),  # rollout.max_staleness > 0: the batch's staleness and the waits (datc.step.stream)
     }
     if rw.gold is not None:
