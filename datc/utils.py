@@ -83,27 +83,38 @@ def quiet_libraries() -> None:
     datasets.logging.set_verbosity_error()
 
 
-def _status_mb(key: str) -> float:
-    """A ``kB`` field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``), in MB; NaN where /proc is missing."""
+def _status_mb(*keys: str) -> tuple[float, ...]:
+    """``kB`` fields of ``/proc/self/status`` (``VmRSS``, ``VmHWM``), in MB, from one read; NaN
+    where /proc is missing. One read matters: the kernel fills VmHWM as at least VmRSS in the same
+    read, while two reads can see VmRSS above VmHWM (its counters are per-CPU approximations)."""
+    found: dict[str, float] = {}
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024
+            key = line.split(":", 1)[0]
+            if key in keys:
+                found[key] = int(line.split()[1]) / 1024
     except OSError:
         pass
-    return math.nan
+    return tuple(found.get(k, math.nan) for k in keys)
 
 
 def peak_rss_mb() -> float:
     """This process's peak resident memory (VmHWM), in MB; NaN where /proc is missing. Unlike
     ``ru_maxrss``, VmHWM belongs to the process image, so a child does not inherit its parent's
     peak across ``exec``."""
-    return _status_mb("VmHWM")
+    return _status_mb("VmHWM")[0]
 
 
 def rss_mb() -> float:
     """This process's resident memory now (VmRSS), in MB; NaN where /proc is missing."""
-    return _status_mb("VmRSS")
+    return _status_mb("VmRSS")[0]
+
+
+def resident_mb() -> tuple[float, float]:
+    """(VmRSS, VmHWM) in MB from one read of ``/proc/self/status``, so the peak is never below
+    the resident set it is reported beside; NaNs where /proc is missing."""
+    now, peak = _status_mb("VmRSS", "VmHWM")
+    return now, peak
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)

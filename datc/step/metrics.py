@@ -14,7 +14,7 @@ from datc.credit.diagnostics import credit_metrics
 from datc.math.metrics import finite_mean, finite_std, within_group_corr
 from datc.step.credit import Credited
 from datc.step.reward import Rewarded
-from datc.utils import peak_rss_mb, rss_mb
+from datc.utils import resident_mb
 
 
 def step_metrics(s, ro: Rollout, rw: Rewarded, cr: Credited, stats: dict[str, float],
@@ -30,6 +30,7 @@ def step_metrics(s, ro: Rollout, rw: Rewarded, cr: Credited, stats: dict[str, fl
     rollout_entropy = stats.pop("entropy")
     if cr.entropy is not None:
         rollout_entropy = float((cr.entropy * ro.response_mask).sum() / max(n_tokens, 1))
+    host = resident_mb()
     metrics = {
         "reward/total": finite_mean(rw.rewards),
         "reward/rm_score": finite_mean(rw.scores),
@@ -48,10 +49,10 @@ def step_metrics(s, ro: Rollout, rw: Rewarded, cr: Credited, stats: dict[str, fl
         "perf/step_s": t4 - t0, "perf/rollout_s": t1 - t0, "perf/reward_s": t2 - t1,
         "perf/credit_s": t3 - t2, "perf/update_s": t4 - t3,
         "perf/tokens_per_s": n_tokens / (t4 - t0), "perf/samples_per_s": t.batch_size / (t4 - t0),
-        # host memory now (a run's trace of it over steps shows whether it stays flat), read before the
-        # high-water mark: VmHWM read after VmRSS is never below it, even while another thread allocates
-        "perf/rss_gb": rss_mb() / 1024,
-        "perf/peak_mem_gb": peak_memory_gb(s.device),
+        # host memory now (a run's trace of it over steps shows whether it stays flat) and the peak so far,
+        # read together (datc.utils.resident_mb): the host peak is never below the resident set beside it
+        "perf/rss_gb": host[0] / 1024,
+        "perf/peak_mem_gb": peak_memory_gb(s.device, host[1]),
         **s.stream.figures(),  # rollout.max_staleness > 0: the batch's staleness and the waits (datc.step.stream)
     }
     if rw.gold is not None:
@@ -85,9 +86,9 @@ def _across_ranks(dist: Dist, metrics: dict[str, float]) -> dict[str, float]:
 
 
 
-def peak_memory_gb(device: torch.device) -> float:
+def peak_memory_gb(device: torch.device, host_peak_mb: float) -> float:
     """Peak memory so far, GiB: allocated on the GPU, else this process's resident high-water
-    mark (VmHWM; NaN where /proc is missing)."""
+    mark (VmHWM, ``host_peak_mb``; NaN where /proc is missing)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
-    return peak_rss_mb() / 1024
+    return host_peak_mb / 1024

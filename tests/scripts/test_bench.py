@@ -420,7 +420,37 @@ def test_the_memory_trace_reads_each_steps_resident_set_and_samples_the_process_
     assert s["steps"] == 4 and s["rss_last_gb"] == res["steps"][-1]["rss_gb"]
     mb = [r["rss_gb"] * 1024 for r in res["steps"][2:]]
     assert s["second_half_slope_mb_per_step"] == pytest.approx(mb[1] - mb[0])
+    # each sample knows how many step lines had landed: they never go back, and the last is every step
+    done = [x["steps_done"] for x in res["samples"]]
+    assert done == sorted(done) and done[0] == 0 and set(done) <= set(range(5))
     assert "slope" in (tmp_path / "memory_trace_t.md").read_text()
+
+
+def test_the_memory_trace_reads_peaks_and_floors_per_step_and_per_window(tmp_path, capsys):
+    # The tree's samples grouped by the step they fell in (steps_done = k - 1) and by time windows;
+    # a rising floor is what tells a creep from a noisy peak's new records.
+    from scripts.bench.memory_trace import main, per_step, summarize, windows
+
+    samples = [{"t_s": float(t), "tree_rss_mb": mb, "processes": 1, "steps_done": d}
+               for t, mb, d in [(0, 10, 0), (1, 500, 0), (2, 900, 1), (3, 700, 1), (4, 950, 2), (5, 720, 2), (6, 980, 3)]]
+    assert per_step(samples, 3) == [{"step": 1, "peak_mb": 500, "floor_mb": 10, "samples": 2},
+                                    {"step": 2, "peak_mb": 900, "floor_mb": 700, "samples": 2},
+                                    {"step": 3, "peak_mb": 950, "floor_mb": 720, "samples": 2}]
+    assert per_step([{k: v for k, v in x.items() if k != "steps_done"} for x in samples], 3) == []  # an old trace
+    assert windows(samples, 3.0) == [{"start_s": 0.0, "peak_mb": 900, "floor_mb": 10, "samples": 3},
+                                     {"start_s": 3.0, "peak_mb": 950, "floor_mb": 700, "samples": 3},
+                                     {"start_s": 6.0, "peak_mb": 980, "floor_mb": 980, "samples": 1}]
+    rows = [{"step": k, "rss_gb": 0.5, "peak_gb": 1.0, "step_s": 1.0} for k in (1, 2, 3, 4)]
+    more = samples + [{"t_s": 7.0, "tree_rss_mb": 990, "processes": 1, "steps_done": 3}]
+    s = summarize({"steps": rows, "samples": more})  # second half: steps 3 and 4
+    assert s["tree_step_peak_slope_mb_per_step"] == pytest.approx(990 - 950)
+    assert s["tree_step_floor_slope_mb_per_step"] == pytest.approx(980 - 720)
+    (tmp_path / "t.json").write_text(json.dumps({"samples": samples}))
+    assert main(["--windows", str(tmp_path / "t.json"), "--width", "3", "--skip", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "| 3 | 0.93 | 0.68 | 3 |" in out  # GB
+    # (950 - 900) MB and (700 - 10) MB over 3 s, in MB an hour; the last window (the run's end) left out
+    assert "the 2 windows from 0 s to the last: highest +60000 MB an hour, lowest +828000 MB an hour" in out
 
 
 def test_the_prepared_files_check_passes_on_its_own_pin_and_names_a_changed_file(cache_dir, tmp_path, capsys):
