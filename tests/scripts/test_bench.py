@@ -470,3 +470,23 @@ def test_the_prepared_files_check_passes_on_its_own_pin_and_names_a_changed_file
     pin.write_text(json.dumps(pinned))
     assert main(args) == 1
     assert "reward/model.safetensors" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_dtype_bench_interleaves_float32_and_bfloat16_sessions(cache_dir, tmp_path):
+    # scripts/bench/cpu_dtype.py: two sessions, policy.dtype float32 and bfloat16, steps interleaved;
+    # per phase the medians and the float32 / bfloat16 ratio (whichever way it goes on this CPU)
+    from scripts.bench.cpu_dtype import PHASES, main
+
+    assert main(["--name", "t", "--steps", "2", "--out", str(tmp_path), "debug=fast", f"cache_dir={cache_dir}"]) == 0
+    res = json.loads((tmp_path / "cpu_dtype_t.json").read_text())
+    s = res["summary"]
+    for d in ("float32", "bfloat16"):
+        assert all(len(res["all"][d][p]) == 2 for p in PHASES)  # the warm-up step left out
+        assert s[d]["step_s"]["min"] <= s[d]["step_s"]["median"] <= s[d]["step_s"]["max"]
+        assert s[d]["step_s"]["median"] >= s[d]["rollout_s"]["median"] > 0 and s[d]["response_len"]["median"] > 0
+    ratio = s["float32_over_bfloat16"]["step_s"]
+    assert ratio == pytest.approx(s["float32"]["step_s"]["median"] / s["bfloat16"]["step_s"]["median"]) and ratio > 0
+    assert f"| float32 / bfloat16 | {ratio:.2f} |" in (tmp_path / "cpu_dtype_t.md").read_text()
+    with pytest.raises(SystemExit):  # the script sets the dtype itself
+        main(["--name", "t", "--out", str(tmp_path), "debug=fast", "policy.dtype=float32"])
