@@ -52,7 +52,7 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join([
         f"# Step time, float32 against bfloat16 compute on a CPU: {res['name']}", "",
         f"Written by `{res['command']}` (`scripts/bench/cpu_dtype.py`) at commit `{res['commit']}` ({res['date']}), "
-        f"torch {res['machine']['torch']}, {res['machine']['cpus']} CPUs (bf16 flags: {', '.join(res['cpu_flags']) or 'none'}); "
+        f"torch {res['machine']['torch']}, {res['threads']} torch thread(s), {res['machine']['cpus']} CPUs (bf16 flags: {', '.join(res['cpu_flags']) or 'none'}); "
         f"load average (1, 5, 15 min) {la} at the start, {res['load_average_end']} at the end.", "",
         f"Two sessions of the same config in one process, `policy.dtype` float32 and bfloat16, their steps "
         f"interleaved (the order alternating), {res['steps']} measured steps each after one warm-up step. "
@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("policy.dtype: set by this script (float32 and bfloat16), leave it out of the overrides")
     import os
 
+    import torch
+
     from datc.analysis.inputs import session_for
     from datc.run.provenance import provenance
     from datc.step import train_step
@@ -86,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     res: dict[str, Any] = {**provenance(" ".join(["python -m scripts.bench.cpu_dtype", *(argv if argv is not None else sys.argv[1:])])),
                            "name": a.name, "steps": a.steps, "cpu_flags": cpu_flags()}
     sessions = {d: session_for([*a.overrides, f"policy.dtype={d}"]) for d in DTYPES}
+    torch.set_num_threads(sessions["float32"].c.trainer.threads)  # as datc-train does (trainer.threads)
+    res["threads"] = torch.get_num_threads()
     times: dict[str, dict[str, list[float]]] = {d: {p: [] for p in (*PHASES, "response_len")} for d in DTYPES}
     for it in range(a.steps + 1):
         for d in DTYPES if it % 2 == 0 else reversed(DTYPES):
