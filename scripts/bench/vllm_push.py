@@ -1,0 +1,112 @@
+"""Which part of a vLLM rollout makes the process grow: sampling alone, the weight push alone, or
+the push followed by sampling (what every step does), each repeated, the resident set read after
+each call. Written to results/bench/vllm_push_<name>.{json,md}. Run it in ``.venv-vllm``:
+
+    nice -n 10 .venv-vllm/bin/python -m scripts.bench.vllm_push --name real --calls 10 \\
+        experiment=real_smollm2 rollout=vllm trainer.threads=1
+
+The session is the run's (``datc.analysis.inputs.session_for``); no update runs, so every push
+carries the same weights. ``--phases push_then_sample`` runs the last phase alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+PHASES = ("sample", "push", "push_then_sample")
+
+
+def growth(rows: list[dict[str, Any]], phase: str, skip: int = 2) -> dict[str, float]:
+    """The phase's resident-set growth: MB from its first call's end to its last's, and the
+    least-squares slope over its calls after the first ``skip`` (warm-up), MB a call."""
+    from scripts.bench.memory_trace import slope
+
+    ph = [r for r in rows if r["phase"] == phase]
+    late = ph[skip:]
+    return {"calls": len(ph), "first_to_last_mb": ph[-1]["rss_mb"] - ph[0]["rss_mb"] if ph else float("nan"),
+            "slope_mb_per_call": slope([float(r["call"]) for r in late], [r["rss_mb"] for r in late]),
+            "median_call_s": sorted(r["call_s"] for r in ph)[len(ph) // 2] if ph else float("nan")}
+
+
+def markdown(res: dict[str, Any]) -> str:
+    la = res["load_average"]
+    lines = [f"# A vLLM rollout's resident set, by part: {res['name']}", "",
+             f"Written by `{res['command']}` (`scripts/bench/vllm_push.py`) at commit `{res['commit']}` ({res['date']}), "
+             f"torch {res['machine']['torch']}, {res['machine']['cpus']} CPUs; load average (1, 5, 15 min) {la} at the start.", "",
+             f"The session's resident set {res['start_mb']:.0f} MB before the first call; each phase's calls in a row, "
+             "the resident set read after each (after `gc.collect()`). Slopes leave out each phase's first two calls.", "",
+             "| phase | calls | growth, first call to last (MB) | slope after warm-up (MB a call) | median call (s) |",
+             "|---|---|---|---|---|"]
+    for p, g in res["growth"].items():
+        lines.append(f"| {p} | {g['calls']} | {g['first_to_last_mb']:+.1f} | {g['slope_mb_per_call']:+.1f} | {g['median_call_s']:.1f} |")
+    lines += ["", "| phase | call | RSS (MB) | high-water mark (MB) | call (s) |", "|---|---|---|---|---|"]
+    lines += [f"| {r['phase']} | {r['call']} | {r['rss_mb']:.1f} | {r['hwm_mb']:.1f} | {r['call_s']:.1f} |" for r in res["rows"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m scripts.bench.vllm_push", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--name", required=True, help="the result's name: results/bench/vllm_push_<name>.md")
+    ap.add_argument("--calls", type=int, default=10, help="calls per phase")
+    ap.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
+    ap.add_argument("--out", default=str(ROOT / "results/bench"))
+    ap.add_argument("overrides", nargs="*", help="hydra overrides of the session (rollout=vllm or another engine)")
+    a = ap.parse_args(argv)
+    if a.calls < 3:
+        ap.error("--calls: at least 3 (the slope leaves out two warm-up calls)")
+    import torch
+
+    from datc.analysis.inputs import session_for
+    from datc.run.provenance import provenance
+    from datc.step.sample import sampling_args
+    from datc.step.stream import batch_for
+    from datc.utils import quiet_libraries, resident_mb
+    from scripts.bench.render import write_result
+
+    quiet_libraries()
+    res: dict[str, Any] = {**provenance(" ".join(["python -m scripts.bench.vllm_push", *(argv if argv is not None else sys.argv[1:])])),
+                           "name": a.name, "calls": a.calls}
+    s = session_for(list(a.overrides))
+    torch.set_num_threads(s.c.trainer.threads)
+    args = sampling_args(s, s.plan)
+    rows: list[dict[str, Any]] = []
+    step = 0
+
+    def sample() -> None:
+        nonlocal step
+        b = batch_for(s, step)  # a new step's prompts and seeds each call
+        step += 1
+        with torch.no_grad():
+            s.engine.sample(s.m.policy, s.m.tok, b.examples, args, encoder=s.m.encoder, seeds=b.seeds)
+
+    def push() -> None:
+        s.engine.sync(s.m.policy)
+
+    calls = {"sample": [sample], "push": [push], "push_then_sample": [push, sample]}
+    gc.collect()
+    res["start_mb"] = resident_mb()[0]
+    for phase in a.phases:
+        for i in range(a.calls):
+            t0 = time.perf_counter()
+            for f in calls[phase]:
+                f()
+            dt = time.perf_counter() - t0
+            gc.collect()
+            now, peak = resident_mb()
+            rows.append({"phase": phase, "call": i + 1, "rss_mb": round(now, 1), "hwm_mb": round(peak, 1), "call_s": round(dt, 2)})
+            print(rows[-1], flush=True)
+    s.engine.close()
+    res["rows"] = rows
+    res["growth"] = {p: growth(rows, p) for p in a.phases}
+    print(write_result(Path(a.out), f"vllm_push_{a.name}", res, markdown(res)).read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
