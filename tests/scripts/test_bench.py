@@ -490,3 +490,24 @@ def test_the_dtype_bench_interleaves_float32_and_bfloat16_sessions(cache_dir, tm
     assert f"| float32 / bfloat16 | {ratio:.2f} |" in (tmp_path / "cpu_dtype_t.md").read_text()
     with pytest.raises(SystemExit):  # the script sets the dtype itself
         main(["--name", "t", "--out", str(tmp_path), "debug=fast", "policy.dtype=float32"])
+
+
+@pytest.mark.slow
+def test_the_push_probe_reads_the_resident_set_after_each_call_of_each_phase(cache_dir, tmp_path):
+    # scripts/bench/vllm_push.py through the built-in engine (its push is the trainer's own weights,
+    # the same calls as vLLM's): every phase's calls in a row, the growth and its slope after warm-up
+    from scripts.bench.vllm_push import PHASES, growth, main
+
+    assert main(["--name", "t", "--calls", "3", "--out", str(tmp_path), "debug=fast", f"cache_dir={cache_dir}"]) == 0
+    res = json.loads((tmp_path / "vllm_push_t.json").read_text())
+    assert [(r["phase"], r["call"]) for r in res["rows"]] == [(p, i) for p in PHASES for i in (1, 2, 3)]
+    assert all(0 < r["rss_mb"] <= r["hwm_mb"] for r in res["rows"])
+    for p in PHASES:
+        rows = [r for r in res["rows"] if r["phase"] == p]
+        assert res["growth"][p]["first_to_last_mb"] == pytest.approx(rows[-1]["rss_mb"] - rows[0]["rss_mb"])
+    assert "| push_then_sample | 3 |" in (tmp_path / "vllm_push_t.md").read_text()
+    rows = [{"phase": "push", "call": k, "rss_mb": mb, "call_s": 1.0} for k, mb in [(1, 100.0), (2, 150.0), (3, 160.0), (4, 170.0), (5, 180.0)]]
+    g = growth(rows, "push")  # the first two calls are the warm-up: 160, 170, 180 after them
+    assert g["first_to_last_mb"] == 80.0 and g["slope_mb_per_call"] == pytest.approx(10.0) and g["calls"] == 5
+    with pytest.raises(SystemExit):
+        main(["--name", "t", "--calls", "2", "debug=fast"])
