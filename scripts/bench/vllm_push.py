@@ -54,12 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scripts.bench.vllm_push", description=__doc__.split("\n\n")[0])
     ap.add_argument("--name", required=True, help="the result's name: results/bench/vllm_push_<name>.md")
     ap.add_argument("--calls", type=int, default=10, help="calls per phase")
-    ap.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
+    ap.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, of {', '.join(PHASES)}")
     ap.add_argument("--out", default=str(ROOT / "results/bench"))
     ap.add_argument("overrides", nargs="*", help="hydra overrides of the session (rollout=vllm or another engine)")
     a = ap.parse_args(argv)
     if a.calls < 3:
         ap.error("--calls: at least 3 (the slope leaves out two warm-up calls)")
+    a.phases = [p for p in a.phases.split(",") if p]
+    if not a.phases or (bad := [p for p in a.phases if p not in PHASES]):
+        ap.error(f"--phases: {a.phases!r}: choose from {', '.join(PHASES)}")
     import torch
 
     from datc.analysis.inputs import session_for

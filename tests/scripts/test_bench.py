@@ -511,3 +511,5 @@ def test_the_push_probe_reads_the_resident_set_after_each_call_of_each_phase(cac
     assert g["first_to_last_mb"] == 80.0 and g["slope_mb_per_call"] == pytest.approx(10.0) and g["calls"] == 5
     with pytest.raises(SystemExit):
         main(["--name", "t", "--calls", "2", "debug=fast"])
+    with pytest.raises(SystemExit):
+        main(["--name", "t", "--phases", "push,pull", "debug=fast"])
