@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--calls: at least 3 (the slope leaves out two warm-up calls)")
     a.phases = [p for p in a.phases.split(",") if p]
     if not a.phases or (bad := [p for p in a.phases if p not in PHASES]):
-        ap.error(f"--phases: {a.phases!r}: choose from {', '.join(PHASES)}")
+        ap.error(f"--phases: {', '.join(bad) if a.phases else 'none given'}: choose from {', '.join(PHASES)}")
     import torch
 
     from datc.analysis.inputs import session_for
