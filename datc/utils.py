@@ -86,7 +86,7 @@ def quiet_libraries() -> None:
 def _status_mb(*keys: str) -> tuple[float, ...]:
     """``kB`` fields of ``/proc/self/status`` (``VmRSS``, ``VmHWM``), in MB, from one read; NaN
     where /proc is missing. One read matters: the kernel fills VmHWM as at least VmRSS in the same
-    read, while two reads can see VmRSS above VmHWM (its counters are per-CPU approximations)."""
+    read, while two reads can see VmRSS above VmHWM (memory a thread touched between them)."""
     found: dict[str, float] = {}
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
