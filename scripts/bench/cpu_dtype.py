@@ -22,6 +22,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 DTYPES = ("float32", "bfloat16")
 PHASES = ("step_s", "rollout_s", "reward_s", "credit_s", "update_s")
+MIN_TIMED_S = 0.01  # a phase's ratio is left out below this median (a scheme without credit work: noise)
 
 
 def cpu_flags() -> list[str]:
@@ -40,7 +41,7 @@ def summarize(times: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
     out: dict[str, Any] = {d: {p: {"median": statistics.median(v), "min": min(v), "max": max(v)} for p, v in ph.items()}
                            for d, ph in times.items()}
     out["float32_over_bfloat16"] = {p: out["float32"][p]["median"] / out["bfloat16"][p]["median"]
-                                    for p in PHASES if out["bfloat16"][p]["median"] > 0}
+                                    for p in PHASES if min(out[d][p]["median"] for d in DTYPES) >= MIN_TIMED_S}
     return out
 
 
@@ -48,7 +49,8 @@ def markdown(res: dict[str, Any]) -> str:
     s, la = res["summary"], res["load_average"]
     rows = [f"| {d} | " + " | ".join(f"{s[d][p]['median']:.2f}" for p in PHASES)
             + f" | {s[d]['response_len']['median']:.1f} |" for d in DTYPES]
-    ratio = " | ".join(f"{s['float32_over_bfloat16'].get(p, float('nan')):.2f}" for p in PHASES)
+    r = s["float32_over_bfloat16"]
+    ratio = " | ".join(f"{r[p]:.2f}" if p in r else "-" for p in PHASES)
     return "\n".join([
         f"# Step time, float32 against bfloat16 compute on a CPU: {res['name']}", "",
         f"Written by `{res['command']}` (`scripts/bench/cpu_dtype.py`) at commit `{res['commit']}` ({res['date']}), "
