@@ -113,8 +113,7 @@ def rss_mb() -> float:
 def resident_mb() -> tuple[float, float]:
     """(VmRSS, VmHWM) in MB from one read of ``/proc/self/status``, so the peak is never below
     the resident set it is reported beside; NaNs where /proc is missing."""
-    now, peak = _status_mb("VmRSS", "VmHWM")
-    return now, peak
+    return _status_mb("VmRSS", "VmHWM")  # type: ignore[return-value]  # two keys, two values
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)

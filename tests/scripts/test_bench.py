@@ -513,3 +513,15 @@ def test_the_push_probe_reads_the_resident_set_after_each_call_of_each_phase(cac
         main(["--name", "t", "--calls", "2", "debug=fast"])
     with pytest.raises(SystemExit):
         main(["--name", "t", "--phases", "push,pull", "debug=fast"])
+
+
+def test_the_dtype_bench_ratio_is_float32_over_bfloat16_and_skips_phases_timed_under_10_ms():
+    from scripts.bench.cpu_dtype import summarize
+
+    times = {"float32": {"step_s": [4.0, 6.0, 5.0], "rollout_s": [2.0, 2.0, 2.0], "reward_s": [1.0, 1.0, 1.0],
+                         "credit_s": [0.002, 0.001, 0.003], "update_s": [1.0, 3.0, 2.0], "response_len": [8.0, 8.0, 8.0]},
+             "bfloat16": {"step_s": [2.0, 3.0, 2.5], "rollout_s": [1.0, 1.0, 1.0], "reward_s": [0.5, 0.5, 0.5],
+                          "credit_s": [0.001, 0.001, 0.001], "update_s": [1.0, 1.0, 1.0], "response_len": [8.0, 8.0, 8.0]}}
+    s = summarize(times)
+    assert s["float32"]["step_s"] == {"median": 5.0, "min": 4.0, "max": 6.0}
+    assert s["float32_over_bfloat16"] == {"step_s": 2.0, "rollout_s": 2.0, "reward_s": 2.0, "update_s": 2.0}  # 5/2.5, 2/1, 1/0.5, 2/1
