@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default="runs/tuned", help="the studies' root; one folder per setting below it")
     p.add_argument("--experiment", default="four_settings")
     p.add_argument("--baseline", default="grpo", help="the scheme the matched-KL control runs at other rates")
+    p.add_argument("--kl-schemes", default="",
+                   help="comma-separated schemes whose matched-KL control runs whatever their gain (METHOD §6 runs it for "
+                        "every resolved gain; a loss at equal tuning may be a smaller step, not worse credit); remembered")
     p.add_argument("--select-draw", type=int, default=0, help="prepare_seed of the selection runs")
     p.add_argument("--select-seeds", type=seeds, default=seeds("100,101"))
     p.add_argument("--eval-draws", default="0,1,2", help="prepare_seeds of the evaluation, the seeds split evenly among them")
@@ -98,6 +101,9 @@ def _main(argv: list[str] | None) -> int:
             specs[s] = scheme_spec(cfg)
         if "kl" in stages and args.baseline not in specs and args.stage == "kl":
             raise Refused(f"--stage kl: the baseline {args.baseline} is not among --schemes")
+        if bad := [s for s in kl_schemes(args) if s not in specs or s == args.baseline]:
+            raise Refused(f"--kl-schemes: {', '.join(bad)}: not among --schemes other than the baseline {args.baseline} "
+                          f"(choose from {', '.join(s for s in specs if s != args.baseline)})")
         m, note = merge_manifest(folder, new_manifest(args.data, args.policy, args.experiment, task, args.select_draw,
                                                       args.select_seeds, draws, args.eval_seeds, specs))
         if note:
@@ -106,7 +112,7 @@ def _main(argv: list[str] | None) -> int:
             print(f"datc-study: warning: {len(args.eval_seeds)} evaluation seeds; METHOD §6 asks for at least 6 pairs",
                   file=sys.stderr)
         if args.plan:
-            print_plan(stages, m, folder, launcher, args.baseline, args.run_seconds)
+            print_plan(stages, m, folder, launcher, args.baseline, args.run_seconds, kl_schemes(args))
             return 0
         lock = StudyLock(folder)
         try:
@@ -114,6 +120,10 @@ def _main(argv: list[str] | None) -> int:
             return _run_stages(stages, m, folder, launcher, args)
         finally:
             lock.close()
+
+
+def kl_schemes(args: argparse.Namespace) -> tuple[str, ...]:
+    return tuple(s for s in args.kl_schemes.split(",") if s)
 
 
 def _run_mode():
@@ -145,7 +155,7 @@ def _run_stages(stages: tuple[str, ...], m: dict, folder: Path, launcher, args: 
             elif stage == "eval":
                 jobs, notes = eval_jobs(m, folder, st)
             else:
-                jobs, notes = kl_jobs(m, folder, st, args.baseline)
+                jobs, notes = kl_jobs(m, folder, st, args.baseline, requested=kl_schemes(args))
             for n in notes:
                 if n not in said:
                     say(f"stage {stage}: {n}")

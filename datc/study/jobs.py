@@ -14,6 +14,7 @@ the reading ``datc-compare --tuned`` makes its tables with):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,8 +110,10 @@ def eval_jobs(m: dict[str, Any], folder: Path, st: SettingTuning) -> tuple[list[
     return jobs, left
 
 
-def kl_jobs(m: dict[str, Any], folder: Path, st: SettingTuning, baseline: str, write: bool = True) -> tuple[list[Job], list[str]]:
-    """One round of the matched-KL control (METHOD §6): per resolved gain without a matched rate, the
+def kl_jobs(m: dict[str, Any], folder: Path, st: SettingTuning, baseline: str, write: bool = True,
+            requested: Sequence[str] = ()) -> tuple[list[Job], list[str]]:
+    """One round of the matched-KL control (METHOD §6): per resolved gain without a matched rate (and
+    per scheme in ``requested`` or asked for before, whatever its gain: kept in the log), the
     search's rate in flight (asked, not finished on every selection seed) or :func:`kl_step`'s next
     one; per matched rate, its evaluation runs not yet finished. The search's log is ``matched.json``
     (per scheme its target, the rates tried, why it stopped). Returns the jobs and notes."""
@@ -121,7 +124,11 @@ def kl_jobs(m: dict[str, Any], folder: Path, st: SettingTuning, baseline: str, w
     if short := [s for s in usable if st.schemes[s].chosen is None or len(st.schemes[s].tuned) < n_eval]:
         raise Refused(f"--stage kl: the evaluation is not complete for {', '.join(short)} "
                       f"(of {n_eval} evaluation seeds); run --stage eval first (it resumes where it stopped)")
+    if bad := [s for s in requested if s not in st.schemes or s == baseline]:
+        raise Refused(f"--kl-schemes: {', '.join(bad)}: not a scheme of {folder / MANIFEST} other than the baseline "
+                      f"{baseline} (choose from {', '.join(s for s in st.schemes if s != baseline)})")
     search, jobs, notes, asked = read_search(folder), [], [], []
+    search["requested"] = sorted({*search.get("requested", []), *requested})
     base_sc = st.schemes[baseline]
     spec, sel = base_sc.spec, set(m["selection"]["seeds"])
     s_cfg = m["search"]
@@ -144,7 +151,7 @@ def kl_jobs(m: dict[str, Any], folder: Path, st: SettingTuning, baseline: str, w
     def at(lr: float, what: str) -> list[Job]:
         return selection(m, folder, baseline, spec, lr, kd, what)
 
-    for row in sorted(matched_rows(st, baseline, st.matched), key=lambda r: r.target_kl):
+    for row in sorted(matched_rows(st, baseline, st.matched, search["requested"]), key=lambda r: r.target_kl):
         entry = search.get(row.scheme)
         if not isinstance(entry, dict) or not same_value(entry.get("target_kl"), row.target_kl):
             old = [entry] if isinstance(entry, dict) else []

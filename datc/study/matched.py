@@ -2,7 +2,9 @@
 ±5% of a scheme's (±20% in a study made before ``datc-study``: its manifest has no ``"search"``), so that a gain over GRPO can be told apart from a larger step.
 
 For every scheme whose tuned gain over tuned GRPO is resolved (the paired interval on the
-evaluation seeds excludes zero and the gain is positive), the *target* is the mean final KL of the
+evaluation seeds excludes zero and the gain is positive), and for any scheme the study was asked to
+control whatever its result (``datc-study --stage kl --kl-schemes``: a loss at equal tuning may be a
+smaller step, not worse credit; the schemes are kept in ``matched.json``'s ``"requested"``), the *target* is the mean final KL of the
 scheme's chosen configuration on the **selection** seeds. GRPO's learning rate is searched on the
 same selection seeds (``datc-study --stage kl``: :func:`datc.study.kl_search.kl_step` from GRPO's finished
 selection points, a few rounds at most, each round's rates in ``matched.json``), and the rate whose
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,6 +98,7 @@ class MatchedRow:
     kl_matched: Interval  # final KL of the matched baseline's evaluation runs
     tol: float = TOLERANCE  # the manifest's: ±5% for a bracketing study (METHOD §6), ±20% before it
     bracket: bool = False  # a study made or continued by datc-study: the ratio and the credit share stated
+    resolved: bool = True  # the gain at equal tuning is resolved (False: a control asked for by name)
 
     @property
     def ratio(self) -> float | None:
@@ -105,14 +108,19 @@ class MatchedRow:
 
     @property
     def credit_share(self) -> float | None:
-        """METHOD §6: the gain at matched KL over the gain at equal tuning."""
+        """METHOD §6: the gain at matched KL over the gain at equal tuning (None where that gain is
+        not resolved: the share of a loss or of noise says nothing)."""
         d = self.vs_matched
+        if not self.resolved:
+            return None
         return credit_share(None if d is None or not d.seeds else d.diff.mean, self.gain.diff.mean)
 
 
-def matched_rows(st: Any, baseline: str, matched: Sequence[tuple[float, Run]]) -> list[MatchedRow]:
+def matched_rows(st: Any, baseline: str, matched: Sequence[tuple[float, Run]],
+                 requested: Collection[str] = ()) -> list[MatchedRow]:
     """The control for every scheme of ``st`` (a :class:`datc.study.reading.SettingTuning`) whose
-    tuned gain over the tuned baseline is resolved."""
+    tuned gain over the tuned baseline is resolved, and for the ``requested`` ones whatever their
+    difference (``resolved`` False unless it is a resolved gain too)."""
     base = st.schemes.get(baseline)
     if base is None or not base.tuned:
         return []
@@ -126,7 +134,10 @@ def matched_rows(st: Any, baseline: str, matched: Sequence[tuple[float, Run]]) -
         if name == baseline or sc.chosen is None or sc.chosen.kl.mean is None or not sc.tuned:
             continue
         gain = resolved_gain(sc.tuned, base.tuned)
-        if gain is None:
+        resolved = gain is not None
+        if gain is None and name in requested:
+            gain = paired_difference(sc.tuned, base.tuned, "final_gold")
+        if gain is None or not gain.seeds:
             continue
         target = sc.chosen.kl.mean
         lr = matched_lr(points, target, tol)
@@ -134,7 +145,8 @@ def matched_rows(st: Any, baseline: str, matched: Sequence[tuple[float, Run]]) -
             tuple(evaluated_at(base, lr))
         rows.append(MatchedRow(name, gain, target, points, lr, runs,
                                paired_difference(sc.tuned, runs, "final_gold") if runs else None,
-                               t_interval(r.final_kl for r in sc.tuned), t_interval(r.final_kl for r in runs), tol, bool(search)))
+                               t_interval(r.final_kl for r in sc.tuned), t_interval(r.final_kl for r in runs), tol, bool(search),
+                               resolved))
     return rows
 
 
@@ -153,6 +165,10 @@ def verdict(row: MatchedRow) -> str:
     if d is None or not d.seeds:
         return "matched rate not evaluated yet"
     off = "" if _kl_within(row) else f" (the evaluation seeds' KLs are not within ±{row.tol:.0%})"
+    if not row.resolved:  # a control asked for by name: no gain at equal tuning to explain
+        if d.significant:
+            return ("above GRPO at matched KL" if d.diff.mean > 0 else "below GRPO at matched KL") + off
+        return "not resolved at matched KL" + off
     if d.significant:
         return ("credit: the gain holds at matched KL" if d.diff.mean > 0 else "below GRPO at matched KL") + off
     return "step size: the gain is not resolved at matched KL" + off
@@ -186,8 +202,9 @@ def matched_markdown(rows: Sequence[MatchedRow], baseline: str, default_lr: floa
             d_text = f"**{d_text}**"
         ev = "n/a" if r.kl_scheme.mean is None or r.kl_matched.mean is None else \
             f"{r.kl_scheme.mean:.3f} / {r.kl_matched.mean:.3f} (ratio {r.kl_matched.mean / r.kl_scheme.mean:.2f})"
+        gain = _interval_text(r.gain.diff, r.gain.diff.n, signed=True)
         lines.append("| " + " | ".join([
-            r.scheme, f"**{_interval_text(r.gain.diff, r.gain.diff.n, signed=True)}**", f"{r.target_kl:.3f}",
+            r.scheme, f"**{gain}**" if r.gain.significant else gain, f"{r.target_kl:.3f}",
             "not found" if r.lr is None else f"{r.lr:g} (×{r.lr / default_lr:.3g})",
             "n/a" if kl_there is None else f"{kl_there:.3f} (ratio {kl_there / r.target_kl:.2f})", ev, d_text, verdict(r),
             ", ".join(f"{lr:g}: {kl:.3f}" for lr, kl in r.tried),
@@ -202,7 +219,7 @@ def matched_json(rows: Sequence[MatchedRow]) -> list[dict[str, Any]]:
     return [{"scheme": r.scheme, "gain": iv(r.gain.diff), "target_kl": r.target_kl, "tried": [list(p) for p in r.tried],
              "lr": r.lr, "matched_runs": [m.run_name for m in r.matched],
              "vs_matched": None if r.vs_matched is None else {**iv(r.vs_matched.diff), "seeds": list(r.vs_matched.seeds)},
-             "kl_scheme": iv(r.kl_scheme), "kl_matched": iv(r.kl_matched), "reading": verdict(r),
+             "kl_scheme": iv(r.kl_scheme), "kl_matched": iv(r.kl_matched), "reading": verdict(r), "resolved": r.resolved,
              **({"ratio": r.ratio, "credit_share": r.credit_share, "tolerance": r.tol} if r.bracket else {})} for r in rows]
 
 

@@ -26,7 +26,8 @@ def _group(jobs: list[Any]) -> str:
     return "; ".join(f"{k} ×{n}" for k, n in counts.items())
 
 
-def stage_plan(stage: str, m: dict[str, Any], folder: Path, launcher: StudyLauncher, baseline: str) -> tuple[int, int, str]:
+def stage_plan(stage: str, m: dict[str, Any], folder: Path, launcher: StudyLauncher, baseline: str,
+               requested: tuple[str, ...] = ()) -> tuple[int, int, str]:
     """(runs now, runs at most in the stage, the line to print)."""
     n_sel = len(m["selection"]["seeds"])
     n_eval = sum(len(v) for v in m["evaluation"]["seeds"].values())
@@ -48,7 +49,7 @@ def stage_plan(stage: str, m: dict[str, Any], folder: Path, launcher: StudyLaunc
             now, _ = eval_jobs(m, folder, st)
             most = len(now)
         else:
-            now, _ = kl_jobs(m, folder, st, baseline, write=False)
+            now, _ = kl_jobs(m, folder, st, baseline, write=False, requested=requested)
             most = (len(schemes) - 1) * (int(m["search"]["kl_max_rounds"]) * n_sel + n_eval)
         now = launcher.todo(now)
         most = max(most, len(now))
@@ -60,12 +61,12 @@ def stage_plan(stage: str, m: dict[str, Any], folder: Path, launcher: StudyLaunc
 
 
 def print_plan(stages: tuple[str, ...], m: dict[str, Any], folder: Path, launcher: StudyLauncher, baseline: str,
-               run_seconds: float | None) -> None:
+               run_seconds: float | None, requested: tuple[str, ...] = ()) -> None:
     total_now = total_most = 0
     print(f"datc-study --plan: {m['setting']['data']} / {m['setting']['policy']} in {folder}, launcher {launcher.name} "
           f"({launcher.parallel} at a time)")
     for stage in stages:
-        n, most, line = stage_plan(stage, m, folder, launcher, baseline)
+        n, most, line = stage_plan(stage, m, folder, launcher, baseline, requested)
         total_now, total_most = total_now + n, total_most + most
         print("  " + line)
     seconds, source = run_seconds, "--run-seconds"

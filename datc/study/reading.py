@@ -34,6 +34,7 @@ from datc.report.statistics import (
 from datc.study.errors import TuningError
 from datc.study.matched import (
     MATCHED_DIR,
+    SEARCH_FILE,
     matched_rows,
     read_search,
 )
@@ -126,10 +127,11 @@ class SettingTuning:
     warnings: list[str]
     matched: list[tuple[float, Run]] = dataclasses.field(default_factory=list)  # the matched-KL runs (lr, run)
     kl_baseline: str | None = None  # the scheme the matched-KL control ran at other rates (matched.json), if it ran
+    kl_requested: tuple[str, ...] = ()  # schemes controlled whatever their gain (matched.json's "requested")
 
     def control(self, baseline: str) -> list:
         """The matched-KL rows against ``baseline``, where the control ran for it."""
-        return matched_rows(self, baseline, self.matched) if baseline == self.kl_baseline else []
+        return matched_rows(self, baseline, self.matched, self.kl_requested) if baseline == self.kl_baseline else []
 
     @property
     def setting(self) -> str:
@@ -343,7 +345,12 @@ def read_setting(folder: str | Path, manifest: dict[str, Any] | None = None) -> 
     if sets > len(m["evaluation"]["seeds"]):
         warns.append(f"{data} / {policy}: the evaluation's seeds span {sets} sets of assets over "
                      f"{len(m['evaluation']['seeds'])} draw(s) (prepared again between seeds); every pair is within one")
-    return SettingTuning(data, policy, m, schemes, warns + more, matched, read_search(folder).get("baseline"))
+    search = read_search(folder)
+    requested = search.get("requested", [])
+    if not isinstance(requested, list) or not all(isinstance(x, str) for x in requested):
+        raise TuningError(f"{folder / SEARCH_FILE}: \"requested\" is not a list of scheme names ({requested!r}); "
+                          "it is the matched-KL search's log: mend or move it aside")
+    return SettingTuning(data, policy, m, schemes, warns + more, matched, search.get("baseline"), tuple(requested))
 
 
 def _load_matched(folder: Path, selection_seeds: Sequence[int]) -> tuple[list[tuple[float, Run]], list[str]]:

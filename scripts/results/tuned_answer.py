@@ -71,7 +71,8 @@ def _cell(s: dict, scheme: str) -> str:
     if m is not None and m.get("lr") is None:
         text += "; matched KL: no GRPO rate reached its KL (see the setting's table)"
     elif m is not None:
-        share = (m["vs_matched"]["mean"] / m["gain"]["mean"]) if m.get("vs_matched") and m["gain"]["mean"] else None
+        share = (m["vs_matched"]["mean"] / m["gain"]["mean"]) \
+            if m.get("resolved", True) and m.get("vs_matched") and m["gain"]["mean"] else None  # no share of a loss
         kls = [(m.get(k) or {}).get("mean") for k in ("kl_matched", "kl_scheme")]
         ratio = kls[0] / kls[1] if None not in kls and kls[1] else None
         text += f"; matched KL {_iv(m.get('vs_matched'))}"

@@ -28,6 +28,8 @@ def run(argv, capsys) -> tuple[int, str, str]:
     (["--schemes", "grpo", "--select-seeds", "100"], "at least 2 seeds"),
     (["--schemes", "grpo", "hydra/launcher=ray"], "hydra/launcher=ray: no such option in hydra/launcher"),
     (["--schemes", "grpo", "seed=3"], "sets what the study sets"),
+    (["--schemes", "grpo,datc", "--kl-schemes", "datc,grpo"],
+     "--kl-schemes: grpo: not among --schemes other than the baseline grpo (choose from datc)"),
 ])
 def test_bad_input_is_one_line_exit_2_and_runs_nothing(extra, says, tmp_path, capsys):
     code, _, err = run([*ARGS, "--root", str(tmp_path), "--stage", "lr", *extra], capsys)
@@ -221,3 +223,55 @@ def test_a_run_that_finished_under_a_stopped_driver_gives_back_its_weights_at_th
     assert code == 0 and "0 to run" in err, err
     assert not any((r / "checkpoints").exists() or (r / "final").exists() for r in runs)
     assert all((r / "summary.json").is_file() and (r / "run.json").is_file() for r in runs)  # the records stay
+
+
+def test_the_matched_kl_control_runs_for_a_scheme_asked_for_whatever_its_gain(tmp_path, capsys):
+    # METHOD §6 controls every resolved gain; --kl-schemes adds a loss (datc's, on keywords / tiny
+    # GPT-2): its search starts from GRPO's selection points, and the request is kept in matched.json
+    import dataclasses
+
+    from datc.study.jobs import kl_jobs
+    from datc.study.matched import verdict
+    from datc.study.protocol import Refused
+    from datc.study.reading import read_setting
+
+    folder = tmp_path / "keywords-tiny_gpt2"
+    shutil.copytree(RECORDS / folder.name, folder)
+    m = json.loads((folder / "tuning.json").read_text())
+    st = read_setting(folder, m)
+    assert "datc" not in [r.scheme for r in st.control("grpo")]
+    assert kl_jobs(m, folder, st, "grpo", write=False) == ([], [])  # every resolved gain's control is done
+    jobs, _ = kl_jobs(m, folder, st, "grpo", requested=("datc",))
+    assert [j.label.rsplit(" seed ", 1)[0] for j in jobs] == ["grpo lr 0.000794 (KL search for datc)"] * 2
+    assert all("credit=grpo" in j.overrides and "trainer.lr=0.000794" in j.overrides for j in jobs)
+    log = json.loads((folder / "matched.json").read_text())
+    assert log["requested"] == ["datc"] and log["datc"]["tried"] == [0.000794]
+    st = read_setting(folder, m)  # remembered: the next round and the tables see it without the flag
+    row = next(r for r in st.control("grpo") if r.scheme == "datc")
+    assert not row.resolved and row.gain.diff.mean < 0 and row.credit_share is None and row.lr is None
+    assert verdict(row) == "no matched rate found yet"
+    with pytest.raises(Refused, match=r"--kl-schemes: nonesuch, grpo: not a scheme .* \(choose from "):
+        kl_jobs(m, folder, st, "grpo", write=False, requested=("nonesuch", "grpo"))
+    # the readings of a requested row: no gain to explain, so no "credit"/"step size" and no share
+    done = next(r for r in st.control("grpo") if r.scheme == "oracle")  # matched and evaluated
+    assert done.resolved and verdict(done).startswith("credit: the gain holds at matched KL") and done.credit_share > 0
+    asked = dataclasses.replace(done, resolved=False)
+    assert verdict(asked).startswith("above GRPO at matched KL") and asked.credit_share is None
+    flat = dataclasses.replace(asked, vs_matched=dataclasses.replace(
+        done.vs_matched, diff=dataclasses.replace(done.vs_matched.diff, mean=0.0)))
+    assert verdict(flat).startswith("not resolved at matched KL")
+
+
+def test_an_unresolved_difference_asked_for_is_not_bold(tmp_path):
+    from datc.study.jobs import kl_jobs
+    from datc.study.matched import matched_markdown
+    from datc.study.reading import read_setting
+
+    folder = tmp_path / "arithmetic-tiny_gpt2"
+    shutil.copytree(RECORDS / folder.name, folder)
+    m = json.loads((folder / "tuning.json").read_text())
+    kl_jobs(m, folder, read_setting(folder, m), "grpo", requested=("oracle",))
+    row = next(r for r in read_setting(folder, m).control("grpo") if r.scheme == "oracle")
+    assert not row.resolved and not row.gain.significant
+    line = next(ln for ln in matched_markdown([row], "grpo", 1e-3).splitlines() if ln.startswith("| oracle |"))
+    assert line.split(" | ")[1] == f"{row.gain.diff.mean:+.3f} ± {row.gain.diff.half_width:.3f}"  # no bold
