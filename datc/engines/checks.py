@@ -145,6 +145,9 @@ def check_engine(c) -> None:
         value = getattr(r.vllm, key)
         if value is not None and value <= 0:
             raise ConfigError(f"rollout.vllm.{key}: must be > 0 or null, got {value}")
+    cap = r.vllm.onednn_cache_capacity
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 0):
+        raise ConfigError(f"rollout.vllm.onednn_cache_capacity: must be an integer >= 0 or null, got {cap!r}")
     if r.vllm.max_model_len is not None and r.vllm.max_model_len < c.data.max_prompt_tokens + t.max_new_tokens:
         raise ConfigError(f"rollout.vllm.max_model_len: {r.vllm.max_model_len} is less than data.max_prompt_tokens + "
                           f"trainer.max_new_tokens = {c.data.max_prompt_tokens + t.max_new_tokens}")

@@ -199,6 +199,24 @@ def _drop_engine_entries(before: dict[str, Any]) -> dict[str, int]:
     return gone
 
 
+ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+
+
+def onednn_cache(capacity: int | None) -> None:
+    """Bound oneDNN's process-wide primitive cache (``rollout.vllm.onednn_cache_capacity``).
+
+    vLLM's CPU linear layers run oneDNN matmuls whose primitives are made per input row count
+    (each layer keeps its last 32 in its own cache); oneDNN also keeps every primitive it makes in a
+    process-wide cache of 1024 entries by default, and as the row counts of a run's generation calls
+    vary, that cache fills over hundreds of calls: the resident set creeps by megabytes a call
+    (``results/bench/README.md``). A small capacity stops the creep once each layer's own cache is
+    warm, and costs time where a call's row counts outnumber a layer's 32 (primitives made again).
+    oneDNN reads the variable at its first primitive, so it is set before the engine starts; one
+    already in the environment is left as it is (the recorded setting says which held)."""
+    if capacity is not None:
+        os.environ.setdefault(ONEDNN_CACHE_ENV, str(capacity))
+
+
 class VLLMEngine(RolloutEngine):
     name = "vllm"
     keeps_logits = False
@@ -236,6 +254,7 @@ class VLLMEngine(RolloutEngine):
             os.environ.setdefault("VLLM_BATCH_INVARIANT", "1")
         if device.type == "cpu":
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # leave the trainer's threads alone
+            onednn_cache(r.vllm.onednn_cache_capacity)
         vllm_logs_to_the_run_log()  # again: the handlers of this run's train.log
         from vllm import LLM
 
@@ -280,6 +299,7 @@ class VLLMEngine(RolloutEngine):
                   seed=c.seed, enforce_eager=r.vllm.enforce_eager, load_format="dummy", tensor_parallel_size=1,
                   logprobs_mode="processed_logprobs", **kwargs)
         settings = {"name": cls.name, "dtype": str(dtype), "max_model_len": max_len, "sleep_mode": sleep,
+                    **({"onednn_cache_capacity": os.environ.get(ONEDNN_CACHE_ENV)} if device.type == "cpu" else {}),
                     "start_s": round(time.perf_counter() - t0, 1),
                     **{k: v for k, v in kwargs.items() if k != "enable_sleep_mode"}}
         engine = cls(llm, m.tok.eos_token_id, m.tok.pad_token_id, device, sleep, settings)

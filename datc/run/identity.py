@@ -20,6 +20,8 @@ NON_IDENTITY_TRAINER = {"resume", "progress", "threads", "device", "skip_zero_ad
 IDENTITY_WHEN_SET_TRAINER = {"lm_head_chunk": None, "deterministic": False}
 # How ZeRO-3 gathers the policy's parameters for sampling: the same samples either way.
 NON_IDENTITY_DEEPSPEED = {"gather_for_generation"}
+# vLLM's memory settings that leave every computed number as it is (oneDNN's cache keeps made primitives)
+NON_IDENTITY_VLLM = {"onednn_cache_capacity"}
 
 def identity(cfg: dict[str, Any]) -> dict[str, Any]:
     ident = {k: v for k, v in cfg.items() if k not in NON_IDENTITY}
@@ -41,7 +43,8 @@ def identity(cfg: dict[str, Any]) -> dict[str, Any]:
         # run keeps its identity
         vllm = {**dataclasses.asdict(VLLMConfig()), **(ident["rollout"].get("vllm") or {})}
         flat = {**{k: v for k, v in ident["rollout"].items() if k != "vllm"}, **vllm}
-        ident["rollout"] = {k: v for k, v in flat.items() if not (k in at_default and v == at_default[k])}
+        ident["rollout"] = {k: v for k, v in flat.items()
+                            if k not in NON_IDENTITY_VLLM and not (k in at_default and v == at_default[k])}
     backend = ident.pop("backend", None)
     if isinstance(backend, dict) and backend.get("name") == "fsdp2":
         ident["backend"] = {"name": "fsdp2"}

@@ -324,6 +324,15 @@ def test_a_kv_cache_smaller_than_one_sequence_is_one_line_before_any_model(tmp_p
     assert not (tmp_path / "c").exists()  # nothing prepared
 
 
+def test_a_negative_onednn_cache_is_one_line_and_the_engine_records_the_one_that_held(tmp_path, session):
+    with pytest.raises(ConfigError) as e:
+        validate(cfg_for(tmp_path / "c", tmp_path / "r", *VLLM, "rollout.vllm.onednn_cache_capacity=-1"))
+    assert str(e.value) == "rollout.vllm.onednn_cache_capacity: must be an integer >= 0 or null, got -1"
+    assert not (tmp_path / "c").exists()
+    # the session's engine: the capacity oneDNN read at its first primitive (this process's variable)
+    assert session.engine.describe()["onednn_cache_capacity"] == os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+
+
 def test_an_architecture_vllm_does_not_run_is_one_line(tmp_path):
     model = tmp_path / "model"
     model.mkdir()

@@ -89,6 +89,10 @@ def test_the_vllm_node_keeps_every_run_identity():
     assert identity(resolved)["rollout"] == {**old, "name": "vllm", "correction": "token_truncate"}
     assert _identity("rollout=vllm", "rollout.vllm.enforce_eager=true")["rollout"] == {
         **old, "name": "vllm", "correction": "token_truncate", "enforce_eager": True}
+    # oneDNN's cache bound changes memory, not a number: never in the identity, whatever its value
+    assert _identity("rollout=vllm", "rollout.vllm.onednn_cache_capacity=0")["rollout"] == \
+        _identity("rollout=vllm", "rollout.vllm.onednn_cache_capacity=null")["rollout"] == {
+        **old, "name": "vllm", "correction": "token_truncate"}
     from omegaconf import OmegaConf
 
     recorded = OmegaConf.load(RECORD / "config.yaml")  # flat rollout keys
