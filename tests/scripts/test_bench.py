@@ -525,3 +525,21 @@ def test_the_dtype_bench_ratio_is_float32_over_bfloat16_and_skips_phases_timed_u
     s = summarize(times)
     assert s["float32"]["step_s"] == {"median": 5.0, "min": 4.0, "max": 6.0}
     assert s["float32_over_bfloat16"] == {"step_s": 2.0, "rollout_s": 2.0, "reward_s": 2.0, "update_s": 2.0}  # 5/2.5, 2/1, 1/0.5, 2/1
+
+
+def test_the_onednn_cache_bench_tabulates_each_capacity_and_refuses_a_bad_one(capsys):
+    # the child needs vLLM's CPU ops (.venv-vllm); the table and the argument check do not
+    from scripts.bench.onednn_cache import markdown
+    from scripts.bench.onednn_cache import main as bench
+
+    run = {"handlers": 120, "base_mb": 900.0, "grown_mb": [[40, 122.0], [80, 238.4]], "first_pass_s": 43.6,
+           "second_pass_s": 42.5, "after_second_mb": 240.0}
+    res = {"command": "python -m scripts.bench.onednn_cache", "commit": "abc", "date": "d", "load_average": [1, 2, 3],
+           "machine": {"torch": "2.13.0+cpu", "cpus": 2}, "ms": 80,
+           "runs": {"default": run, "128": {**run, "grown_mb": [[40, 99.0], [80, 99.2]], "after_second_mb": 99.0}}}
+    md = markdown(res)
+    assert "| capacity | +MB at 40 row counts | +MB at 80 row counts | +MB after the second pass |" in md
+    assert "| default | +122 | +238 | +240 | 43.6 | 42.5 |" in md and "| 128 | +99 | +99 | +99 |" in md
+    with pytest.raises(SystemExit):
+        bench(["--capacities", "default,-1"])
+    assert "--capacities: -1: an integer >= 0 or default" in capsys.readouterr().err
