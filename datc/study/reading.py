@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,6 +170,22 @@ def _assets(run: Run) -> dict[str, str] | None:
         return None
     return {f"{kind}/{name}": meta["sha256"] for kind, v in inputs.items() if isinstance(v, dict)
             for name, meta in (v.get("files") or {}).items() if isinstance(meta, dict) and "sha256" in meta}
+
+
+def reward_models(runs: Iterable[Run]) -> dict[str, int]:
+    """The reward models ``runs`` scored with, as their ``inputs.json`` hashes the weights
+    (``reward/model.safetensors``; ``sha256`` of the whole file, or "edges": of its size and first
+    and last MB, for a large one), with how many runs each; "not recorded" for runs without one."""
+    out: dict[str, int] = {}
+    for r in runs:
+        try:
+            record = json.loads((Path(r.source).parent / "inputs.json").read_text())
+            meta = record["inputs"]["reward"]["files"]["model.safetensors"]
+            key = f"`{meta['sha256'][:12]}`" + ("" if meta.get("hashed", "whole") == "whole" else f" ({meta['hashed']} hash)")
+        except (OSError, ValueError, KeyError, TypeError):
+            key = "not recorded"
+        out[key] = out.get(key, 0) + 1
+    return out
 
 
 def _asset_keys(runs: Sequence[Run]) -> set[str]:

@@ -35,6 +35,7 @@ from datc.study.reading import (
     _same,
     find_settings,
     read_setting,
+    reward_models,
 )
 from datc.study.search import limits, on_path, points, step_text
 
@@ -66,10 +67,13 @@ def _eval_cells(runs: list[Run], base: list[Run] | None) -> tuple[str, str, bool
 def setting_markdown(st: SettingTuning, baseline: str) -> str:
     m = st.manifest
     n_sel = len(m["selection"]["seeds"])
+    rms = reward_models([*(r for sc in st.schemes.values() for r in (*sc.tuned, *sc.default)), *(r for _, r in st.matched)])
     lines = [
         f"## {st.setting}", "",
         f"Selection: draw {m['selection']['prepare_seed']}, seeds {_seeds_text(m['selection']['seeds'])}. "
-        f"Evaluation (selection seeds left out of every figure below): {_seeds_text(m['evaluation']['seeds'])}.", "",
+        f"Evaluation (selection seeds left out of every figure below): {_seeds_text(m['evaluation']['seeds'])}. "
+        f"Reward model(s) of the evaluation runs (`model.safetensors` as each run's `inputs.json` hashes it): "
+        + (", ".join(f"{k} ({n} runs)" for k, n in sorted(rms.items())) or "no evaluation run yet") + ".", "",
         f"| scheme | configuration chosen | selection score (mean final gold) | default's selection score | tuned: final gold "
         f"| tuned: Δ vs {baseline} (tuned) | default: final gold | default: Δ vs {baseline} (default) | n eval seeds (tuned / default) |",
         "|" + "---|" * 9,

@@ -529,8 +529,8 @@ def test_the_dtype_bench_ratio_is_float32_over_bfloat16_and_skips_phases_timed_u
 
 def test_the_onednn_cache_bench_tabulates_each_capacity_and_refuses_a_bad_one(capsys):
     # the child needs vLLM's CPU ops (.venv-vllm); the table and the argument check do not
-    from scripts.bench.onednn_cache import markdown
     from scripts.bench.onednn_cache import main as bench
+    from scripts.bench.onednn_cache import markdown
 
     run = {"handlers": 120, "base_mb": 900.0, "grown_mb": [[40, 122.0], [80, 238.4]], "first_pass_s": 43.6,
            "second_pass_s": 42.5, "after_second_mb": 240.0}

@@ -275,3 +275,18 @@ def test_an_unresolved_difference_asked_for_is_not_bold(tmp_path):
     assert not row.resolved and not row.gain.significant
     line = next(ln for ln in matched_markdown([row], "grpo", 1e-3).splitlines() if ln.startswith("| oracle |"))
     assert line.split(" | ")[1] == f"{row.gain.diff.mean:+.3f} ± {row.gain.diff.half_width:.3f}"  # no bold
+
+
+def test_the_tables_name_the_reward_model_each_evaluation_run_scored_with(tmp_path):
+    # METHOD §6's tables name the reward model: its weights' hash as each run's inputs.json records it
+    from datc.study.reading import read_setting, reward_models
+
+    folder = tmp_path / "keywords-tiny_gpt2"
+    shutil.copytree(RECORDS / folder.name, folder)
+    runs = [r for sc in read_setting(folder).schemes.values() for r in sc.tuned]
+    before = reward_models(runs)
+    assert len(before) == 3 and sum(before.values()) == len(runs)  # three asset draws
+    assert all(k.startswith("`") and len(k) == 14 for k in before)  # 12 hex digits, hashed whole
+    (Path(runs[0].source).parent / "inputs.json").unlink()
+    after = reward_models(runs)
+    assert after["not recorded"] == 1 and sum(after.values()) == len(runs)
