@@ -214,7 +214,7 @@ class VLLMConfig:
     kv_cache_memory_bytes: int | None = None  # CPU: KV-cache bytes; null = sized for one generation call
     sleep_mode: str = "auto"  # on, off or auto (on GPUs): weights and KV cache released during the update
     enforce_eager: bool = False  # no torch.compile or CUDA graphs
-    onednn_cache_capacity: int | None = 128  # CPU: oneDNN's process-wide primitive cache, entries; null = oneDNN's 1024
+    onednn_cache_capacity: int | None = None  # CPU: oneDNN's process-wide primitive cache, entries; null = oneDNN's 1024
 
 
 @dataclass
