@@ -41,6 +41,7 @@ from datc.backends.plugins import partitioned, whole_state
 from datc.batch import Rollout, encode_prompts, response_mask_from_ids
 from datc.engines.base import EngineError, RolloutEngine, SamplingArgs
 from datc.engines.checks import kv_bytes_per_token, vllm_logs_to_the_run_log, vllm_takes_lora
+from datc.engines.onednn import ONEDNN_CACHE_ENV, onednn_cache
 from datc.errors import first_line
 
 log = logging.getLogger(__name__)
@@ -197,25 +198,6 @@ def _drop_engine_entries(before: dict[str, Any]) -> dict[str, int]:
             del layerwise.LAYERWISE_INFO[layer]
             gone["reload_layers"] += 1
     return gone
-
-
-ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
-
-
-def onednn_cache(capacity: int | None) -> None:
-    """Bound oneDNN's process-wide primitive cache (``rollout.vllm.onednn_cache_capacity``).
-
-    vLLM's CPU linear layers run oneDNN matmuls whose primitives are made per input row count
-    (each layer keeps its last 32 in its own cache); oneDNN also keeps every primitive it makes in a
-    process-wide cache of 1024 entries by default, and as the row counts of a run's generation calls
-    vary, that cache fills over hundreds of calls: the resident set creeps by megabytes a call
-    (``results/bench/README.md``). A small capacity stops that creep once each layer's own cache is
-    warm (the testbed's: +56 MB over 30 calls against +108), not a real run's growth (30 steps of
-    SmolLM2-135M grew alike), hence null by default.
-    oneDNN reads the variable at its first primitive, so it is set before the engine starts; one
-    already in the environment is left as it is (the recorded setting says which held)."""
-    if capacity is not None:
-        os.environ.setdefault(ONEDNN_CACHE_ENV, str(capacity))
 
 
 class VLLMEngine(RolloutEngine):

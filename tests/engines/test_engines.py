@@ -165,7 +165,7 @@ def test_a_sweep_of_vllm_jobs_in_one_process_is_warned_from_its_second_job():
 def test_onednn_s_cache_is_bounded_before_the_engine_starts_unless_the_environment_says_otherwise(monkeypatch):
     # vLLM's CPU matmuls fill oneDNN's process-wide primitive cache (1024 entries by default) as the
     # generation calls' row counts vary: the resident set creeps (results/bench/README.md)
-    from datc.engines.vllm_engine import ONEDNN_CACHE_ENV, onednn_cache
+    from datc.engines.onednn import ONEDNN_CACHE_ENV, onednn_cache
 
     monkeypatch.delenv(ONEDNN_CACHE_ENV, raising=False)
     onednn_cache(None)  # null: oneDNN's own default
