@@ -157,16 +157,20 @@ def _identity(run: Run) -> dict[str, Any] | None:
     return ident if isinstance(ident, dict) else None
 
 
-def _assets(run: Run) -> dict[str, str] | None:
-    """What the run trained on: ``{"reward/model.safetensors": sha256, ...}`` from the
-    ``inputs.json`` beside its summary (the prepared policy, reward model and data files); None
-    without one."""
+def _inputs(run: Run) -> dict[str, Any] | None:
+    """The ``inputs`` of the ``inputs.json`` beside the run's summary (the prepared policy, reward
+    model and data files, each file's hash); None without one or where it is not what a run writes."""
     try:
         record = json.loads((Path(run.source).parent / "inputs.json").read_text())
     except (OSError, ValueError):
         return None
     inputs = record.get("inputs") if isinstance(record, dict) else None
-    if not isinstance(inputs, dict):  # not the file a run writes (a list, a number): nothing to check, as without one
+    return inputs if isinstance(inputs, dict) else None
+
+
+def _assets(run: Run) -> dict[str, str] | None:
+    """What the run trained on, ``{"reward/model.safetensors": sha256, ...}``; None without it."""
+    if (inputs := _inputs(run)) is None:  # not the file a run writes (a list, a number): nothing to check, as without one
         return None
     return {f"{kind}/{name}": meta["sha256"] for kind, v in inputs.items() if isinstance(v, dict)
             for name, meta in (v.get("files") or {}).items() if isinstance(meta, dict) and "sha256" in meta}
@@ -179,10 +183,9 @@ def reward_models(runs: Iterable[Run]) -> dict[str, int]:
     out: dict[str, int] = {}
     for r in runs:
         try:
-            record = json.loads((Path(r.source).parent / "inputs.json").read_text())
-            meta = record["inputs"]["reward"]["files"]["model.safetensors"]
+            meta = (_inputs(r) or {})["reward"]["files"]["model.safetensors"]
             key = f"`{meta['sha256'][:12]}`" + ("" if meta.get("hashed", "whole") == "whole" else f" ({meta['hashed']} hash)")
-        except (OSError, ValueError, KeyError, TypeError):
+        except (KeyError, TypeError):
             key = "not recorded"
         out[key] = out.get(key, 0) + 1
     return out
