@@ -10,7 +10,11 @@ idle cores, nothing when the cache holds them).
 
 Pinned: the data files, the policy's and the reward model's weights and configs. Not pinned: the
 reward model's ``rm_report.json`` (it records the prepare's seconds); its held-out figures are
-copied into the pin file beside the hashes.
+copied into the pin file beside the hashes. Beside each pinned sha256 the pin also keeps the hash a
+run records of the same file in its ``inputs.json`` (``run_hashes``; ``datc/run/fingerprint.py``
+hashes a file over 64 MiB by its first and last 4 MiB only, so the reward model's weights appear
+there, and in the study tables, under that other hash): a table's reward model is found in the pin
+by either. The check compares both.
 """
 
 from __future__ import annotations
@@ -49,16 +53,26 @@ def prepared(overrides: list[str]) -> dict[str, Any]:
         cfg = validate(compose(config_name="train", overrides=overrides))
     a = ensure_assets(cfg)
     dirs = {"data": Path(a.data_path), "policy": Path(a.policy_path), "reward": Path(a.reward_path)}
+    from datc.run.fingerprint import file_fingerprint
+
     report = json.loads((dirs["reward"] / "rm_report.json").read_text())
+    names = [(k, name) for k, names in PINNED_FILES.items() for name in names]
     return {"overrides": overrides,
-            "files": {f"{k}/{name}": sha256(dirs[k] / name) for k, names in PINNED_FILES.items() for name in names},
+            "files": {f"{k}/{name}": sha256(dirs[k] / name) for k, name in names},
+            "run_hashes": {f"{k}/{name}": {key: fp[key] for key in ("sha256", "hashed")}
+                           for k, name in names for fp in [file_fingerprint(dirs[k] / name)]},
             "rm_report": {k: report.get(k) for k in REPORT_KEYS}}
 
 
 def differences(pinned: dict[str, Any], got: dict[str, Any]) -> list[str]:
-    """One line per pinned file whose hash differs or that is missing."""
-    return [f"{name}: {got['files'].get(name, 'missing')} != pinned {sha}" for name, sha in pinned["files"].items()
-            if got["files"].get(name) != sha]
+    """One line per pinned file whose hash differs or that is missing (its sha256, then the hash a
+    run records of it, where the pin has one)."""
+    out = [f"{name}: {got['files'].get(name, 'missing')} != pinned {sha}" for name, sha in pinned["files"].items()
+           if got["files"].get(name) != sha]
+    for name, rec in pinned.get("run_hashes", {}).items():
+        if (mine := got["run_hashes"].get(name, {}).get("sha256", "missing")) != rec["sha256"]:
+            out.append(f"{name}: run-record hash ({rec['hashed']}) {mine} != pinned {rec['sha256']}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

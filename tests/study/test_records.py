@@ -40,3 +40,20 @@ def test_every_setting_is_checked():
         "keywords-tiny_gpt2-vs-grpo", "keywords-tiny_llama-vs-grpo", "arithmetic-tiny_gpt2-vs-grpo",
         "arithmetic-tiny_llama-vs-grpo", "legacy_rm09ab3fe7/reviews-smollm2_135m_instruct-vs-grpo"}
     assert len(CASES) >= 13
+
+
+def test_the_real_models_runs_trained_on_the_pinned_files():
+    # results/real_model/prepared.json pins the real preset's prepared files and keeps, beside each
+    # sha256, the hash a run records of it in inputs.json: every committed run of the study on the
+    # pinned reward model (finished or in progress) names those files, so its pairs span sessions
+    import json
+
+    pin = json.loads((TUNED.parent / "real_model" / "prepared.json").read_text())["run_hashes"]
+    runs = sorted(TUNED.glob("*/reviews-smollm2_135m_instruct/*/*/inputs.json"))
+    runs = [p for p in runs if "legacy_" not in p.as_posix()]
+    assert len(runs) >= 50
+    for p in runs:
+        inputs = json.loads(p.read_text())["inputs"]
+        for name, want in pin.items():
+            label, file = name.split("/")
+            assert inputs[label]["files"][file]["sha256"] == want["sha256"], f"{p}: {name}"
