@@ -116,6 +116,33 @@ def test_bad_engine_commands_are_one_line_and_exit_2(tmp_path, overrides, line):
     assert not (tmp_path / "r").exists() and not (tmp_path / "c").exists()
 
 
+@pytest.mark.parametrize("value,error", [
+    ("-1", "rollout.vllm.onednn_cache_capacity: must be an integer >= 0 or null, got -1"),
+    ("true", "rollout.vllm.onednn_cache_capacity: Value 'True' of type 'bool' could not be converted to Integer"),
+    ("2.5", "rollout.vllm.onednn_cache_capacity: Value '2.5' of type 'float' could not be converted to Integer"),
+])
+def test_a_bad_onednn_cache_capacity_is_one_line_naming_it_before_any_model(tmp_path, value, error):
+    # checked before the question of whether vLLM is installed: the same line in either environment
+    with pytest.raises(ConfigError) as e:
+        validate(cfg_for(tmp_path / "c", tmp_path / "r", "rollout=vllm", f"rollout.vllm.onednn_cache_capacity={value}"))
+    assert str(e.value) == error
+    assert not (tmp_path / "c").exists()
+
+
+def test_the_engine_check_refuses_a_boolean_onednn_cache_capacity_set_in_code(tmp_path):
+    # a config edited in code after composition skips the schema's conversion; True is an int to Python
+    from omegaconf import OmegaConf
+
+    from datc.engines.checks import check_engine
+
+    cfg = cfg_for(tmp_path / "c", tmp_path / "r", "rollout=vllm")
+    OmegaConf.set_struct(cfg, False)
+    cfg.rollout.vllm = OmegaConf.create({**OmegaConf.to_container(cfg.rollout.vllm), "onednn_cache_capacity": True})
+    assert cfg.rollout.vllm.onednn_cache_capacity is True
+    with pytest.raises(ConfigError, match=r"onednn_cache_capacity: must be an integer >= 0 or null, got True"):
+        check_engine(cfg)
+
+
 def test_the_engine_config_folders_of_killed_runs_are_removed_and_live_ones_kept(tmp_path):
     # a kill -9'd vLLM run never ran its clean-up: the next engine start removes its folder
     import subprocess
