@@ -6,7 +6,11 @@ each call. Written to results/bench/vllm_push_<name>.{json,md}. Run it in ``.ven
         experiment=real_smollm2 rollout=vllm trainer.threads=1
 
 The session is the run's (``datc.analysis.inputs.session_for``); no update runs, so every push
-carries the same weights. ``--phases push_then_sample`` runs the last phase alone.
+carries the same weights. ``--phases push_then_sample`` runs the last phase alone. ``--account``
+also reads, after each call, the bytes of every tensor storage the garbage collector can reach and
+the count of Python objects it tracks (what grows is then tensors, Python objects, or neither: memory
+held below Python, by a library's own caches or the allocator); ``--trim`` returns the heap's free
+pages to the OS (glibc's ``malloc_trim``) before each reading, so what is left is memory in use.
 """
 
 from __future__ import annotations
@@ -34,6 +38,34 @@ def growth(rows: list[dict[str, Any]], phase: str, skip: int = 2) -> dict[str, f
             "median_call_s": sorted(r["call_s"] for r in ph)[len(ph) // 2] if ph else float("nan")}
 
 
+def reachable() -> tuple[float, int]:
+    """(MB of the distinct tensor storages reachable from the objects the garbage collector
+    tracks, the count of those objects). Storages are told apart by their data pointer."""
+    import torch
+
+    objs = gc.get_objects()
+    seen: dict[int, int] = {}
+    for o in objs:
+        try:
+            if isinstance(o, torch.Tensor) and not o.is_meta and o.device.type == "cpu":
+                st = o.untyped_storage()
+                seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
+        except (RuntimeError, NotImplementedError, ReferenceError):  # a fake or functional tensor without storage
+            continue
+    return sum(seen.values()) / 2**20, len(objs)
+
+
+def trim() -> bool:
+    """glibc's ``malloc_trim(0)``: the heap's free pages back to the OS; False where there is no glibc."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
 def markdown(res: dict[str, Any]) -> str:
     la = res["load_average"]
     lines = [f"# A vLLM rollout's resident set, by part: {res['name']}", "",
@@ -45,8 +77,20 @@ def markdown(res: dict[str, Any]) -> str:
              "|---|---|---|---|---|"]
     for p, g in res["growth"].items():
         lines.append(f"| {p} | {g['calls']} | {g['first_to_last_mb']:+.1f} | {g['slope_mb_per_call']:+.1f} | {g['median_call_s']:.1f} |")
-    lines += ["", "| phase | call | RSS (MB) | high-water mark (MB) | call (s) |", "|---|---|---|---|---|"]
-    lines += [f"| {r['phase']} | {r['call']} | {r['rss_mb']:.1f} | {r['hwm_mb']:.1f} | {r['call_s']:.1f} |" for r in res["rows"]]
+    acc = "tensor_mb" in (res["rows"] or [{}])[0]
+    if res.get("trim"):
+        lines += ["", "Each reading after `malloc_trim(0)` (the heap's free pages returned to the OS)."]
+    if acc:
+        lines += ["", "Tensors: the distinct storages reachable from the objects the garbage collector tracks; "
+                  "objects: their count."]
+        for p in res["growth"]:
+            ph = [r for r in res["rows"] if r["phase"] == p]
+            lines.append(f"- {p}: tensors {ph[0]['tensor_mb']:.1f} -> {ph[-1]['tensor_mb']:.1f} MB, objects "
+                         f"{ph[0]['objects']} -> {ph[-1]['objects']} (first call to last)")
+    head = "| phase | call | RSS (MB) | high-water mark (MB) | call (s) |" + (" tensors (MB) | objects |" if acc else "")
+    lines += ["", head, "|---|---|---|---|---|" + ("---|---|" if acc else "")]
+    lines += [f"| {r['phase']} | {r['call']} | {r['rss_mb']:.1f} | {r['hwm_mb']:.1f} | {r['call_s']:.1f} |"
+              + (f" {r['tensor_mb']:.1f} | {r['objects']} |" if acc else "") for r in res["rows"]]
     return "\n".join(lines) + "\n"
 
 
@@ -55,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", required=True, help="the result's name: results/bench/vllm_push_<name>.md")
     ap.add_argument("--calls", type=int, default=10, help="calls per phase")
     ap.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, of {', '.join(PHASES)}")
+    ap.add_argument("--account", action="store_true", help="also read the reachable tensors' MB and the Python objects")
+    ap.add_argument("--trim", action="store_true", help="malloc_trim(0) before each reading")
     ap.add_argument("--out", default=str(ROOT / "results/bench"))
     ap.add_argument("overrides", nargs="*", help="hydra overrides of the session (rollout=vllm or another engine)")
     a = ap.parse_args(argv)
@@ -74,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_libraries()
     res: dict[str, Any] = {**provenance(" ".join(["python -m scripts.bench.vllm_push", *(argv if argv is not None else sys.argv[1:])])),
-                           "name": a.name, "calls": a.calls}
+                           "name": a.name, "calls": a.calls, "trim": a.trim}
     s = session_for(list(a.overrides))
     torch.set_num_threads(s.c.trainer.threads)
     args = sampling_args(s, s.plan)
@@ -101,8 +147,13 @@ def main(argv: list[str] | None = None) -> int:
                 f()
             dt = time.perf_counter() - t0
             gc.collect()
+            if a.trim:
+                trim()
             now, peak = resident_mb()
             rows.append({"phase": phase, "call": i + 1, "rss_mb": round(now, 1), "hwm_mb": round(peak, 1), "call_s": round(dt, 2)})
+            if a.account:
+                mb, n = reachable()
+                rows[-1].update(tensor_mb=round(mb, 1), objects=n)
             print(rows[-1], flush=True)
     s.engine.close()
     res["rows"] = rows

@@ -518,10 +518,29 @@ def test_the_push_probe_reads_the_resident_set_after_each_call_of_each_phase(cac
     rows = [{"phase": "push", "call": k, "rss_mb": mb, "call_s": 1.0} for k, mb in [(1, 100.0), (2, 150.0), (3, 160.0), (4, 170.0), (5, 180.0)]]
     g = growth(rows, "push")  # the first two calls are the warm-up: 160, 170, 180 after them
     assert g["first_to_last_mb"] == 80.0 and g["slope_mb_per_call"] == pytest.approx(10.0) and g["calls"] == 5
+    # --account --trim: each reading after malloc_trim, with the reachable tensors' MB and the objects
+    assert main(["--name", "a", "--calls", "3", "--phases", "push_then_sample", "--account", "--trim", "--out", str(tmp_path),
+                 "debug=fast", f"cache_dir={cache_dir}"]) == 0
+    res = json.loads((tmp_path / "vllm_push_a.json").read_text())
+    assert res["trim"] is True and all(r["tensor_mb"] > 0 and r["objects"] > 1000 for r in res["rows"])
+    assert "tensors (MB) | objects |" in (tmp_path / "vllm_push_a.md").read_text()
     with pytest.raises(SystemExit):
         main(["--name", "t", "--calls", "2", "debug=fast"])
     with pytest.raises(SystemExit):
         main(["--name", "t", "--phases", "push,pull", "debug=fast"])
+
+
+def test_the_reachable_tensors_count_a_new_storage_once_however_many_views():
+    import torch
+
+    from scripts.bench.vllm_push import reachable
+
+    before, _ = reachable()
+    x = torch.ones(4 * 2**20 // 4 * 8)  # 32 MB
+    views = [x[1:], x.view(8, -1), x[::2]]  # noqa: F841  (kept alive: the same storage three more times)
+    after, _ = reachable()
+    assert after - before == pytest.approx(32.0, abs=1.0)
+    del x, views
 
 
 def test_the_dtype_bench_ratio_is_float32_over_bfloat16_and_skips_phases_timed_under_10_ms():
