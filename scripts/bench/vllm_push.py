@@ -40,10 +40,17 @@ def growth(rows: list[dict[str, Any]], phase: str, skip: int = 2) -> dict[str, f
 
 def reachable() -> tuple[float, int]:
     """(MB of the distinct tensor storages reachable from the objects the garbage collector
-    tracks, the count of those objects). Storages are told apart by their data pointer."""
+    tracks, the count of those objects). Storages are told apart by their data pointer. Objects a
+    library froze out of the collector's sight (vLLM calls ``gc.freeze()`` once its engine is up)
+    are counted too: unfrozen for the reading, frozen again after it."""
     import torch
 
+    frozen = gc.get_freeze_count()
+    if frozen:
+        gc.unfreeze()
     objs = gc.get_objects()
+    if frozen:
+        gc.freeze()
     seen: dict[int, int] = {}
     for o in objs:
         try:
