@@ -215,6 +215,7 @@ class VLLMConfig:
     sleep_mode: str = "auto"  # on, off or auto (on GPUs): weights and KV cache released during the update
     enforce_eager: bool = False  # no torch.compile or CUDA graphs
     onednn_cache_capacity: int | None = None  # CPU: oneDNN's process-wide primitive cache, entries; null = oneDNN's 1024
+    trim_heap: bool = True  # CPU: the heap's free pages back to the OS after each generation (malloc_trim)
 
 
 @dataclass

@@ -133,3 +133,15 @@ def keep_freed_memory() -> bool:
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     return libc.mallopt(_M_MMAP_MAX, 0) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1
 
+
+def trim_heap() -> bool:
+    """Give the heap's free pages back to the OS now (glibc's ``malloc_trim(0)``, which also
+    releases free pages between blocks in use, whatever the trim threshold). The vLLM engine on a
+    CPU calls it after each generation (``rollout.vllm.trim_heap``): its allocations leave holes the
+    heap keeps, and a run's resident set climbs by them step after step. Returns whether it ran
+    (Linux with glibc; elsewhere nothing happens)."""
+    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    return True
+

@@ -43,6 +43,7 @@ from datc.engines.base import EngineError, RolloutEngine, SamplingArgs
 from datc.engines.checks import kv_bytes_per_token, vllm_logs_to_the_run_log, vllm_takes_lora
 from datc.engines.onednn import ONEDNN_CACHE_ENV, onednn_cache
 from datc.errors import first_line
+from datc.utils import trim_heap
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +228,7 @@ class VLLMEngine(RolloutEngine):
         self.push_s = 0.0
         self.push_bytes = 0  # of the last push
         self.adapters: AdapterPush | None = None  # rollout.vllm.lora_sync resolved to adapter
+        self.trim = False  # rollout.vllm.trim_heap on a CPU: the heap's free pages back to the OS after each generation
 
     @classmethod
     def build(cls, c, m, device, dist) -> VLLMEngine:
@@ -282,11 +284,13 @@ class VLLMEngine(RolloutEngine):
                   seed=c.seed, enforce_eager=r.vllm.enforce_eager, load_format="dummy", tensor_parallel_size=1,
                   logprobs_mode="processed_logprobs", **kwargs)
         settings = {"name": cls.name, "dtype": str(dtype), "max_model_len": max_len, "sleep_mode": sleep,
-                    **({"onednn_cache_capacity": os.environ.get(ONEDNN_CACHE_ENV)} if device.type == "cpu" else {}),
+                    **({"onednn_cache_capacity": os.environ.get(ONEDNN_CACHE_ENV), "trim_heap": bool(r.vllm.trim_heap)}
+                       if device.type == "cpu" else {}),
                     "start_s": round(time.perf_counter() - t0, 1),
                     **{k: v for k, v in kwargs.items() if k != "enable_sleep_mode"}}
         engine = cls(llm, m.tok.eos_token_id, m.tok.pad_token_id, device, sleep, settings)
         engine._tmp = tmp  # the config directory lives as long as the engine
+        engine.trim = device.type == "cpu" and bool(r.vllm.trim_heap)
         engine.group_before, engine.set_num_threads, engine.tables_before = group_before, set_num_threads, tables_before
         if lora_sync == "adapter":
             engine.adapters = AdapterPush(m.adapter, tmp.name)
@@ -355,6 +359,8 @@ class VLLMEngine(RolloutEngine):
         with _engine_errors("sampling"):
             outs = self.llm.generate(prompts, params, use_tqdm=False,
                                      lora_request=None if self.adapters is None else self.adapters.request)
+        if self.trim:
+            trim_heap()
         B = len(examples) * G
         resp = torch.full((B, T), self.pad_id, dtype=torch.long)
         logps = torch.zeros(B, T, dtype=torch.float32)

@@ -21,7 +21,7 @@ IDENTITY_WHEN_SET_TRAINER = {"lm_head_chunk": None, "deterministic": False}
 # How ZeRO-3 gathers the policy's parameters for sampling: the same samples either way.
 NON_IDENTITY_DEEPSPEED = {"gather_for_generation"}
 # vLLM's memory settings that leave every computed number as it is (oneDNN's cache keeps made primitives)
-NON_IDENTITY_VLLM = {"onednn_cache_capacity"}
+NON_IDENTITY_VLLM = {"onednn_cache_capacity", "trim_heap"}
 
 def identity(cfg: dict[str, Any]) -> dict[str, Any]:
     ident = {k: v for k, v in cfg.items() if k not in NON_IDENTITY}
