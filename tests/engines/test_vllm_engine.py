@@ -333,6 +333,21 @@ def test_a_negative_onednn_cache_is_one_line_and_the_engine_records_the_one_that
     assert session.engine.describe()["onednn_cache_capacity"] == os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
 
 
+def test_on_a_cpu_the_engine_trims_the_heap_after_each_generation_unless_told_not_to(session, monkeypatch):
+    # rollout.vllm.trim_heap (default true): malloc_trim after every generation call, recorded in the engine's description
+    from datc.step.sample import rollout
+
+    calls = []
+    monkeypatch.setattr("datc.engines.vllm_engine.trim_heap", lambda: calls.append(1) or True)
+    s = session
+    assert s.engine.describe()["trim_heap"] is True and s.engine.trim
+    rollout(s, _examples(s, 2), seeds=[1, 2])
+    assert len(calls) == 1
+    monkeypatch.setattr(s.engine, "trim", False)  # rollout.vllm.trim_heap=false
+    rollout(s, _examples(s, 2), seeds=[1, 2])
+    assert len(calls) == 1
+
+
 def test_an_architecture_vllm_does_not_run_is_one_line(tmp_path):
     model = tmp_path / "model"
     model.mkdir()

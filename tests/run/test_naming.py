@@ -93,6 +93,8 @@ def test_the_vllm_node_keeps_every_run_identity():
     assert _identity("rollout=vllm", "rollout.vllm.onednn_cache_capacity=0")["rollout"] == \
         _identity("rollout=vllm", "rollout.vllm.onednn_cache_capacity=null")["rollout"] == {
         **old, "name": "vllm", "correction": "token_truncate"}
+    # nor whether the engine trims the heap after each generation
+    assert _identity("rollout=vllm", "rollout.vllm.trim_heap=false")["rollout"] == _identity("rollout=vllm")["rollout"]
     from omegaconf import OmegaConf
 
     recorded = OmegaConf.load(RECORD / "config.yaml")  # flat rollout keys
