@@ -144,4 +144,3 @@ def trim_heap() -> bool:
         return False
     ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
     return True
-

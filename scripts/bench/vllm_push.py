@@ -62,17 +62,6 @@ def reachable() -> tuple[float, int]:
     return sum(seen.values()) / 2**20, len(objs)
 
 
-def trim() -> bool:
-    """glibc's ``malloc_trim(0)``: the heap's free pages back to the OS; False where there is no glibc."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        return False
-    return True
-
-
 def markdown(res: dict[str, Any]) -> str:
     la = res["load_average"]
     lines = [f"# A vLLM rollout's resident set, by part: {res['name']}", "",
@@ -122,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     from datc.run.provenance import provenance
     from datc.step.sample import sampling_args
     from datc.step.stream import batch_for
-    from datc.utils import quiet_libraries, resident_mb
+    from datc.utils import quiet_libraries, resident_mb, trim_heap
     from scripts.bench.render import write_result
 
     quiet_libraries()
@@ -155,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             dt = time.perf_counter() - t0
             gc.collect()
             if a.trim:
-                trim()
+                trim_heap()
             now, peak = resident_mb()
             rows.append({"phase": phase, "call": i + 1, "rss_mb": round(now, 1), "hwm_mb": round(peak, 1), "call_s": round(dt, 2)})
             if a.account:
