@@ -29,7 +29,7 @@ SETTINGS = ["keywords-tiny_gpt2", "keywords-tiny_llama", "arithmetic-tiny_gpt2",
             "reviews-smollm2_135m_instruct", "legacy_rm09ab3fe7/reviews-smollm2_135m_instruct"]
 TITLES = {"keywords-tiny_gpt2": "keywords / tiny GPT-2", "keywords-tiny_llama": "keywords / tiny Llama",
           "arithmetic-tiny_gpt2": "arithmetic / tiny GPT-2", "arithmetic-tiny_llama": "arithmetic / tiny Llama",
-          "reviews-smollm2_135m_instruct": "reviews / SmolLM2-135M (real)",
+          "reviews-smollm2_135m_instruct": "reviews / SmolLM2-135M (real; pinned reward model 5e1e6828)",
           "legacy_rm09ab3fe7/reviews-smollm2_135m_instruct": "reviews / SmolLM2-135M (real; old reward model 09ab3fe7, lr from 1e-5)"}
 
 
