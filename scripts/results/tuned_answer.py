@@ -76,6 +76,9 @@ def _cell(s: dict, scheme: str) -> str:
         kls = [(m.get(k) or {}).get("mean") for k in ("kl_matched", "kl_scheme")]
         ratio = kls[0] / kls[1] if None not in kls and kls[1] else None
         text += f"; matched KL {_iv(m.get('vs_matched'))}"
+        n_m, n_g = (m.get("vs_matched") or {}).get("n"), (m.get("gain") or {}).get("n")
+        if n_m is not None and n_g is not None and n_m < n_g:  # its evaluation not finished: say on how many pairs
+            text += f" ({n_m} of {n_g} pairs)"
         if ratio is not None:
             text += f" (KL ratio {ratio:.2f}"
             text += f", credit share {share:.2f})" if share is not None else ")"

@@ -22,3 +22,12 @@ def test_a_scheme_not_run_in_a_setting_says_so_and_an_excluded_zero_is_bold():
     assert tuned_answer._cell(s, "datc") == "not run"
     assert tuned_answer._iv({"mean": 0.2, "half_width": 0.1}) == "**+0.200 ± 0.100**"
     assert tuned_answer._iv({"mean": 0.05, "half_width": 0.1}) == "+0.050 ± 0.100"
+
+
+def test_a_matched_kl_control_still_running_says_on_how_many_pairs():
+    m = {"scheme": "datc", "lr": 2.88e-5, "resolved": False, "gain": {"mean": -3.4, "half_width": 1.3, "n": 12},
+         "vs_matched": {"mean": 0.016, "half_width": 0.188, "n": 4}, "kl_matched": {"mean": 0.137}, "kl_scheme": {"mean": 0.133}}
+    s = {"rows": {"grpo": {}, "datc": {"vs_baseline": {"final_gold": m["gain"]}}}, "matched": {"datc": m}}
+    assert tuned_answer._cell(s, "datc") == "**-3.400 ± 1.300**; matched KL +0.016 ± 0.188 (4 of 12 pairs) (KL ratio 1.03)"
+    m["vs_matched"]["n"] = 12
+    assert "pairs" not in tuned_answer._cell(s, "datc")
