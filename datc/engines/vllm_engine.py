@@ -228,7 +228,6 @@ class VLLMEngine(RolloutEngine):
         self.push_s = 0.0
         self.push_bytes = 0  # of the last push
         self.adapters: AdapterPush | None = None  # rollout.vllm.lora_sync resolved to adapter
-        self.trim = False  # rollout.vllm.trim_heap on a CPU: the heap's free pages back to the OS after each generation
 
     @classmethod
     def build(cls, c, m, device, dist) -> VLLMEngine:
@@ -290,7 +289,6 @@ class VLLMEngine(RolloutEngine):
                     **{k: v for k, v in kwargs.items() if k != "enable_sleep_mode"}}
         engine = cls(llm, m.tok.eos_token_id, m.tok.pad_token_id, device, sleep, settings)
         engine._tmp = tmp  # the config directory lives as long as the engine
-        engine.trim = device.type == "cpu" and bool(r.vllm.trim_heap)
         engine.group_before, engine.set_num_threads, engine.tables_before = group_before, set_num_threads, tables_before
         if lora_sync == "adapter":
             engine.adapters = AdapterPush(m.adapter, tmp.name)
@@ -359,7 +357,7 @@ class VLLMEngine(RolloutEngine):
         with _engine_errors("sampling"):
             outs = self.llm.generate(prompts, params, use_tqdm=False,
                                      lora_request=None if self.adapters is None else self.adapters.request)
-        if self.trim:
+        if self.settings.get("trim_heap"):  # rollout.vllm.trim_heap, recorded on a CPU only
             trim_heap()
         B = len(examples) * G
         resp = torch.full((B, T), self.pad_id, dtype=torch.long)

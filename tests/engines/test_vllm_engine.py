@@ -340,10 +340,10 @@ def test_on_a_cpu_the_engine_trims_the_heap_after_each_generation_unless_told_no
     calls = []
     monkeypatch.setattr("datc.engines.vllm_engine.trim_heap", lambda: calls.append(1) or True)
     s = session
-    assert s.engine.describe()["trim_heap"] is True and s.engine.trim
+    assert s.engine.describe()["trim_heap"] is True
     rollout(s, _examples(s, 2), seeds=[1, 2])
     assert len(calls) == 1
-    monkeypatch.setattr(s.engine, "trim", False)  # rollout.vllm.trim_heap=false
+    monkeypatch.setitem(s.engine.settings, "trim_heap", False)  # rollout.vllm.trim_heap=false
     rollout(s, _examples(s, 2), seeds=[1, 2])
     assert len(calls) == 1
 
