@@ -152,6 +152,7 @@ class TrainerConfig:
     eval_size: int = 256
     eval_batch_size: int = 128
     eval_seed: int = 1234
+    eval_cache: str | None = None
 
     # checkpoints and resume
     checkpoint_every: int = 20

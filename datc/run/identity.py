@@ -14,7 +14,7 @@ NON_IDENTITY = {"run_dir", "run_name", "results_dir", "cache_dir", "logger"}
 # (skip_zero_advantage leaves out only work whose result the loss multiplies by A = 0; the decode
 # loop samples the same distribution with the same logits to float rounding, as threads and device)
 NON_IDENTITY_TRAINER = {"resume", "progress", "threads", "device", "skip_zero_advantage", "gradient_checkpointing", "decode",
-                        "decode_sync_every", "accept_changed_inputs"}
+                        "decode_sync_every", "accept_changed_inputs", "eval_cache"}
 # Later switches whose default is the behaviour from before they existed: part of the identity
 # only when set to something else, so adding them renamed no existing run. {field: its default}
 IDENTITY_WHEN_SET_TRAINER = {"lm_head_chunk": None, "deterministic": False}

@@ -31,11 +31,19 @@ def _num(x: float) -> str:
     return repr(float(x))
 
 
+EVAL_CACHE = ".eval_cache"  # the setting's step-0 evaluations, shared by its runs (trainer.eval_cache)
+
+
 def base(m: dict[str, Any], folder: Path, where: str) -> list[str]:
-    """Every task override of a job of this study (the launcher replays only its own arguments)."""
+    """Every task override of a job of this study (the launcher replays only its own arguments).
+    Every run of a setting starts from the same weights and evaluates the same prompts, so they
+    share one step-0 evaluation (``trainer.eval_cache``, not in a run's identity; an override of
+    the study's own ``trainer.eval_cache``, ``null`` included, takes its place)."""
     s = m["setting"]
+    own = any(o.split("=", 1)[0].lstrip("+~") == "trainer.eval_cache" for o in m["overrides"])
     return [f"experiment={m['experiment']}", f"policy={s['policy']}", f"data={s['data']}", RUN_NAME,
-            f"hydra.sweep.dir={folder / where}", *m["overrides"]]
+            f"hydra.sweep.dir={folder / where}", *([] if own else [f"trainer.eval_cache={folder / EVAL_CACHE}"]),
+            *m["overrides"]]
 
 
 def config(scheme: str, spec: dict[str, Any], lr: float | None = None, knob: float | None = None) -> list[str]:

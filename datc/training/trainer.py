@@ -9,6 +9,7 @@ plan decided once), evaluation (:mod:`datc.training.evaluation`) and the run's l
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 from pathlib import Path
@@ -32,12 +33,15 @@ from datc.run.runlock import note, warn
 from datc.run.signals import stop_if_requested, stop_requested, stop_signals
 from datc.step import train_step
 from datc.step.ops import StepOps
+from datc.training import eval_cache
 from datc.training.evaluation import evaluate
 from datc.training.lifecycle import (
+    INPUTS_FILE,
     NoLogger,
     check_inputs,
     finish,
     open_run,
+    read_inputs,
     resolved_config,
     resume,
     save,
@@ -126,10 +130,17 @@ def _loop(s, run, resolved: dict[str, Any], dist: Dist) -> dict[str, Any]:
         note(f"sent the {n} metric rows this run logged before its resume to {logger.label} ({logger.where()})")
     collapse = CollapseWatch.from_rows(r for r in prior if r.get("step", 0) <= start)  # METHOD §6's length collapse
 
+    def evaluation() -> tuple[dict[str, float], list[dict]]:
+        with s.autocast():  # every rank evaluates (ZeRO-3 gathers need all of them); rank 0 logs
+            return evaluate(c, s.m, eval_rows, s.assets.task, s.device, s.plan, s.optim.generation)
+
     def do_eval(step: int) -> None:
         s.stream.pause()  # rollout.max_staleness > 0 with vLLM: its thread leaves torch's global stream to the eval
-        with s.autocast():  # every rank evaluates (ZeRO-3 gathers need all of them); rank 0 logs
-            metrics, samples = evaluate(c, s.m, eval_rows, s.assets.task, s.device, s.plan, s.optim.generation)
+        if step == 0 and t.eval_cache and not dist.enabled:  # shared by runs that start alike (datc.training.eval_cache)
+            parts = eval_cache.key_parts(dataclasses.asdict(c), s.m, eval_rows, read_inputs(run.path / INPUTS_FILE)[0], s.device)
+            metrics, samples = eval_cache.evaluate_cached(t.eval_cache, parts, run.path, c.run_name, evaluation)
+        else:
+            metrics, samples = evaluation()
         logger.log(metrics, step)
         logger.log_samples(samples, step)
         logger.log_completions(completions, step)

@@ -1,0 +1,154 @@
+"""The step-0 evaluation's cache (``trainer.eval_cache``): runs that start from the same weights
+and evaluate the same prompts the same way get the same step-0 evaluation, whatever they train
+with afterwards (the scheme, the learning rate, the training seed). A study's runs are such runs:
+on the real model every one of its runs had the identical step-0 gold, reward-model score and
+entropy, about 70 s of a 11-minute run. With a cache folder set, the first of them evaluates and
+stores its metrics and samples; the next ones read them and log the same numbers.
+
+The key is what the evaluation reads, so a run that could evaluate differently misses instead of
+reading another's numbers: the weights as loaded (policy, reference and reward model, hashed from
+memory, whatever the seed did to them), the evaluation's prompts, the run's recorded input files
+(tokenizers, chat templates, data), its whole resolved config less the fields that only training
+reads (:data:`TRAINING_ONLY`), and the versions and processor the numbers are computed with. A
+run that read the cache says so in ``<run_dir>/eval_cache.json``. Single-process runs only (the
+weights of a sharded run are not whole on one rank to hash)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from datc.atomic import atomic_write_json
+from datc.run.provenance import machine
+
+log = logging.getLogger(__name__)
+
+RECORD = "eval_cache.json"  # in a run directory whose step-0 evaluation was read from the cache
+VERSION = 1  # of the key's recipe: a change to it makes every old entry a miss
+
+# Fields of the resolved config that only training reads (the step-0 evaluation is before any of
+# them acts): left out of the key so that a study's schemes, rates and seeds share one entry.
+# Anything not named here is in the key: a field forgotten here costs a miss, never a wrong number.
+TRAINING_ONLY = {
+    None: {"seed", "credit", "run_name", "run_dir", "results_dir", "cache_dir"},
+    "trainer": {"steps", "lr", "weight_decay", "adam_betas", "lr_scheduler", "warmup_steps", "max_grad_norm",
+                "scale_rewards", "epsilon_low", "epsilon_high", "loss_agg", "eval_every", "checkpoint_every",
+                "keep_checkpoints", "resume", "accept_changed_inputs", "progress", "max_nonfinite_frac",
+                "eval_cache"},
+    # how the run is reported; logger.log_samples stays (the samples are part of the entry)
+    "logger": {"name", "project", "entity", "group", "tags", "mode", "init_timeout_s"},
+}
+
+
+def weights_hash(module: Any) -> str:
+    """sha256 over a module's state (names, dtypes, shapes and bytes, in the state dict's order);
+    for something that is not a module (a reference that is the policy with its adapters off),
+    its type's name."""
+    if not hasattr(module, "state_dict"):
+        return f"not a module: {type(module).__name__}"
+    h = hashlib.sha256()
+    for name, t in module.state_dict().items():
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def _inputs(recorded: dict[str, Any] | None) -> Any:
+    """The run's recorded input files (``inputs.json``) by content: paths and times left out."""
+    if not isinstance(recorded, dict):
+        return None
+    out = {}
+    for what, entry in (recorded.get("inputs") or {}).items():
+        files = (entry or {}).get("files") if isinstance(entry, dict) else None
+        out[what] = {f: {k: v for k, v in info.items() if k in ("sha256", "size", "hashed")}
+                     for f, info in (files or {}).items()}
+    return out
+
+
+def key_parts(config: dict[str, Any], models: Any, rows: list[dict], inputs: dict[str, Any] | None,
+              device: torch.device) -> dict[str, Any]:
+    """What the step-0 evaluation reads, as plain data (hashed by :func:`key`)."""
+    cfg = {k: v for k, v in config.items() if k not in TRAINING_ONLY[None]}
+    for section, fields in TRAINING_ONLY.items():
+        if section is not None and isinstance(cfg.get(section), dict):
+            cfg[section] = {k: v for k, v in cfg[section].items() if k not in fields}
+    return {
+        "recipe": VERSION,
+        "config": cfg,
+        "weights": {"policy": weights_hash(models.policy),
+                    "ref": None if models.ref is None else weights_hash(models.ref),
+                    "reward": weights_hash(models.rm)},
+        "prompts": hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest(),
+        "inputs": _inputs(inputs),
+        "machine": {**machine("transformers"), "processor": _cpu_model(), "device": str(device),
+                    "torch_threads": torch.get_num_threads()},
+    }
+
+
+def _cpu_model() -> str | None:
+    """The processor's model name (its kernels' instruction sets change the last bits of a sum)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def key(parts: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def entry_path(folder: str | Path, k: str) -> Path:
+    return Path(folder) / f"step0-{k[:24]}.json"
+
+
+def read(folder: str | Path, k: str) -> dict[str, Any] | None:
+    """The entry stored under ``k``, or None (none there, or unreadable: the run evaluates)."""
+    path = entry_path(folder, k)
+    try:
+        entry = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:  # a damaged entry: evaluate and write it again
+        log.warning("trainer.eval_cache: %s unreadable (%s): evaluating", path, e)
+        return None
+    if entry.get("key") != k or not isinstance(entry.get("metrics"), dict):
+        return None
+    return entry
+
+
+def evaluate_cached(folder: str | Path, parts: dict[str, Any], run_dir: Path, made_by: str,
+                    evaluate: Callable[[], tuple[dict[str, float], list[dict]]]) -> tuple[dict[str, float], list[dict]]:
+    """The step-0 evaluation: read from ``folder`` where an entry has this key (recorded in the run
+    directory's ``eval_cache.json``), else ``evaluate()`` and stored there."""
+    k = key(parts)
+    if (entry := read(folder, k)) is not None:
+        path = entry_path(folder, k)
+        atomic_write_json(Path(run_dir) / RECORD, {"step": 0, "entry": str(path), "key": k, "made_by": entry.get("made_by")})
+        log.info("step-0 evaluation read from %s (evaluated by %s)", path, entry.get("made_by"))
+        return entry["metrics"], entry["samples"]
+    metrics, samples = evaluate()
+    try:
+        write(folder, k, parts, metrics, samples, made_by)
+    except OSError as e:  # the cache only saves time: the run goes on with its own evaluation
+        log.warning("trainer.eval_cache: the step-0 evaluation could not be stored in %s (%s); the run goes on",
+                    folder, e)
+    return metrics, samples
+
+
+def write(folder: str | Path, k: str, parts: dict[str, Any], metrics: dict[str, float], samples: list[dict],
+          made_by: str) -> Path:
+    """Store an evaluation under ``k`` (atomically: two runs that write the same entry at once
+    leave one whole file)."""
+    path = entry_path(folder, k)
+    atomic_write_json(path, {"key": k, "made_by": made_by, "metrics": metrics, "samples": samples, "parts": parts})
+    return path

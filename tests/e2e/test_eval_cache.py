@@ -1,0 +1,69 @@
+"""``trainer.eval_cache``: runs that start alike share one step-0 evaluation, the same numbers as
+their own would be; a run that could evaluate differently misses."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import torch
+
+from datc.training.eval_cache import RECORD, weights_hash
+from datc.training.trainer import train
+from tests.helpers.runs import comparable, metric_rows
+from tests.helpers.testbed import cfg_for
+
+ONE_STEP = ("trainer.steps=1", "trainer.eval_every=1", "trainer.checkpoint_every=1", "trainer.warmup_steps=0")
+
+
+def _step0(run_dir) -> dict:
+    return comparable([r for r in metric_rows(run_dir) if r["step"] == 0])[0]
+
+
+def test_a_run_reads_the_step0_evaluation_another_stored_and_logs_the_same_numbers(prepared_cache, tmp_path):
+    cache = tmp_path / "evalcache"
+    plain = tmp_path / "plain"
+    train(cfg_for(prepared_cache, plain, *ONE_STEP, "credit=datc", "seed=3"))  # no cache: its own evaluation
+    first, second = tmp_path / "first", tmp_path / "second"
+    train(cfg_for(prepared_cache, first, *ONE_STEP, f"trainer.eval_cache={cache}"))
+    entries = sorted(cache.glob("step0-*.json"))
+    assert len(entries) == 1 and not (first / RECORD).exists()  # evaluated and stored, not read
+    # another scheme, rate and seed: training-only fields, so the same entry, and the run says it read it
+    train(cfg_for(prepared_cache, second, *ONE_STEP, f"trainer.eval_cache={cache}", "credit=datc", "seed=3",
+                  "trainer.lr=1e-3"))
+    assert sorted(cache.glob("step0-*.json")) == entries
+    record = json.loads((second / RECORD).read_text())
+    assert record["entry"] == str(entries[0]) and record["made_by"]
+    # the numbers logged from the cache are the ones the run computes without it, to the bit
+    assert _step0(second) == _step0(plain) == _step0(first)
+    assert len(json.loads(entries[0].read_text())["samples"]) == 8  # logger.log_samples' rows, for the tracker
+    # the cache folder is not part of what a run computes: the same identity with or without it
+    ident = json.loads((second / "run.json").read_text())["identity"]
+    assert "eval_cache" not in ident["trainer"] and ident["trainer"]["lr"] == 1e-3
+
+
+def test_a_run_that_evaluates_otherwise_misses(prepared_cache, tmp_path):
+    cache = tmp_path / "evalcache"
+    train(cfg_for(prepared_cache, tmp_path / "a", *ONE_STEP, f"trainer.eval_cache={cache}"))
+    train(cfg_for(prepared_cache, tmp_path / "b", *ONE_STEP, f"trainer.eval_cache={cache}", "trainer.eval_seed=7"))
+    train(cfg_for(prepared_cache, tmp_path / "c", *ONE_STEP, f"trainer.eval_cache={cache}", "trainer.temperature=0.7"))
+    assert len(list(cache.glob("step0-*.json"))) == 3
+    assert not any((tmp_path / r / RECORD).exists() for r in "abc")
+
+
+def test_the_weights_hash_sees_one_changed_value():
+    m = torch.nn.Linear(4, 3)
+    before = weights_hash(m)
+    assert weights_hash(m) == before
+    with torch.no_grad():
+        m.weight[1, 2] = torch.nextafter(m.weight[1, 2], torch.tensor(2.0))
+    assert weights_hash(m) != before
+    assert weights_hash(copy.deepcopy(m).to(torch.bfloat16)) != weights_hash(m)
+
+
+def test_a_cache_that_cannot_be_written_costs_the_run_nothing(prepared_cache, tmp_path, caplog):
+    blocked = tmp_path / "a_file"
+    blocked.write_text("not a folder")
+    summary = train(cfg_for(prepared_cache, tmp_path / "r", *ONE_STEP, f"trainer.eval_cache={blocked}"))
+    assert summary["eval"]["final"] and blocked.read_text() == "not a folder"
+    assert any("could not be stored" in r.getMessage() for r in caplog.records)

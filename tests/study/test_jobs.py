@@ -1,0 +1,20 @@
+"""A study's jobs share the setting's step-0 evaluation (``trainer.eval_cache``) unless the study's
+own overrides set it."""
+
+from __future__ import annotations
+
+from datc.study.jobs import EVAL_CACHE, base
+
+
+def _manifest(*overrides: str) -> dict:
+    return {"experiment": "real_smollm2", "setting": {"policy": "smollm2_135m_instruct", "data": "reviews"},
+            "overrides": list(overrides)}
+
+
+def test_every_job_of_a_setting_names_its_eval_cache_and_an_own_override_takes_its_place(tmp_path):
+    folder = tmp_path / "reviews-smollm2"
+    args = base(_manifest("trainer.threads=1"), folder, "select")
+    assert f"trainer.eval_cache={folder / EVAL_CACHE}" in args and args[-1] == "trainer.threads=1"
+    for own in ("trainer.eval_cache=null", "+trainer.eval_cache=/elsewhere"):
+        args = base(_manifest(own), folder, "eval")
+        assert [a for a in args if "eval_cache" in a] == [own]
