@@ -56,7 +56,7 @@ def weights_hash(module: Any) -> str:
     for name, t in module.state_dict().items():
         t = t.detach().cpu().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.reshape(-1).view(torch.uint8).numpy() if t.numel() else b"")  # its buffer, not a copy
     return h.hexdigest()
 
 
