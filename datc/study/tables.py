@@ -25,7 +25,7 @@ from datc.report.statistics import (
 )
 from datc.report.tables import MIN_INTERVAL_N, _interval_text, collapse_note
 from datc.study.bracket import lattice_k
-from datc.study.matched import matched_json, matched_markdown
+from datc.study.matched import MatchedRow, matched_json, matched_markdown
 from datc.study.reading import (
     MANIFEST,
     Candidate,
@@ -106,12 +106,13 @@ def setting_markdown(st: SettingTuning, baseline: str) -> str:
             knob = "no knob" if not sc.spec.get("knob") else step_text(
                 points(sc.spec, sc.candidates, sc.diverged, sel, lims[1], sc.lr) if sc.lr is not None else None, sc.knob_step)
             lines.append(f"| {name} | {rate} | {knob} |")
-    if power := _power_lines(st, baseline):
-        lines += ["", "Power of the tuned comparison (paired by seed): the 95% half-width reached and the smallest "
+    control = st.control(baseline)
+    if power := _power_lines(st, baseline, control):
+        lines += ["", "Power of each comparison (paired by seed): the 95% half-width reached and the smallest "
                   "difference such a test detects 80% of the time at this number of pairs and the observed spread "
                   "of the differences:", "", *power]
-    if control := matched_markdown(st.control(baseline), baseline, float(base.spec["lr"]) if base else 1.0):
-        lines += ["", control.rstrip("\n")]
+    if table := matched_markdown(control, baseline, float(base.spec["lr"]) if base else 1.0):
+        lines += ["", table.rstrip("\n")]
     lines += ["", "Every candidate on the selection seeds:", "",
               "| scheme | configuration | search step | mean final gold (selection) |", "|---|---|---|---|"]
     for name in order:
@@ -121,15 +122,18 @@ def setting_markdown(st: SettingTuning, baseline: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _power_lines(st: SettingTuning, baseline: str) -> list[str]:
+def _power_lines(st: SettingTuning, baseline: str, control: Sequence[MatchedRow] = ()) -> list[str]:
+    """Per scheme: the tuned comparison's power, then the matched-KL control's where it has pairs."""
     base = st.schemes.get(baseline)
     if base is None or not base.tuned:
         return []
+    at_matched = {r.scheme: r.vs_matched.diff for r in control if r.vs_matched is not None and r.vs_matched.seeds}
     out = []
     for name in sorted(s for s in st.schemes if s != baseline):
-        d = paired_difference(st.schemes[name].tuned, base.tuned, "final_gold").diff
-        if (mde := detectable_difference(d)) is not None:
-            out.append(f"- {name} − {baseline}: {d.n} pairs, ±{d.half_width:.3f}; detectable: {mde:.3f}")
+        for what, d in ((f"{name} − {baseline}", paired_difference(st.schemes[name].tuned, base.tuned, "final_gold").diff),
+                        (f"{name} − {baseline} at matched KL", at_matched.get(name))):
+            if d is not None and (mde := detectable_difference(d)) is not None:
+                out.append(f"- {what}: {d.n} pairs, ±{d.half_width:.3f}; detectable: {mde:.3f}")
     return out
 
 

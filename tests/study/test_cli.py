@@ -290,3 +290,22 @@ def test_the_tables_name_the_reward_model_each_evaluation_run_scored_with(tmp_pa
     (Path(runs[0].source).parent / "inputs.json").unlink()
     after = reward_models(runs)
     assert after["not recorded"] == 1 and sum(after.values()) == len(runs)
+
+
+def test_the_power_of_each_matched_kl_control_is_stated_from_its_own_pairs(tmp_path):
+    # issue: "state the power reached per comparison": the matched-KL row's pairs, not the tuned ones
+    from datc.report.statistics import detectable_difference
+    from datc.study.reading import read_setting
+    from datc.study.tables import setting_markdown
+
+    folder = tmp_path / "keywords-tiny_gpt2"
+    shutil.copytree(RECORDS / folder.name, folder)
+    st = read_setting(folder)
+    md = setting_markdown(st, "grpo")
+    rows = [r for r in st.control("grpo") if r.vs_matched is not None and r.vs_matched.seeds]
+    assert rows
+    for r in rows:
+        d = r.vs_matched.diff
+        assert f"- {r.scheme} − grpo at matched KL: {d.n} pairs, ±{d.half_width:.3f}; detectable: " \
+               f"{detectable_difference(d):.3f}" in md
+        assert d.half_width != r.gain.diff.half_width  # its own spread, not the tuned comparison's
