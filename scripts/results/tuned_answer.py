@@ -29,8 +29,20 @@ SETTINGS = ["keywords-tiny_gpt2", "keywords-tiny_llama", "arithmetic-tiny_gpt2",
             "reviews-smollm2_135m_instruct", "legacy_rm09ab3fe7/reviews-smollm2_135m_instruct"]
 TITLES = {"keywords-tiny_gpt2": "keywords / tiny GPT-2", "keywords-tiny_llama": "keywords / tiny Llama",
           "arithmetic-tiny_gpt2": "arithmetic / tiny GPT-2", "arithmetic-tiny_llama": "arithmetic / tiny Llama",
-          "reviews-smollm2_135m_instruct": "reviews / SmolLM2-135M (real; pinned reward model 5e1e6828)",
+          "reviews-smollm2_135m_instruct": "reviews / SmolLM2-135M (real; pinned reward model {pinned_rm})",
           "legacy_rm09ab3fe7/reviews-smollm2_135m_instruct": "reviews / SmolLM2-135M (real; old reward model 09ab3fe7, lr from 1e-5)"}
+
+
+PREPARED = ROOT / "results" / "real_model" / "prepared.json"  # the real preset's pinned files
+
+
+def title(name: str) -> str:
+    """A column's title; the real model's names its reward model by the first 8 hex digits of the
+    sha256 pinned in ``results/real_model/prepared.json``."""
+    text = TITLES.get(name, name)
+    if "{pinned_rm}" in text:
+        text = text.format(pinned_rm=json.loads(PREPARED.read_text())["files"]["reward/model.safetensors"][:8])
+    return text
 
 
 def _records(name: str) -> Path:
@@ -90,7 +102,7 @@ def _cell(s: dict, scheme: str) -> str:
 def answer_md() -> str:
     settings = {n: _setting(n) for n in SETTINGS if (TUNED / n / "tuned.json").exists()}
     cols = list(settings)
-    lines = ["| scheme | " + " | ".join(TITLES[c] for c in cols) + " |", "|---|" + "---|" * len(cols)]
+    lines = ["| scheme | " + " | ".join(title(c) for c in cols) + " |", "|---|" + "---|" * len(cols)]
     lines.append("| tuned `grpo`: final gold (pairs) | " + " | ".join(
         f"{settings[c]['grpo']['mean']:.3f} ({settings[c]['pairs']})" if settings[c]["grpo"] else "n/a" for c in cols) + " |")
     for scheme in ORDER:

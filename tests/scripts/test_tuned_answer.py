@@ -3,6 +3,8 @@ and the README holds it as generated."""
 
 from __future__ import annotations
 
+import json
+
 from scripts.results import tuned_answer
 
 
@@ -31,3 +33,13 @@ def test_a_matched_kl_control_still_running_says_on_how_many_pairs():
     assert tuned_answer._cell(s, "datc") == "**-3.400 ± 1.300**; matched KL +0.016 ± 0.188 (4 of 12 pairs) (KL ratio 1.03)"
     m["vs_matched"]["n"] = 12
     assert "pairs" not in tuned_answer._cell(s, "datc")
+
+
+def test_the_real_models_column_names_the_reward_model_pinned_in_prepared_json(tmp_path, monkeypatch):
+    pinned = json.loads(tuned_answer.PREPARED.read_text())["files"]["reward/model.safetensors"]
+    assert f"pinned reward model {pinned[:8]})" in tuned_answer.title("reviews-smollm2_135m_instruct")
+    other = tmp_path / "prepared.json"
+    other.write_text(json.dumps({"files": {"reward/model.safetensors": "ab" * 32}}))
+    monkeypatch.setattr(tuned_answer, "PREPARED", other)
+    assert tuned_answer.title("reviews-smollm2_135m_instruct").endswith("pinned reward model abababab)")
+    assert tuned_answer.title("keywords-tiny_gpt2") == "keywords / tiny GPT-2"
