@@ -9,7 +9,7 @@ The key is what the evaluation reads, so a run that could evaluate differently m
 reading another's numbers: the weights as loaded (policy, reference and reward model, hashed from
 memory, whatever the seed did to them), the evaluation's prompts, the run's recorded input files
 (tokenizers, chat templates, data), its whole resolved config less the fields that only training
-reads (:data:`TRAINING_ONLY`), and the versions and processor the numbers are computed with. A
+reads (:data:`TRAINING_ONLY`), and the versions, processor and GPU model the numbers are computed with. A
 run that read the cache says so in ``<run_dir>/eval_cache.json``. Single-process runs only (the
 weights of a sharded run are not whole on one rank to hash)."""
 
@@ -88,6 +88,7 @@ def key_parts(config: dict[str, Any], models: Any, rows: list[dict], inputs: dic
         "prompts": hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest(),
         "inputs": _inputs(inputs),
         "machine": {**machine("transformers"), "processor": _cpu_model(), "device": str(device),
+                    "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                     "torch_threads": torch.get_num_threads()},
     }
 
