@@ -1,0 +1,50 @@
+"""Landing a study's finished runs: the records the tables read, copied so that the tables made from
+them are the committed ones; a run still running waits; another study's result is never replaced."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from scripts.results import land_study
+
+SETTING = "keywords-tiny_gpt2"
+
+
+def test_a_landed_study_gives_the_committed_tables_and_a_running_run_waits(tmp_path, capsys):
+    study = tmp_path / "study" / SETTING
+    shutil.copytree(land_study.TUNED / "records" / SETTING, study)
+    running = study / "eval" / "keywords-tiny_gpt2-grpo-p0-s999-abcdef"
+    running.mkdir()
+    (running / "run.json").write_text("{}")  # no summary.json, no diverged.json: still running
+    records = tmp_path / "records" / SETTING
+    new, total = land_study.copy_records(study, records)
+    assert new == total > 0 and not (records / running.relative_to(study)).exists()
+    land_study.make_tables(records, tmp_path / "out")
+    capsys.readouterr()
+    for name in ("tuned.md", "tuned.json"):
+        assert (tmp_path / "out" / name).read_bytes() == (land_study.TUNED / SETTING / name).read_bytes()
+    assert land_study.copy_records(study, records) == (0, total)  # landing again adds nothing
+
+
+def test_another_studys_result_under_the_same_name_is_not_replaced(tmp_path):
+    study = tmp_path / "study" / SETTING
+    shutil.copytree(land_study.TUNED / "records" / SETTING, study)
+    records = tmp_path / "records" / SETTING
+    land_study.copy_records(study, records)
+    summary = sorted(records.glob("eval/*/summary.json"))[0]
+    summary.write_text(summary.read_text().replace("{", '{"other": 1, ', 1))
+    before = {p: p.read_bytes() for p in records.rglob("*") if p.is_file()}
+    with pytest.raises(land_study.Conflict, match="another run's result"):
+        land_study.copy_records(study, records)
+    assert before == {p: p.read_bytes() for p in records.rglob("*") if p.is_file()}
+    with pytest.raises(land_study.Conflict, match="not a study folder"):
+        land_study.copy_records(tmp_path, records)
+
+
+def test_the_answer_block_is_replaced_and_the_rest_of_the_readme_kept(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Title\n\n{land_study.ANSWER_START}old table\n{land_study.ANSWER_END}\n\nafter\n")
+    land_study.paste_answer(readme, "| new |\n")
+    assert readme.read_text() == f"# Title\n\n{land_study.ANSWER_START}| new |\n{land_study.ANSWER_END}\n\nafter\n"
