@@ -82,6 +82,15 @@ def new_manifest(data: str, policy: str, experiment: str, task: list[str], selec
     }
 
 
+# Overrides that change how a study's runs are executed, not what they compute (not in a run's
+# identity): a study may change them between invocations without being another protocol.
+NOT_PROTOCOL = {"trainer.eval_cache"}
+
+
+def _protocol(overrides: list[str]) -> list[str]:
+    return [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in NOT_PROTOCOL]
+
+
 def merge_manifest(folder: Path, new: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """The protocol the study runs under: ``new`` where the folder holds none, else the folder's,
     with new schemes added (and, for a fixed-grid manifest, the bracketing search added); refuses
@@ -99,7 +108,7 @@ def merge_manifest(folder: Path, new: dict[str, Any]) -> tuple[dict[str, Any], s
                       "use another --root")
     old_task = [o for o in old.get("overrides", []) if not o.lstrip("+~").startswith("hydra")]
     for key, a, b in (("setting", old.get("setting"), new["setting"]), ("experiment", old.get("experiment"), new["experiment"]),
-                      ("overrides", old_task, new["overrides"]), ("selection", old.get("selection"), new["selection"]),
+                      ("overrides", _protocol(old_task), _protocol(new["overrides"])), ("selection", old.get("selection"), new["selection"]),
                       ("evaluation", old.get("evaluation"), new["evaluation"]),
                       ("search", old.get("search", new["search"]), new["search"])):
         if a != b:

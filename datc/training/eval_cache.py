@@ -9,8 +9,9 @@ The key is what the evaluation reads, so a run that could evaluate differently m
 reading another's numbers: the weights as loaded (policy, reference and reward model, hashed from
 memory, whatever the seed did to them), the evaluation's prompts, the run's recorded input files
 (tokenizers, chat templates, data), its whole resolved config less the fields that only training
-reads (:data:`TRAINING_ONLY`), and the versions, processor and GPU model the numbers are computed with. A
-run that read the cache says so in ``<run_dir>/eval_cache.json``. Single-process runs only (the
+reads (:data:`TRAINING_ONLY`), the package's own sources (:func:`code_hash`), and the versions,
+processor and GPU model the numbers are computed with. A run that read the cache says so in
+``<run_dir>/eval_cache.json`` (removed when a run evaluates step 0 itself). Single-process runs only (the
 weights of a sharded run are not whole on one rank to hash)."""
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ from datc.run.provenance import machine
 
 log = logging.getLogger(__name__)
 
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # datc/: its sources are part of the key
+PACKAGES = ("transformers", "tokenizers", "safetensors", "peft", "numpy", "afinn")  # besides Python and torch
 RECORD = "eval_cache.json"  # in a run directory whose step-0 evaluation was read from the cache
-VERSION = 1  # of the key's recipe: a change to it makes every old entry a miss
+VERSION = 2  # of the key's recipe: a change to it makes every old entry a miss
 
 # Fields of the resolved config that only training reads (the step-0 evaluation is before any of
 # them acts): left out of the key so that a study's schemes, rates and seeds share one entry.
@@ -85,12 +88,32 @@ def key_parts(config: dict[str, Any], models: Any, rows: list[dict], inputs: dic
         "weights": {"policy": weights_hash(models.policy),
                     "ref": None if models.ref is None else weights_hash(models.ref),
                     "reward": weights_hash(models.rm)},
+        "tokenizer": tokenizer_hash(models.tok),
         "prompts": hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest(),
         "inputs": _inputs(inputs),
-        "machine": {**machine("transformers"), "processor": _cpu_model(), "device": str(device),
+        "code": code_hash(),
+        "machine": {**machine(*PACKAGES), "processor": _cpu_model(), "device": str(device),
                     "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                     "torch_threads": torch.get_num_threads()},
     }
+
+
+def tokenizer_hash(tok: Any) -> str:
+    """sha256 over a tokenizer's vocabulary, special tokens and chat template (a tokenizer loaded by
+    a hub id has no recorded files to fingerprint)."""
+    parts = {"vocab": sorted(tok.get_vocab().items()) if hasattr(tok, "get_vocab") else None,
+             "special": getattr(tok, "special_tokens_map", None), "template": getattr(tok, "chat_template", None),
+             "type": type(tok).__name__}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def code_hash() -> str:
+    """sha256 over the package's own Python sources (paths and bytes): a change to any of them (the
+    evaluation, a task's gold, the sampler, the reward model's inputs) makes every entry a miss."""
+    h = hashlib.sha256()
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        h.update(path.relative_to(PACKAGE_DIR).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def _cpu_model() -> str | None:
@@ -122,7 +145,9 @@ def read(folder: str | Path, k: str) -> dict[str, Any] | None:
     except (OSError, ValueError) as e:  # a damaged entry: evaluate and write it again
         log.warning("trainer.eval_cache: %s unreadable (%s): evaluating", path, e)
         return None
-    if entry.get("key") != k or not isinstance(entry.get("metrics"), dict):
+    if not isinstance(entry, dict) or entry.get("key") != k or not isinstance(entry.get("metrics"), list) \
+            or not isinstance(entry.get("samples"), list):
+        log.warning("trainer.eval_cache: %s is not an entry of this key: evaluating", path)
         return None
     return entry
 
@@ -134,9 +159,9 @@ def evaluate_cached(folder: str | Path, parts: dict[str, Any], run_dir: Path, ma
     k = key(parts)
     if (entry := read(folder, k)) is not None:
         path = entry_path(folder, k)
-        atomic_write_json(Path(run_dir) / RECORD, {"step": 0, "entry": str(path), "key": k, "made_by": entry.get("made_by")})
+        atomic_write_json(Path(run_dir) / RECORD, {"step": 0, "entry": path.name, "key": k, "made_by": entry.get("made_by")})
         log.info("step-0 evaluation read from %s (evaluated by %s)", path, entry.get("made_by"))
-        return entry["metrics"], entry["samples"]
+        return {name: value for name, value in entry["metrics"]}, entry["samples"]  # in the order they were logged
     metrics, samples = evaluate()
     try:
         write(folder, k, parts, metrics, samples, made_by)
@@ -151,5 +176,7 @@ def write(folder: str | Path, k: str, parts: dict[str, Any], metrics: dict[str, 
     """Store an evaluation under ``k`` (atomically: two runs that write the same entry at once
     leave one whole file)."""
     path = entry_path(folder, k)
-    atomic_write_json(path, {"key": k, "made_by": made_by, "metrics": metrics, "samples": samples, "parts": parts})
+    # the metrics as [name, value] pairs: a hit logs them in the order the evaluation gave them
+    atomic_write_json(path, {"key": k, "made_by": made_by, "metrics": [[n, v] for n, v in metrics.items()],
+                             "samples": samples, "parts": parts})
     return path

@@ -136,6 +136,8 @@ def _loop(s, run, resolved: dict[str, Any], dist: Dist) -> dict[str, Any]:
 
     def do_eval(step: int) -> None:
         s.stream.pause()  # rollout.max_staleness > 0 with vLLM: its thread leaves torch's global stream to the eval
+        if step == 0 and dist.is_main:  # an earlier attempt's record (a run restarted from step 0) says nothing now
+            (run.path / eval_cache.RECORD).unlink(missing_ok=True)
         if step == 0 and t.eval_cache and not dist.enabled:  # shared by runs that start alike (datc.training.eval_cache)
             parts = eval_cache.key_parts(dataclasses.asdict(c), s.m, eval_rows, read_inputs(run.path / INPUTS_FILE)[0], s.device)
             metrics, samples = eval_cache.evaluate_cached(t.eval_cache, parts, run.path, c.run_name, evaluation)

@@ -33,9 +33,10 @@ def test_a_run_reads_the_step0_evaluation_another_stored_and_logs_the_same_numbe
                   "trainer.lr=1e-3"))
     assert sorted(cache.glob("step0-*.json")) == entries
     record = json.loads((second / RECORD).read_text())
-    assert record["entry"] == str(entries[0]) and record["made_by"]
-    # the numbers logged from the cache are the ones the run computes without it, to the bit
+    assert record["entry"] == entries[0].name and record["made_by"].startswith("keywords-tiny_gpt2-grpo-s0-")
+    # the numbers logged from the cache are the ones the run computes without it, to the bit, in its order
     assert _step0(second) == _step0(plain) == _step0(first)
+    assert list(_step0(second)) == list(_step0(plain))
     assert len(json.loads(entries[0].read_text())["samples"]) == 8  # logger.log_samples' rows, for the tracker
     # the cache folder is not part of what a run computes: the same identity with or without it
     ident = json.loads((second / "run.json").read_text())["identity"]
@@ -67,3 +68,34 @@ def test_a_cache_that_cannot_be_written_costs_the_run_nothing(prepared_cache, tm
     summary = train(cfg_for(prepared_cache, tmp_path / "r", *ONE_STEP, f"trainer.eval_cache={blocked}"))
     assert summary["eval"]["final"] and blocked.read_text() == "not a folder"
     assert any("could not be stored" in r.getMessage() for r in caplog.records)
+
+
+def test_a_damaged_entry_is_evaluated_again_and_stored_whole(prepared_cache, tmp_path):
+    cache = tmp_path / "evalcache"
+    train(cfg_for(prepared_cache, tmp_path / "a", *ONE_STEP, f"trainer.eval_cache={cache}"))
+    (entry,) = cache.glob("step0-*.json")
+    good = json.loads(entry.read_text())
+    for i, damaged in enumerate(("[1, 2]", json.dumps({k: v for k, v in good.items() if k != "samples"}), "{not json")):
+        entry.write_text(damaged)
+        run = tmp_path / f"r{i}"
+        train(cfg_for(prepared_cache, run, *ONE_STEP, f"trainer.eval_cache={cache}"))
+        assert not (run / RECORD).exists()  # it evaluated step 0 itself
+        assert _step0(run) == _step0(tmp_path / "a")
+        assert json.loads(entry.read_text())["metrics"] == good["metrics"]  # and stored it again, whole
+
+
+def test_a_run_started_again_from_step0_without_the_cache_keeps_no_record_of_it(prepared_cache, tmp_path):
+    import shutil
+
+    cache = tmp_path / "evalcache"
+    train(cfg_for(prepared_cache, tmp_path / "a", *ONE_STEP, f"trainer.eval_cache={cache}"))
+    run = tmp_path / "b"
+    train(cfg_for(prepared_cache, run, *ONE_STEP, f"trainer.eval_cache={cache}"))
+    assert (run / RECORD).is_file()
+    # as a kill before its first checkpoint leaves it: the same command (here without the cache) starts it again
+    for name in ("summary.json", "metrics.jsonl"):
+        (run / name).unlink()
+    for name in ("checkpoints", "final"):
+        shutil.rmtree(run / name)
+    train(cfg_for(prepared_cache, run, *ONE_STEP))
+    assert not (run / RECORD).exists() and _step0(run) == _step0(tmp_path / "a")

@@ -36,11 +36,33 @@ def test_another_studys_result_under_the_same_name_is_not_replaced(tmp_path):
     summary = sorted(records.glob("eval/*/summary.json"))[0]
     summary.write_text(summary.read_text().replace("{", '{"other": 1, ', 1))
     before = {p: p.read_bytes() for p in records.rglob("*") if p.is_file()}
-    with pytest.raises(land_study.Conflict, match="another run's result"):
+    with pytest.raises(land_study.Conflict, match="another run's summary.json"):
         land_study.copy_records(study, records)
     assert before == {p: p.read_bytes() for p in records.rglob("*") if p.is_file()}
     with pytest.raises(land_study.Conflict, match="not a study folder"):
         land_study.copy_records(tmp_path, records)
+    summary.write_bytes(before[summary])  # the same run again, but the study's copy diverged instead
+    run = study / summary.parent.relative_to(records)
+    (run / "summary.json").rename(run / "diverged.json")
+    with pytest.raises(land_study.Conflict, match="another outcome"):
+        land_study.copy_records(study, records)
+    (run / "diverged.json").rename(run / "summary.json")
+    (run / "config.yaml").write_text((run / "config.yaml").read_text() + "# edited\n")
+    with pytest.raises(land_study.Conflict, match="another run's config.yaml"):
+        land_study.copy_records(study, records)
+
+
+def test_a_landed_tuning_json_of_another_study_is_not_replaced(tmp_path):
+    import json
+
+    study = tmp_path / "study" / SETTING
+    shutil.copytree(land_study.TUNED / "records" / SETTING, study)
+    records = tmp_path / "records" / SETTING
+    land_study.copy_records(study, records)
+    m = json.loads((study / "tuning.json").read_text())
+    (study / "tuning.json").write_text(json.dumps({**m, "selection": {**m["selection"], "seeds": [7, 8]}}))
+    with pytest.raises(land_study.Conflict, match="another study's \\(selection differ"):
+        land_study.copy_records(study, records)
 
 
 def test_the_answer_block_is_replaced_and_the_rest_of_the_readme_kept(tmp_path):
@@ -48,3 +70,7 @@ def test_the_answer_block_is_replaced_and_the_rest_of_the_readme_kept(tmp_path):
     readme.write_text(f"# Title\n\n{land_study.ANSWER_START}old table\n{land_study.ANSWER_END}\n\nafter\n")
     land_study.paste_answer(readme, "| new |\n")
     assert readme.read_text() == f"# Title\n\n{land_study.ANSWER_START}| new |\n{land_study.ANSWER_END}\n\nafter\n"
+    readme.write_text("# no block\n")
+    with pytest.raises(land_study.Conflict, match="no answer block"):
+        land_study.paste_answer(readme, "| new |\n")
+    assert readme.read_text() == "# no block\n"

@@ -18,3 +18,21 @@ def test_every_job_of_a_setting_names_its_eval_cache_and_an_own_override_takes_i
     for own in ("trainer.eval_cache=null", "+trainer.eval_cache=/elsewhere"):
         args = base(_manifest(own), folder, "eval")
         assert [a for a in args if "eval_cache" in a] == [own]
+
+
+def test_a_study_under_way_may_turn_its_eval_cache_off_without_becoming_another_protocol(tmp_path):
+    import json
+
+    import pytest
+
+    from datc.study.protocol import Refused, merge_manifest, new_manifest
+
+    def manifest(*task: str) -> dict:
+        return new_manifest("reviews", "smollm2_135m_instruct", "real_smollm2", list(task), 0, [100, 101], [0],
+                            [200, 201], {"grpo": {"lr": 5e-5}})
+
+    (tmp_path / "tuning.json").write_text(json.dumps(manifest("trainer.threads=1")))
+    merged, _ = merge_manifest(tmp_path, manifest("trainer.threads=1", "trainer.eval_cache=null"))
+    assert merged["overrides"] == ["trainer.threads=1", "trainer.eval_cache=null"]  # the jobs get the new value
+    with pytest.raises(Refused, match="another protocol"):  # what a run computes still may not change
+        merge_manifest(tmp_path, manifest("trainer.threads=2"))
