@@ -48,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None,
                    help="jobs handed to the launcher per call (submitit_local starts a whole call at once)")
     p.add_argument("--run-seconds", type=float, default=None, help="--plan: one run's wall time, if this study measured none")
+    p.add_argument("--defaults-later", action="store_true",
+                   help="stage eval: the chosen configurations only; the default ones (shown beside them in the tables) "
+                        "wait for an invocation without this flag (a long study's claims first)")
     p.add_argument("--keep-checkpoints", action="store_true", help="keep finished runs' checkpoints and final weights (removed by default, after each batch)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="hydra/...: the launcher; anything else: every run")
     return p
@@ -112,7 +115,8 @@ def _main(argv: list[str] | None) -> int:
             print(f"datc-study: warning: {len(args.eval_seeds)} evaluation seeds; METHOD §6 asks for at least 6 pairs",
                   file=sys.stderr)
         if args.plan:
-            print_plan(stages, m, folder, launcher, args.baseline, args.run_seconds, kl_schemes(args))
+            print_plan(stages, m, folder, launcher, args.baseline, args.run_seconds, kl_schemes(args),
+                       defaults=not args.defaults_later)
             return 0
         lock = StudyLock(folder)
         try:
@@ -153,7 +157,7 @@ def _run_stages(stages: tuple[str, ...], m: dict, folder: Path, launcher, args: 
             elif stage == "knob":
                 jobs = knob_jobs(m, folder, st)
             elif stage == "eval":
-                jobs, notes = eval_jobs(m, folder, st)
+                jobs, notes = eval_jobs(m, folder, st, defaults=not args.defaults_later)
             else:
                 jobs, notes = kl_jobs(m, folder, st, args.baseline, requested=kl_schemes(args))
             for n in notes:

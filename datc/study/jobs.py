@@ -93,10 +93,11 @@ def knob_jobs(m: dict[str, Any], folder: Path, st: SettingTuning) -> list[Job]:
     return jobs
 
 
-def eval_jobs(m: dict[str, Any], folder: Path, st: SettingTuning) -> tuple[list[Job], list[str]]:
+def eval_jobs(m: dict[str, Any], folder: Path, st: SettingTuning, defaults: bool = True) -> tuple[list[Job], list[str]]:
     """The chosen configurations first (the claim rests on them), then the default ones of the
-    schemes whose choice moved; each phase seed by seed, every scheme's run at a seed one after the
-    other (a batch cut between two seeds leaves whole chosen pairs). Also the schemes left out."""
+    schemes whose choice moved (without ``defaults``: left for a later invocation, said in the
+    notes); each phase seed by seed, every scheme's run at a seed one after the other (a batch cut
+    between two seeds leaves whole chosen pairs). Also the schemes left out."""
     tuned, moved, left = [], [], []
     for s, sc in st.schemes.items():
         if sc.rate_step is not None and sc.rate_step.done and sc.rate_step.chosen is None:
@@ -112,6 +113,11 @@ def eval_jobs(m: dict[str, Any], folder: Path, st: SettingTuning) -> tuple[list[
     at_seeds = [(draw, seed) for draw, ss in m["evaluation"]["seeds"].items() for seed in ss]
     jobs = []
     for phase, configs in (("chosen", tuned), ("default", moved)):
+        if phase == "default" and not defaults:
+            if moved:
+                left.append(f"the default configurations' evaluation ({', '.join(s for s, _ in moved)}) waits: "
+                            "--defaults-later (an invocation without it runs what is missing)")
+            continue
         for draw, seed in at_seeds:
             jobs += [Job([*base(m, folder, EVAL_DIR), *c, f"prepare_seed={draw}", f"seed={seed}"],
                          f"{s} {phase} draw {draw} seed {seed}") for s, c in configs]

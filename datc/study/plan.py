@@ -27,7 +27,7 @@ def _group(jobs: list[Any]) -> str:
 
 
 def stage_plan(stage: str, m: dict[str, Any], folder: Path, launcher: StudyLauncher, baseline: str,
-               requested: tuple[str, ...] = ()) -> tuple[int, int, str]:
+               requested: tuple[str, ...] = (), defaults: bool = True) -> tuple[int, int, str]:
     """(runs now, runs at most in the stage, the line to print)."""
     n_sel = len(m["selection"]["seeds"])
     n_eval = sum(len(v) for v in m["evaluation"]["seeds"].values())
@@ -46,7 +46,7 @@ def stage_plan(stage: str, m: dict[str, Any], folder: Path, launcher: StudyLaunc
             most = sum(extra_at_most(points(sc.spec, sc.candidates, sc.diverged, m["selection"]["seeds"], lims[1], sc.lr), lims[1])
                        for sc in st.schemes.values() if sc.spec.get("knob") and sc.lr is not None) * n_sel
         elif stage == "eval":
-            now, _ = eval_jobs(m, folder, st)
+            now, _ = eval_jobs(m, folder, st, defaults)
             most = len(now)
         else:
             now, _ = kl_jobs(m, folder, st, baseline, write=False, requested=requested)
@@ -54,19 +54,19 @@ def stage_plan(stage: str, m: dict[str, Any], folder: Path, launcher: StudyLaunc
         now = launcher.todo(now)
         most = max(most, len(now))
     except Refused as e:  # the stage waits for the one before: its worst case from the protocol alone
-        most = {"lr": len(schemes) * 7 * n_sel, "knob": len(knobbed) * 4 * n_sel, "eval": 2 * len(schemes) * n_eval,
+        most = {"lr": len(schemes) * 7 * n_sel, "knob": len(knobbed) * 4 * n_sel, "eval": (2 if defaults else 1) * len(schemes) * n_eval,
                 "kl": (len(schemes) - 1) * (int(m["search"]["kl_max_rounds"]) * n_sel + n_eval)}[stage]
         return 0, most, f"stage {stage}: waits for the stage before ({e}); at most {most} runs"
     return len(now), most, f"stage {stage}: {len(now)} runs now ({_group(now) or 'none'}); at most {most} in all"
 
 
 def print_plan(stages: tuple[str, ...], m: dict[str, Any], folder: Path, launcher: StudyLauncher, baseline: str,
-               run_seconds: float | None, requested: tuple[str, ...] = ()) -> None:
+               run_seconds: float | None, requested: tuple[str, ...] = (), defaults: bool = True) -> None:
     total_now = total_most = 0
     print(f"datc-study --plan: {m['setting']['data']} / {m['setting']['policy']} in {folder}, launcher {launcher.name} "
           f"({launcher.parallel} at a time)")
     for stage in stages:
-        n, most, line = stage_plan(stage, m, folder, launcher, baseline, requested)
+        n, most, line = stage_plan(stage, m, folder, launcher, baseline, requested, defaults)
         total_now, total_most = total_now + n, total_most + most
         print("  " + line)
     seconds, source = run_seconds, "--run-seconds"

@@ -3,6 +3,8 @@ own overrides set it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from datc.study.jobs import EVAL_CACHE, base
 
 
@@ -36,3 +38,19 @@ def test_a_study_under_way_may_turn_its_eval_cache_off_without_becoming_another_
     assert merged["overrides"] == ["trainer.threads=1", "trainer.eval_cache=null"]  # the jobs get the new value
     with pytest.raises(Refused, match="another protocol"):  # what a run computes still may not change
         merge_manifest(tmp_path, manifest("trainer.threads=2"))
+
+
+def test_defaults_later_leaves_the_default_configurations_for_another_invocation_and_says_so():
+    import json
+
+    from datc.study.jobs import eval_jobs
+    from datc.study.reading import read_setting
+
+    folder = Path(__file__).resolve().parents[2] / "results" / "tuned" / "records" / "keywords-tiny_gpt2"
+    m = json.loads((folder / "tuning.json").read_text())
+    st = read_setting(folder, m)
+    every, _ = eval_jobs(m, folder, st)
+    chosen, notes = eval_jobs(m, folder, st, defaults=False)
+    assert any(" default " in j.label for j in every)
+    assert chosen == [j for j in every if " chosen " in j.label] and chosen
+    assert any("--defaults-later" in n for n in notes)
