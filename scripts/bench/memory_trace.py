@@ -39,7 +39,8 @@ OUT = Path("results/bench")
 
 
 def tree_rss_mb(pid: int) -> tuple[float, int]:
-    """The resident set of ``pid`` and all its descendants, MB, and how many processes that is."""
+    """The resident set of ``pid`` and all its descendants, MB, and how many processes that is. A
+    process that has exited and is not yet reaped (a zombie: its resident set reads 0) is not counted."""
     import psutil
 
     try:
@@ -50,10 +51,11 @@ def tree_rss_mb(pid: int) -> tuple[float, int]:
     total, n = 0, 0
     for p in procs:
         try:
-            total += p.memory_info().rss
-            n += 1
+            rss = p.memory_info().rss
         except psutil.Error:
-            pass
+            continue
+        if rss > 0:
+            total, n = total + rss, n + 1
     return total / 2**20, n
 
 

@@ -578,3 +578,24 @@ def test_the_onednn_cache_bench_tabulates_each_capacity_and_refuses_a_bad_one(ca
     with pytest.raises(SystemExit):
         bench(["--capacities", "default,-1"])
     assert "--capacities: -1: an integer >= 0 or default" in capsys.readouterr().err
+
+
+def test_the_memory_trace_counts_no_exited_unreaped_process():
+    # a run that has just exited is a zombie until reaped: its resident set reads 0, not a sample
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from scripts.bench.memory_trace import tree_rss_mb
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.time() + 30
+        while tree_rss_mb(child.pid)[1] and time.time() < deadline:
+            time.sleep(0.05)
+        assert tree_rss_mb(child.pid)[1] == 0 and child.poll() is not None  # exited; not counted
+    finally:
+        child.wait()
+    mb, n = tree_rss_mb(os.getpid())
+    assert n >= 1 and mb > 1  # a living process is
