@@ -23,7 +23,7 @@ from datc.study.bracket import factor
 from datc.study.kl_search import kl_step
 from datc.study.launch import Job
 from datc.study.matched import MATCHED_DIR, matched_rows, read_search, within, write_search
-from datc.study.protocol import RUN_NAME, Refused
+from datc.study.protocol import RUN_NAME, Refused, override_key
 from datc.study.reading import EVAL_DIR, MANIFEST, SELECT_DIR, SettingTuning
 
 
@@ -40,7 +40,7 @@ def base(m: dict[str, Any], folder: Path, where: str) -> list[str]:
     share one step-0 evaluation (``trainer.eval_cache``, not in a run's identity; an override of
     the study's own ``trainer.eval_cache``, ``null`` included, takes its place)."""
     s = m["setting"]
-    own = any(o.split("=", 1)[0].lstrip("+~") == "trainer.eval_cache" for o in m["overrides"])
+    own = any(override_key(o) == "trainer.eval_cache" for o in m["overrides"])
     return [f"experiment={m['experiment']}", f"policy={s['policy']}", f"data={s['data']}", RUN_NAME,
             f"hydra.sweep.dir={folder / where}", *([] if own else [f"trainer.eval_cache={folder / EVAL_CACHE}"]),
             *m["overrides"]]

@@ -87,8 +87,13 @@ def new_manifest(data: str, policy: str, experiment: str, task: list[str], selec
 NOT_PROTOCOL = {"trainer.eval_cache"}
 
 
+def override_key(o: str) -> str:
+    """The key an override sets (``+a.b=1``, ``~a.b``: ``a.b``)."""
+    return o.split("=", 1)[0].lstrip("+~")
+
+
 def _protocol(overrides: list[str]) -> list[str]:
-    return [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in NOT_PROTOCOL]
+    return [o for o in overrides if override_key(o) not in NOT_PROTOCOL]
 
 
 def merge_manifest(folder: Path, new: dict[str, Any]) -> tuple[dict[str, Any], str | None]:

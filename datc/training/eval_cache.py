@@ -2,7 +2,7 @@
 and evaluate the same prompts the same way get the same step-0 evaluation, whatever they train
 with afterwards (the scheme, the learning rate, the training seed). A study's runs are such runs:
 on the real model every one of its runs had the identical step-0 gold, reward-model score and
-entropy, about 70 s of a 11-minute run. With a cache folder set, the first of them evaluates and
+entropy, about 60 s of an 11-minute run. With a cache folder set, the first of them evaluates and
 stores its metrics and samples; the next ones read them and log the same numbers.
 
 The key is what the evaluation reads, so a run that could evaluate differently misses instead of
@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from datc.atomic import atomic_write_json
+from datc.hashing import config_hash
 from datc.run.provenance import machine
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ def key_parts(config: dict[str, Any], models: Any, rows: list[dict], inputs: dic
                     "ref": None if models.ref is None else weights_hash(models.ref),
                     "reward": weights_hash(models.rm)},
         "tokenizer": tokenizer_hash(models.tok),
-        "prompts": hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest(),
+        "prompts": config_hash(rows, 64),
         "inputs": _inputs(inputs),
         "code": code_hash(),
         "machine": {**machine(*PACKAGES), "processor": _cpu_model(), "device": str(device),
@@ -104,7 +105,7 @@ def tokenizer_hash(tok: Any) -> str:
     parts = {"vocab": sorted(tok.get_vocab().items()) if hasattr(tok, "get_vocab") else None,
              "special": getattr(tok, "special_tokens_map", None), "template": getattr(tok, "chat_template", None),
              "type": type(tok).__name__}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+    return config_hash(parts, 64)
 
 
 def code_hash() -> str:
@@ -128,7 +129,7 @@ def _cpu_model() -> str | None:
 
 
 def key(parts: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+    return config_hash(parts, 64)
 
 
 def entry_path(folder: str | Path, k: str) -> Path:
