@@ -13,7 +13,17 @@ copies ``tuning.json``, ``matched.json`` and, of every finished or diverged run 
 landed is replaced by different content: a run directory is named by its configuration, so the same
 name with other bytes (or another outcome) means another study's run, and the landing stops there
 with its name, before writing anything; so does a ``tuning.json`` of another experiment, setting or
-selection. Landed runs the study folder no longer holds are named (they stay in the tables).
+selection. Landed runs the study folder no longer holds are named (they stay in the tables). Every
+file is written atomically, a run's directory whole.
+
+    python -m scripts.results.land_study --restore <root>/reviews-smollm2_135m_instruct
+
+goes the other way: the landed records into a study folder (created), so that a study resumes on a
+machine that never ran it (a study folder lives outside the repository): ``datc-study`` counts a run
+directory holding ``summary.json`` or ``diverged.json`` as done, so only what never landed runs
+again. The folder's own ``tuning.json`` and ``matched.json`` are kept where it has them (after the
+same check that they are the same study's); a run it holds is never replaced (the same bytes are
+skipped, other bytes or a run in progress under a landed name stop the restore before it writes).
 """
 
 from __future__ import annotations
@@ -23,6 +33,8 @@ import json
 import shutil
 import sys
 from pathlib import Path
+
+from datc.atomic import atomic_dir, atomic_write_bytes, atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[2]
 TUNED = ROOT / "results" / "tuned"
@@ -52,7 +64,8 @@ def _check(study: Path, records: Path, runs: list[Path]) -> None:
         if not dst.is_dir():
             continue
         if {n for n in RESULTS if (r / n).is_file()} != {n for n in RESULTS if (dst / n).is_file()}:
-            raise Conflict(f"{dst} holds another outcome than {r} (finished against diverged): not replaced")
+            raise Conflict(f"{dst} holds another outcome than {r} (finished, diverged or still running): "
+                           "not replaced")
         if differ := [n for n in RUN_FILES if (r / n).is_file() and (dst / n).is_file()
                       and (r / n).read_bytes() != (dst / n).read_bytes()]:
             raise Conflict(f"{dst} holds another run's {', '.join(differ)} than {r}: not replaced")
@@ -64,19 +77,41 @@ def copy_records(study: Path, records: Path) -> tuple[int, int]:
         raise Conflict(f"{study}: no tuning.json: not a study folder (datc-study writes one per setting)")
     runs = [r for d in RUN_DIRS for r in sorted((study / d).glob("*/")) if any((r / n).is_file() for n in RESULTS)]
     _check(study, records, runs)
-    new = 0
     records.mkdir(parents=True, exist_ok=True)
     for name in STUDY_FILES:
         if (study / name).is_file():
-            shutil.copyfile(study / name, records / name)
-    for r in runs:
-        dst = records / r.relative_to(study)
-        new += not dst.is_dir()
-        dst.mkdir(parents=True, exist_ok=True)
-        for name in RUN_FILES:
-            if (r / name).is_file():
-                shutil.copyfile(r / name, dst / name)
+            atomic_write_bytes(records / name, (study / name).read_bytes())
+    new = sum(_copy_run(r, records / r.relative_to(study)) for r in runs)
     return new, sum(1 for d in RUN_DIRS for _ in (records / d).glob("*/"))
+
+
+def _copy_run(src: Path, dst: Path) -> bool:
+    """A run's record files from ``src`` into ``dst``: a new run's directory appears whole (never
+    half-copied); into one already there (the same run, checked) only the files it lacks. True if new."""
+    files = [n for n in RUN_FILES if (src / n).is_file()]
+    if not dst.is_dir():
+        with atomic_dir(dst, exist="refuse") as tmp:
+            for name in files:
+                shutil.copyfile(src / name, tmp / name)
+        return True
+    for name in files:
+        if not (dst / name).is_file():
+            atomic_write_bytes(dst / name, (src / name).read_bytes())
+    return False
+
+
+def restore_records(records: Path, study: Path) -> tuple[int, int]:
+    """The landed ``records`` into the study folder ``study`` (created), for a study to resume where
+    they were made. Returns (runs restored now, landed runs in all)."""
+    if not (records / "tuning.json").is_file():
+        raise Conflict(f"{records}: no tuning.json: nothing of this setting has landed")
+    runs = [r for d in RUN_DIRS for r in sorted((records / d).glob("*/"))]
+    _check(records, study, runs)
+    study.mkdir(parents=True, exist_ok=True)
+    for name in STUDY_FILES:
+        if (records / name).is_file() and not (study / name).is_file():
+            atomic_write_bytes(study / name, (records / name).read_bytes())
+    return sum(_copy_run(r, study / r.relative_to(records)) for r in runs), len(runs)
 
 
 def make_tables(records: Path, out: Path) -> None:
@@ -87,8 +122,6 @@ def make_tables(records: Path, out: Path) -> None:
 
 
 def paste_answer(readme: Path, answer: str) -> None:
-    from datc.atomic import atomic_write_text
-
     text = readme.read_text()
     if ANSWER_START not in text or ANSWER_END not in text.split(ANSWER_START, 1)[-1]:
         raise Conflict(f"{readme}: no answer block ({ANSWER_START.strip()} ... {ANSWER_END}) to replace")
@@ -100,8 +133,19 @@ def paste_answer(readme: Path, answer: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m scripts.results.land_study", description=__doc__.split("\n\n")[0])
     p.add_argument("study", type=Path, help="a study's setting folder (<root>/<data>-<policy>)")
+    p.add_argument("--restore", action="store_true",
+                   help="the other way: the landed records into the study folder, for the study to resume there")
     args = p.parse_args(argv)
     setting = args.study.resolve().name
+    if args.restore:
+        try:
+            new, total = restore_records(TUNED / "records" / setting, args.study)
+        except Conflict as e:
+            print(f"land_study: {e}", file=sys.stderr)
+            return 2
+        print(f"land_study: {new} of the {total} landed runs restored into {args.study} (the rest were there); "
+              "datc-study on it runs only what never landed")
+        return 0
     try:
         new, total = copy_records(args.study, TUNED / "records" / setting)
         make_tables(TUNED / "records" / setting, TUNED / setting)

@@ -3,6 +3,7 @@ them are the committed ones; a run still running waits; another study's result i
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -53,8 +54,6 @@ def test_another_studys_result_under_the_same_name_is_not_replaced(tmp_path):
 
 
 def test_a_landed_tuning_json_of_another_study_is_not_replaced(tmp_path):
-    import json
-
     study = tmp_path / "study" / SETTING
     shutil.copytree(land_study.TUNED / "records" / SETTING, study)
     records = tmp_path / "records" / SETTING
@@ -74,3 +73,36 @@ def test_the_answer_block_is_replaced_and_the_rest_of_the_readme_kept(tmp_path):
     with pytest.raises(land_study.Conflict, match="no answer block"):
         land_study.paste_answer(readme, "| new |\n")
     assert readme.read_text() == "# no block\n"
+
+
+def test_a_restored_study_resumes_with_its_landed_runs_done_and_nothing_of_its_own_replaced(tmp_path, capsys):
+    from datc.study.launch import state
+
+    records = land_study.TUNED / "records" / SETTING
+    study = tmp_path / "elsewhere" / SETTING  # a machine that never ran the study
+    new, total = land_study.restore_records(records, study)
+    assert new == total == sum(1 for d in land_study.RUN_DIRS for _ in (records / d).glob("*/")) > 0
+    for run in (r for d in land_study.RUN_DIRS for r in (records / d).glob("*/")):
+        assert state(study / run.relative_to(records)) == state(run) != "todo"  # the driver launches none of them
+    assert (study / "tuning.json").read_bytes() == (records / "tuning.json").read_bytes()
+    assert not list(study.rglob(".*.tmp"))  # every run's directory appeared whole
+    land_study.copy_records(study, tmp_path / "again")  # landing it back: the same records
+    land_study.make_tables(tmp_path / "again", tmp_path / "out")
+    capsys.readouterr()
+    assert (tmp_path / "out" / "tuned.md").read_bytes() == (land_study.TUNED / SETTING / "tuned.md").read_bytes()
+
+    own = json.loads((study / "tuning.json").read_text())  # the folder's own protocol, grown since: kept
+    (study / "tuning.json").write_text(json.dumps({**own, "note": "grown"}))
+    assert land_study.restore_records(records, study) == (0, total)
+    assert json.loads((study / "tuning.json").read_text())["note"] == "grown"
+
+    running = sorted(study.glob("eval/*/"))[0]  # a landed name running here: stop, nothing written
+    (running / "summary.json").unlink()
+    with pytest.raises(land_study.Conflict, match="another outcome"):
+        land_study.restore_records(records, study)
+    assert not (running / "summary.json").exists()
+    (study / "tuning.json").write_text(json.dumps({**own, "selection": {**own["selection"], "seeds": [7, 8]}}))
+    with pytest.raises(land_study.Conflict, match="another study's"):
+        land_study.restore_records(records, study)
+    with pytest.raises(land_study.Conflict, match="nothing of this setting has landed"):
+        land_study.restore_records(tmp_path / "none", study)
