@@ -8,6 +8,7 @@ import json
 
 import torch
 
+from datc.training import eval_cache
 from datc.training.eval_cache import RECORD, weights_hash
 from datc.training.trainer import train
 from tests.helpers.runs import comparable, metric_rows
@@ -60,6 +61,36 @@ def test_the_weights_hash_sees_one_changed_value():
         m.weight[1, 2] = torch.nextafter(m.weight[1, 2], torch.tensor(2.0))
     assert weights_hash(m) != before
     assert weights_hash(copy.deepcopy(m).to(torch.bfloat16)) != weights_hash(m)
+
+
+def test_the_tokenizer_hash_sees_its_vocabulary_special_tokens_and_chat_template(tok):
+    before = eval_cache.tokenizer_hash(tok)  # the session's tokenizer is shared: changed on copies only
+    other = copy.deepcopy(tok)
+    assert eval_cache.tokenizer_hash(other) == before
+    other.chat_template = (other.chat_template or "") + "{# another template #}"
+    assert eval_cache.tokenizer_hash(other) != before
+    other = copy.deepcopy(tok)
+    other.add_special_tokens({"additional_special_tokens": ["<|other|>"]})  # a new token, a new special token
+    assert eval_cache.tokenizer_hash(other) != before
+
+
+def test_the_code_hash_sees_a_changed_added_or_renamed_source(tmp_path, monkeypatch):
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+    (tmp_path / "pkg" / "sub" / "b.py").write_text("y = 2\n")
+    (tmp_path / "pkg" / "notes.txt").write_text("not a source")
+    monkeypatch.setattr(eval_cache, "PACKAGE_DIR", tmp_path / "pkg")
+    before = eval_cache.code_hash()
+    (tmp_path / "pkg" / "notes.txt").write_text("another note")  # not a Python source: the same
+    assert eval_cache.code_hash() == before
+    (tmp_path / "pkg" / "sub" / "b.py").write_text("y = 3\n")
+    changed = eval_cache.code_hash()
+    assert changed != before
+    (tmp_path / "pkg" / "sub" / "c.py").write_text("")
+    added = eval_cache.code_hash()
+    assert added != changed
+    (tmp_path / "pkg" / "sub" / "c.py").rename(tmp_path / "pkg" / "c.py")  # the same bytes elsewhere
+    assert eval_cache.code_hash() not in (added, changed)
 
 
 def test_a_cache_that_cannot_be_written_costs_the_run_nothing(prepared_cache, tmp_path, caplog):
