@@ -12,14 +12,16 @@ knob's default, on the selection seeds), ``knob`` (the knob at the chosen rate, 
 ``kl`` (the matched-KL control at ±5%). A finished run is skipped and a cut one resumes; a stage
 whose inputs are incomplete is refused in one line (exit 2). Runs go through the launcher Hydra
 is configured with (``hydra/...`` arguments); other ``key=value`` arguments go to every run.
-Exit status: 0 done, 1 a run failed (named; run the stage again: it resumes), 2 refused before
-any run, 130 interrupted. docs/study.md.
+Before the first run it starts, the files this machine prepares are checked against those the
+finished runs trained on (``datc.study.assets``). Exit status: 0 done, 1 a run failed (named; run the stage
+again: it resumes), 2 refused before any run, 130 interrupted. docs/study.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from datc.study.protocol import STAGES, Refused, check_seeds_and_overrides, seeds, split_overrides
@@ -75,7 +77,8 @@ def _main(argv: list[str] | None) -> int:
     from hydra.errors import HydraException
 
     from datc.paths import CONFIG_DIR
-    from datc.study.launch import StudyLauncher, StudyLock
+    from datc.study.assets import check_assets
+    from datc.study.launch import StudyLauncher, StudyLock, say
     from datc.study.plan import print_plan
     from datc.study.protocol import merge_manifest, new_manifest, scheme_spec, write_manifest
     from datc.training.job import hydra_error_line
@@ -121,7 +124,8 @@ def _main(argv: list[str] | None) -> int:
         lock = StudyLock(folder)
         try:
             write_manifest(folder, m)
-            return _run_stages(stages, m, folder, launcher, args)
+            return _run_stages(stages, m, folder, launcher, args,
+                               lambda: check_assets(folder, lambda draw: _run_config(launcher, m, folder, draw), say=say))
         finally:
             lock.close()
 
@@ -130,13 +134,29 @@ def kl_schemes(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(s for s in args.kl_schemes.split(",") if s)
 
 
+def _run_config(launcher, m: dict, folder: Path, draw: int):
+    """The validated config of this study's runs of one draw (what its assets depend on)."""
+    from omegaconf import open_dict
+
+    from datc.checks import validate
+    from datc.study.jobs import base
+    from datc.study.reading import SELECT_DIR
+
+    c = launcher.compose([*base(m, folder, SELECT_DIR), f"prepare_seed={draw}"])
+    with open_dict(c):
+        c.pop("hydra", None)
+    return validate(c)
+
+
 def _run_mode():
     from hydra.types import RunMode
 
     return RunMode.RUN
 
 
-def _run_stages(stages: tuple[str, ...], m: dict, folder: Path, launcher, args: argparse.Namespace) -> int:
+def _run_stages(stages: tuple[str, ...], m: dict, folder: Path, launcher, args: argparse.Namespace,
+                check: Callable[[], None] | None = None) -> int:
+    """The stages in order; ``check`` once, before the first run starts (the prepared files)."""
     from datc.study.jobs import eval_jobs, kl_jobs, knob_jobs, lr_jobs
     from datc.study.launch import prune_checkpoints, say
     from datc.study.matched import MATCHED_DIR
@@ -169,6 +189,9 @@ def _run_stages(stages: tuple[str, ...], m: dict, folder: Path, launcher, args: 
                 f"launcher {launcher.name}")
             if not todo:
                 break
+            if check is not None:
+                check()
+                check = None
             failed = launcher.launch(todo)
             if not args.keep_checkpoints:
                 prune_checkpoints(folder, (SELECT_DIR, EVAL_DIR, MATCHED_DIR))

@@ -1,0 +1,78 @@
+"""Before a study starts a run: the files this machine prepares for the setting are the files the
+study's finished runs trained on. A study folder moves between machines (``python -m
+scripts.results.land_study --restore``), and a prepare that computes other bits there (another thread
+count, torch or CPU below AVX2) makes another reward model: every run started on it would be another
+study's, refused by the tables only after hours of compute. So the driver prepares (or finds in the
+cache) the assets of each draw (``prepare_seed``) its finished runs used, as a run does, and
+compares their hashes with those runs' ``inputs.json``: a difference is refused (exit 2) before any
+run starts, with the files named."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from datc.study.protocol import Refused
+
+RUN_DIRS = ("select", "eval", "matched")
+RESULTS = ("summary.json", "diverged.json")
+
+
+def _hashes(inputs: Any) -> dict[str, str]:
+    """``{"reward/model.safetensors": sha256, ...}`` of an ``inputs.json``'s ``inputs`` (as
+    :func:`datc.run.fingerprint.fingerprints` writes them; anything else gives nothing)."""
+    if not isinstance(inputs, dict):
+        return {}
+    return {f"{kind}/{name}": meta["sha256"] for kind, v in inputs.items() if isinstance(v, dict)
+            for name, meta in (v.get("files") or {}).items() if isinstance(meta, dict) and "sha256" in meta}
+
+
+def finished_assets(folder: Path) -> dict[int, tuple[str, dict[str, str]]]:
+    """Per draw, the first finished (or diverged) run that recorded its inputs: (its name, its files'
+    hashes). Runs without a readable ``run.json`` or ``inputs.json`` are passed over."""
+    out: dict[int, tuple[str, dict[str, str]]] = {}
+    for d in RUN_DIRS:
+        for run in sorted((folder / d).glob("*/")):
+            if not any((run / n).is_file() for n in RESULTS):
+                continue
+            try:
+                draw = int(json.loads((run / "run.json").read_text())["identity"]["prepare_seed"])
+                hashes = _hashes(json.loads((run / "inputs.json").read_text()).get("inputs"))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue
+            if hashes and draw not in out:
+                out[draw] = (f"{d}/{run.name}", hashes)
+    return out
+
+
+def prepared_assets(cfg: Any) -> dict[str, str]:
+    """The hashes of the files a run of ``cfg`` loads, prepared here (or found in the cache), as the
+    run records them (``datc.training.lifecycle``)."""
+    from datc.prepare.assets import ensure_assets
+    from datc.run.fingerprint import fingerprints
+
+    a = ensure_assets(cfg)
+    tok = a.tokenizer_path if a.tokenizer_path != a.policy_path else None
+    fp = fingerprints({"policy": a.policy_path, "reward": a.reward_path, "tokenizer": tok, "data": a.data_path})
+    return _hashes(fp["inputs"])
+
+
+def check_assets(folder: Path, compose: Callable[[int], Any], prepare: Callable[[Any], dict[str, str]] | None = None,
+                 say: Callable[[str], None] = print) -> None:
+    """Refuses (:class:`Refused`) a study whose finished runs trained on other files than this machine
+    prepares for them. ``compose(draw)``: the validated config of a run of that draw; ``prepare``:
+    :func:`prepared_assets` unless given."""
+    prepare = prepare or prepared_assets
+    for draw, (name, landed) in sorted(finished_assets(folder).items()):
+        mine = prepare(compose(draw))
+        differ = sorted(k for k in landed.keys() & mine.keys() if landed[k] != mine[k])
+        if differ:
+            raise Refused(
+                f"{folder}: this machine prepares other files than the study's finished runs trained on (draw {draw}, "
+                f"e.g. {name}): {', '.join(f'{k} {mine[k][:12]} != {landed[k][:12]}' for k in differ[:3])}; runs "
+                "started here would be another study's. Prepare the same files (results/real_model/prepared.json, "
+                "python -m scripts.dev.prepared_hashes), or start another root")
+        say(f"draw {draw}: the prepared files are the ones the finished runs trained on "
+            f"({len(landed.keys() & mine.keys())} compared)")
