@@ -8,10 +8,12 @@ steps they do not need.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -40,8 +42,26 @@ PREPARE_VERSION = 2  # bump when the prepare procedure changes, so caches are re
 # reads back as AUTO on an AMD EPYC); STRICT: also whatever the thread count. oneDNN runs no
 # float32 op here; capped all the same. Read when torch loads, so the build runs in a fresh
 # process (:func:`_build_pinned`). Key ``kernels`` in the reward model's cache key.
+# The build also runs under ``torch.use_deterministic_algorithms(True)``: without it, on two
+# threads, one op's parallel accumulation made every build of the same reduced prepare another
+# reward model (four builds, four hashes, on one machine); with it, the build on two threads
+# gives the bits of a one-thread build (:func:`_deterministic`).
 PINNED_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-PINNED_KEY = "avx2+mkl-compatible"
+PINNED_KEY = "avx2+mkl-compatible+deterministic"
+
+
+@contextlib.contextmanager
+def _deterministic(on: bool) -> Iterator[None]:
+    """PyTorch's deterministic algorithms for the block (where ``on``), the setting restored after."""
+    if not on:
+        yield
+        return
+    was = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was[0], warn_only=was[1])
 
 
 def kernels_pinned() -> bool:
@@ -259,8 +279,9 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
                         "the next run)", not_cached_because(cache / "policy", f"{cfg.policy.name}-{cfg.data.name}-", pol_key))
             t0 = time.time()
             policy = build_causal_lm(cfg.policy.arch, tok, seed)
-            losses = warm_start(policy, tok, task, list(train_ds), cfg.policy.warm_start.steps, cfg.policy.warm_start.lr,
-                                cfg.policy.warm_start.batch_size, cfg.trainer.max_new_tokens, seed, cfg.trainer.progress)
+            with _deterministic(pins_kernels(cfg)):
+                losses = warm_start(policy, tok, task, list(train_ds), cfg.policy.warm_start.steps, cfg.policy.warm_start.lr,
+                                    cfg.policy.warm_start.batch_size, cfg.trainer.max_new_tokens, seed, cfg.trainer.progress)
             with atomic_dir(policy_path) as tmp:
                 policy.save_pretrained(tmp)
                 tok.save_pretrained(tmp)
@@ -304,8 +325,9 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
             from datc.models.chat import prompt_encoder
 
             encoder = prompt_encoder(cfg, tok) if cfg.policy.chat_template else None
-            rm_report = train_reward_model(rm, policy, tok, task, list(train_ds), list(eval_ds), cfg.reward.train,
-                                           cfg.trainer.max_new_tokens, seed, cfg.trainer.progress, encoder)
+            with _deterministic(pins_kernels(cfg)):  # the pool's sampling and the training
+                rm_report = train_reward_model(rm, policy, tok, task, list(train_ds), list(eval_ds), cfg.reward.train,
+                                               cfg.trainer.max_new_tokens, seed, cfg.trainer.progress, encoder)
             rm_report["seconds"] = round(time.time() - t0, 1)
             with atomic_dir(reward_path) as tmp:
                 rm.save_pretrained(tmp)
