@@ -8,12 +8,10 @@ steps they do not need.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -28,14 +26,16 @@ from datc.models.build import build_causal_lm, build_reward_model, load_pretrain
 from datc.models.tokenizer import build_testbed_tokenizer, load_tokenizer
 from datc.prepare.testbed import PREP_SEED, train_reward_model, warm_start
 from datc.tasks import TASKS, Task
-from datc.utils import quiet_libraries
+from datc.utils import deterministic_mode, quiet_libraries
 
 log = logging.getLogger("datc.prepare.assets")
 
 PREPARE_VERSION = 2  # bump when the prepare procedure changes, so caches are rebuilt (2: own sampling loop)
 
 # Kernel settings under which a real model's prepare (sampling the pool, training the reward
-# model) computes the same bits on any x86-64 machine with AVX2, whatever else it has: ATen's
+# model) is meant to compute the same bits on any x86-64 machine with AVX2, whatever else it has
+# (measured: the same on one machine kind, whatever its thread count; not yet across kinds, the
+# cause not found: docs/real-models.md): ATen's
 # vectorized kernels (softmax, cumsum, SDPA, norms, AdamW) take their AVX2 build rather than the
 # widest the CPU offers (AVX-512 here), and MKL's GEMMs take the COMPATIBLE branch, the only
 # Conditional Numerical Reproducibility branch MKL honours on AMD as well as Intel (MKL_CBWR=AVX2
@@ -43,25 +43,11 @@ PREPARE_VERSION = 2  # bump when the prepare procedure changes, so caches are re
 # float32 op here; capped all the same. Read when torch loads, so the build runs in a fresh
 # process (:func:`_build_pinned`). Key ``kernels`` in the reward model's cache key.
 # The build also runs under ``torch.use_deterministic_algorithms(True)``: without it, on two
-# threads, one op's parallel accumulation made every build of the same reduced prepare another
+# threads, some op's parallel accumulation made every build of the same reduced prepare another
 # reward model (four builds, four hashes, on one machine); with it, the build on two threads
-# gives the bits of a one-thread build (:func:`_deterministic`).
+# gives the bits of a one-thread build (``datc.utils.deterministic_mode``, as ``trainer.deterministic``).
 PINNED_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 PINNED_KEY = "avx2+mkl-compatible+deterministic"
-
-
-@contextlib.contextmanager
-def _deterministic(on: bool) -> Iterator[None]:
-    """PyTorch's deterministic algorithms for the block (where ``on``), the setting restored after."""
-    if not on:
-        yield
-        return
-    was = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(was[0], warn_only=was[1])
 
 
 def kernels_pinned() -> bool:
@@ -279,7 +265,7 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
                         "the next run)", not_cached_because(cache / "policy", f"{cfg.policy.name}-{cfg.data.name}-", pol_key))
             t0 = time.time()
             policy = build_causal_lm(cfg.policy.arch, tok, seed)
-            with _deterministic(pins_kernels(cfg)):
+            with deterministic_mode(pins_kernels(cfg)):
                 losses = warm_start(policy, tok, task, list(train_ds), cfg.policy.warm_start.steps, cfg.policy.warm_start.lr,
                                     cfg.policy.warm_start.batch_size, cfg.trainer.max_new_tokens, seed, cfg.trainer.progress)
             with atomic_dir(policy_path) as tmp:
@@ -325,7 +311,7 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
             from datc.models.chat import prompt_encoder
 
             encoder = prompt_encoder(cfg, tok) if cfg.policy.chat_template else None
-            with _deterministic(pins_kernels(cfg)):  # the pool's sampling and the training
+            with deterministic_mode(pins_kernels(cfg)):  # the pool's sampling and the training
                 rm_report = train_reward_model(rm, policy, tok, task, list(train_ds), list(eval_ds), cfg.reward.train,
                                                cfg.trainer.max_new_tokens, seed, cfg.trainer.progress, encoder)
             rm_report["seconds"] = round(time.time() - t0, 1)
