@@ -1,11 +1,11 @@
 """Before a study starts a run: the files this machine prepares for the setting are the files the
 study's finished runs trained on. A study folder moves between machines (``python -m
-scripts.results.land_study --restore``), and a prepare that computes other bits there (another thread
-count, torch or CPU below AVX2) makes another reward model: every run started on it would be another
-study's, refused by the tables only after hours of compute. So the driver prepares (or finds in the
-cache) the assets of each draw (``prepare_seed``) its finished runs used, as a run does, and
-compares their hashes with those runs' ``inputs.json``: a difference is refused (exit 2) before any
-run starts, with the files named."""
+scripts.results.land_study --restore``), and a prepare that computes other bits there (another
+machine kind, torch or MKL version: docs/real-models.md) makes another reward model: every run
+started on it would be another study's, refused by the tables only after hours of compute. So the
+driver prepares (or finds in the cache) the assets of each draw (``prepare_seed``) its finished runs
+used, as a run does, and compares their hashes with those runs' ``inputs.json``: a difference is
+refused (exit 2) before any run starts, with the files named."""
 
 from __future__ import annotations
 
@@ -14,10 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from datc.study.matched import MATCHED_DIR
 from datc.study.protocol import Refused
+from datc.study.reading import EVAL_DIR, SELECT_DIR
+from datc.study.search import DIVERGED
 
-RUN_DIRS = ("select", "eval", "matched")
-RESULTS = ("summary.json", "diverged.json")
+RUN_DIRS = (SELECT_DIR, EVAL_DIR, MATCHED_DIR)
+RESULTS = ("summary.json", DIVERGED)  # a run with either has ended
 
 
 def _hashes(inputs: Any) -> dict[str, str]:
