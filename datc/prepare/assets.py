@@ -42,10 +42,13 @@ PREPARE_VERSION = 2  # bump when the prepare procedure changes, so caches are re
 # reads back as AUTO on an AMD EPYC); STRICT: also whatever the thread count. oneDNN runs no
 # float32 op here; capped all the same. Read when torch loads, so the build runs in a fresh
 # process (:func:`_build_pinned`). Key ``kernels`` in the reward model's cache key.
-# The build also runs under ``torch.use_deterministic_algorithms(True)``: without it, on two
-# threads, some op's parallel accumulation made every build of the same reduced prepare another
-# reward model (four builds, four hashes, on one machine); with it, the build on two threads
-# gives the bits of a one-thread build (``datc.utils.deterministic_mode``, as ``trainer.deterministic``).
+# The build also runs under ``torch.use_deterministic_algorithms(True)``: the shared prompts' key
+# and value cache is selected with each prompt's row repeated for its responses
+# (``DynamicCache.batch_select_indices``), whose backward is ``index_put_(accumulate=True)``, and
+# that CPU kernel adds in parallel, in no fixed order: on two threads every build of the same
+# reduced prepare gave another reward model (four builds, four hashes, on one machine; that op
+# alone made deterministic, the one-thread bits). With it, the build on two threads gives the
+# bits of a one-thread build (``datc.utils.deterministic_mode``, as ``trainer.deterministic``).
 PINNED_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE,STRICT", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 PINNED_KEY = "avx2+mkl-compatible+deterministic"
 
