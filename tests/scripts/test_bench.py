@@ -465,6 +465,7 @@ def test_the_prepared_files_check_passes_on_its_own_pin_and_names_a_changed_file
     assert set(pinned["files"]) == {"data/train.jsonl", "data/eval.jsonl", "policy/model.safetensors", "policy/config.json",
                                     "reward/model.safetensors", "reward/config.json"}
     assert all(len(sha) == 64 for sha in pinned["files"].values()) and "heldout_within_group_corr" in pinned["rm_report"]
+    assert {"cpu_vendor", "cpu_model"} <= set(pinned["machine"])  # the machine kind the bits are (docs/real-models.md)
     # beside each sha256, the hash a run's inputs.json records (the whole file here: the testbed's files are small)
     assert set(pinned["run_hashes"]) == set(pinned["files"])
     assert all(r == {"sha256": pinned["files"][n], "hashed": "whole"} for n, r in pinned["run_hashes"].items())
@@ -473,7 +474,8 @@ def test_the_prepared_files_check_passes_on_its_own_pin_and_names_a_changed_file
     changed["files"]["reward/model.safetensors"] = "0" * 64
     pin.write_text(json.dumps(changed))
     assert main(args) == 1
-    assert "reward/model.safetensors" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "reward/model.safetensors" in err and "this machine: {'cpu_vendor'" in err
     changed = json.loads(json.dumps(pinned))
     changed["run_hashes"]["policy/model.safetensors"]["sha256"] = "1" * 64
     pin.write_text(json.dumps(changed))
