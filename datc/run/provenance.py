@@ -53,6 +53,20 @@ def machine(*packages: str, **extra: Any) -> dict[str, Any]:
             "cpu": platform.processor() or platform.machine(), **{p: package_version(p) for p in packages}, **extra}
 
 
+def processor() -> dict[str, str | None]:
+    """The processor's vendor and model name (``/proc/cpuinfo``; None where it is not there): its
+    kernels decide the last bits of a sum (docs/real-models.md)."""
+    out: dict[str, str | None] = {"cpu_vendor": None, "cpu_model": None}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            for key, field in (("vendor_id", "cpu_vendor"), ("model name", "cpu_model")):
+                if line.startswith(key) and out[field] is None:
+                    out[field] = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return out
+
+
 def load_average() -> list[float]:
     """The 1, 5 and 15 minute load averages, rounded to 2 decimals (empty where the system has none)."""
     try:

@@ -14,22 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from datc.study.launch import state
 from datc.study.matched import MATCHED_DIR
 from datc.study.protocol import Refused
-from datc.study.reading import EVAL_DIR, SELECT_DIR
-from datc.study.search import DIVERGED
+from datc.study.reading import EVAL_DIR, SELECT_DIR, file_hashes
 
 RUN_DIRS = (SELECT_DIR, EVAL_DIR, MATCHED_DIR)
-RESULTS = ("summary.json", DIVERGED)  # a run with either has ended
-
-
-def _hashes(inputs: Any) -> dict[str, str]:
-    """``{"reward/model.safetensors": sha256, ...}`` of an ``inputs.json``'s ``inputs`` (as
-    :func:`datc.run.fingerprint.fingerprints` writes them; anything else gives nothing)."""
-    if not isinstance(inputs, dict):
-        return {}
-    return {f"{kind}/{name}": meta["sha256"] for kind, v in inputs.items() if isinstance(v, dict)
-            for name, meta in (v.get("files") or {}).items() if isinstance(meta, dict) and "sha256" in meta}
 
 
 def finished_assets(folder: Path) -> dict[int, tuple[str, dict[str, str]]]:
@@ -38,11 +28,11 @@ def finished_assets(folder: Path) -> dict[int, tuple[str, dict[str, str]]]:
     out: dict[int, tuple[str, dict[str, str]]] = {}
     for d in RUN_DIRS:
         for run in sorted((folder / d).glob("*/")):
-            if not any((run / n).is_file() for n in RESULTS):
+            if state(run) == "todo":  # neither finished nor diverged
                 continue
             try:
                 draw = int(json.loads((run / "run.json").read_text())["identity"]["prepare_seed"])
-                hashes = _hashes(json.loads((run / "inputs.json").read_text()).get("inputs"))
+                hashes = file_hashes(json.loads((run / "inputs.json").read_text())["inputs"])
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
                 continue
             if hashes and draw not in out:
@@ -52,14 +42,12 @@ def finished_assets(folder: Path) -> dict[int, tuple[str, dict[str, str]]]:
 
 def prepared_assets(cfg: Any) -> dict[str, str]:
     """The hashes of the files a run of ``cfg`` loads, prepared here (or found in the cache), as the
-    run records them (``datc.training.lifecycle``)."""
+    run records them."""
     from datc.prepare.assets import ensure_assets
     from datc.run.fingerprint import fingerprints
+    from datc.training.lifecycle import input_paths
 
-    a = ensure_assets(cfg)
-    tok = a.tokenizer_path if a.tokenizer_path != a.policy_path else None
-    fp = fingerprints({"policy": a.policy_path, "reward": a.reward_path, "tokenizer": tok, "data": a.data_path})
-    return _hashes(fp["inputs"])
+    return file_hashes(fingerprints(input_paths(ensure_assets(cfg)))["inputs"])
 
 
 def check_assets(folder: Path, compose: Callable[[int], Any], prepare: Callable[[Any], dict[str, str]] | None = None,

@@ -168,12 +168,18 @@ def _inputs(run: Run) -> dict[str, Any] | None:
     return inputs if isinstance(inputs, dict) else None
 
 
+def file_hashes(inputs: dict[str, Any]) -> dict[str, str]:
+    """``{"reward/model.safetensors": sha256, ...}`` of an ``inputs.json``'s ``inputs`` (as
+    :func:`datc.run.fingerprint.fingerprints` writes them; entries of another shape are left out)."""
+    return {f"{kind}/{name}": meta["sha256"] for kind, v in inputs.items() if isinstance(v, dict)
+            for name, meta in (v.get("files") or {}).items() if isinstance(meta, dict) and "sha256" in meta}
+
+
 def _assets(run: Run) -> dict[str, str] | None:
     """What the run trained on, ``{"reward/model.safetensors": sha256, ...}``; None without it."""
     if (inputs := _inputs(run)) is None:  # not the file a run writes (a list, a number): nothing to check, as without one
         return None
-    return {f"{kind}/{name}": meta["sha256"] for kind, v in inputs.items() if isinstance(v, dict)
-            for name, meta in (v.get("files") or {}).items() if isinstance(meta, dict) and "sha256" in meta}
+    return file_hashes(inputs)
 
 
 def reward_models(runs: Iterable[Run]) -> dict[str, int]:

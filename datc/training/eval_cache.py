@@ -27,7 +27,7 @@ import torch
 
 from datc.atomic import atomic_write_json
 from datc.hashing import config_hash
-from datc.run.provenance import machine
+from datc.run.provenance import machine, processor
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def key_parts(config: dict[str, Any], models: Any, rows: list[dict], inputs: dic
         "prompts": config_hash(rows, 64),
         "inputs": _inputs(inputs),
         "code": code_hash(),
-        "machine": {**machine(*PACKAGES), "processor": _cpu_model(), "device": str(device),
+        "machine": {**machine(*PACKAGES), "processor": processor()["cpu_model"], "device": str(device),
                     "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                     "torch_threads": torch.get_num_threads()},
     }
@@ -115,17 +115,6 @@ def code_hash() -> str:
     for path in sorted(PACKAGE_DIR.rglob("*.py")):
         h.update(path.relative_to(PACKAGE_DIR).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
-
-
-def _cpu_model() -> str | None:
-    """The processor's model name (its kernels' instruction sets change the last bits of a sum)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
 
 
 def key(parts: dict[str, Any]) -> str:

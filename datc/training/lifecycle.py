@@ -81,10 +81,15 @@ def check_inputs(dist: Dist, c: TrainConfig, run: RunDir, assets: Assets) -> Non
         raise ConfigError(error)
 
 
-def _check_inputs(c: TrainConfig, run: RunDir, assets: Assets) -> None:
+def input_paths(assets: Assets) -> dict[str, str | None]:
+    """The files a run loads, by label, as its ``inputs.json`` fingerprints them (the tokenizer
+    only where it is not the policy's own)."""
     tok = assets.tokenizer_path if assets.tokenizer_path != assets.policy_path else None
-    now = fingerprints({"policy": assets.policy_path, "reward": assets.reward_path, "tokenizer": tok,
-                        "data": assets.data_path})
+    return {"policy": assets.policy_path, "reward": assets.reward_path, "tokenizer": tok, "data": assets.data_path}
+
+
+def _check_inputs(c: TrainConfig, run: RunDir, assets: Assets) -> None:
+    now = fingerprints(input_paths(assets))
     now["threads"] = c.trainer.threads  # not the run's identity, but its CPU sums depend on it (_threads_change)
     path = run.path / INPUTS_FILE
     if path.is_dir():  # not the file datc writes: nothing of the user's is replaced

@@ -26,6 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from datc.run.provenance import machine, processor
+
 ROOT = Path(__file__).resolve().parents[2]
 PINNED = ROOT / "results" / "real_model" / "prepared.json"
 PINNED_FILES = {"data": ("train.jsonl", "eval.jsonl"), "policy": ("model.safetensors", "config.json"),
@@ -64,20 +66,6 @@ def prepared(overrides: list[str]) -> dict[str, Any]:
             "rm_report": {k: report.get(k) for k in REPORT_KEYS}}
 
 
-def cpu() -> dict[str, str | None]:
-    """The processor's vendor and model (``/proc/cpuinfo``; None elsewhere): the pin's bits are one
-    machine kind's (docs/real-models.md)."""
-    out: dict[str, str | None] = {"cpu_vendor": None, "cpu_model": None}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            for key, field in (("vendor_id", "cpu_vendor"), ("model name", "cpu_model")):
-                if line.startswith(key) and out[field] is None:
-                    out[field] = line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return out
-
-
 def differences(pinned: dict[str, Any], got: dict[str, Any]) -> list[str]:
     """One line per pinned file whose hash differs or that is missing (its sha256, then the hash a
     run records of it, where the pin has one)."""
@@ -99,14 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(a.pinned)
     if a.write:
         from datc.atomic import atomic_write_json
-        from datc.run.provenance import machine
-
-        atomic_write_json(path, {**got, "machine": {**machine(), **cpu()}})
+        atomic_write_json(path, {**got, "machine": {**machine(), **processor()}})
         print(f"pinned {len(got['files'])} files in {path}")
         return 0
     pinned = json.loads(path.read_text())
     if bad := differences(pinned, got):
-        here, there = cpu(), {k: pinned.get("machine", {}).get(k) for k in ("cpu_vendor", "cpu_model")}
+        here, there = processor(), {k: pinned.get("machine", {}).get(k) for k in ("cpu_vendor", "cpu_model")}
         print("prepared files differ from the pinned ones:\n  " + "\n  ".join(bad) + f"\n(this machine: {here}; the pin's: "
               f"{there}; two machine kinds build two reward models: docs/real-models.md)", file=sys.stderr)
         return 1

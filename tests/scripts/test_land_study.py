@@ -106,3 +106,15 @@ def test_a_restored_study_resumes_with_its_landed_runs_done_and_nothing_of_its_o
         land_study.restore_records(records, study)
     with pytest.raises(land_study.Conflict, match="nothing of this setting has landed"):
         land_study.restore_records(tmp_path / "none", study)
+
+
+def test_the_restore_command_fills_a_folder_and_says_how_many_runs_it_restored(tmp_path, capsys):
+    study = tmp_path / SETTING
+    assert land_study.main(["--restore", str(study)]) == 0
+    total = sum(1 for d in land_study.RUN_DIRS for _ in (land_study.TUNED / "records" / SETTING / d).glob("*/"))
+    assert f"{total} of the {total} landed runs restored" in capsys.readouterr().out
+    assert land_study.main(["--restore", str(study)]) == 0  # again: nothing new, nothing replaced
+    assert f"0 of the {total} landed runs restored" in capsys.readouterr().out
+    (study / "tuning.json").write_text("{}")  # another study's protocol there: refused, exit 2
+    assert land_study.main(["--restore", str(study)]) == 2
+    assert "another study's" in capsys.readouterr().err
