@@ -76,6 +76,13 @@ def fingerprints(inputs: dict[str, str | None]) -> dict[str, Any]:
     return {"version": VERSION, "inputs": out}
 
 
+def file_hashes(inputs: dict[str, Any]) -> dict[str, str]:
+    """``{"reward/model.safetensors": sha256, ...}`` of :func:`fingerprints`' ``inputs`` (as a
+    run's ``inputs.json`` holds them; entries of another shape are left out)."""
+    return {f"{kind}/{name}": meta["sha256"] for kind, v in inputs.items() if isinstance(v, dict)
+            for name, meta in (v.get("files") or {}).items() if isinstance(meta, dict) and "sha256" in meta}
+
+
 def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """What changed between two :func:`fingerprints`, one phrase per file (empty: nothing)."""
     out = []

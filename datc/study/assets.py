@@ -14,10 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from datc.run.fingerprint import file_hashes, fingerprints
 from datc.study.launch import state
 from datc.study.matched import MATCHED_DIR
 from datc.study.protocol import Refused
-from datc.study.reading import EVAL_DIR, SELECT_DIR, file_hashes
+from datc.study.reading import EVAL_DIR, SELECT_DIR
 
 RUN_DIRS = (SELECT_DIR, EVAL_DIR, MATCHED_DIR)
 
@@ -44,7 +45,6 @@ def prepared_assets(cfg: Any) -> dict[str, str]:
     """The hashes of the files a run of ``cfg`` loads, prepared here (or found in the cache), as the
     run records them."""
     from datc.prepare.assets import ensure_assets
-    from datc.run.fingerprint import fingerprints
     from datc.training.lifecycle import input_paths
 
     return file_hashes(fingerprints(input_paths(ensure_assets(cfg)))["inputs"])

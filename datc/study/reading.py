@@ -31,6 +31,7 @@ from datc.report.statistics import (
     same_value,
     t_interval,
 )
+from datc.run.fingerprint import file_hashes
 from datc.study.errors import TuningError
 from datc.study.matched import (
     MATCHED_DIR,
@@ -166,13 +167,6 @@ def _inputs(run: Run) -> dict[str, Any] | None:
         return None
     inputs = record.get("inputs") if isinstance(record, dict) else None
     return inputs if isinstance(inputs, dict) else None
-
-
-def file_hashes(inputs: dict[str, Any]) -> dict[str, str]:
-    """``{"reward/model.safetensors": sha256, ...}`` of an ``inputs.json``'s ``inputs`` (as
-    :func:`datc.run.fingerprint.fingerprints` writes them; entries of another shape are left out)."""
-    return {f"{kind}/{name}": meta["sha256"] for kind, v in inputs.items() if isinstance(v, dict)
-            for name, meta in (v.get("files") or {}).items() if isinstance(meta, dict) and "sha256" in meta}
 
 
 def _assets(run: Run) -> dict[str, str] | None:
