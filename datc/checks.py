@@ -17,9 +17,10 @@ def validate(cfg: DictConfig | dict) -> TrainConfig:
     from datc.backends.checks import check_backend
     from datc.engines.checks import check_engine
     from datc.models.lora import check_lora
+    from datc.models.reward_delta import check_reward_delta
     from datc.run.checks import check_logger
 
-    for check in (check_logger, check_lora, check_engine, check_backend):  # in this order: each names its own fields
+    for check in (check_logger, check_lora, check_reward_delta, check_engine, check_backend):  # in this order: each names its own fields
         check(c)
     from datc.data.checks import check_data
 

@@ -72,6 +72,7 @@ class RewardTrainConfig:
     trainable_layers: int = 0  # 0: train every layer; k: only the top k blocks and the head
     test_prompts: int = 64  # held-out prompts (8 samples each) for the reported fit to gold
     share_prompts: bool = False  # each prompt forwarded once for its responses (to float rounding)
+    lora_r: int = 0  # 0: the top trainable_layers blocks train whole; r: as rank-r LoRA adapters (a small delta file)
 
 
 @dataclass
@@ -79,6 +80,7 @@ class RewardConfig:
     name: str = "testbed"
     path: str | None = None
     init: str = "scratch"  # scratch: built from arch; policy: the policy's weights with a new one-output head
+    delta: str | None = None  # with init=policy: a trained delta file applied instead of training (same bits anywhere)
     chat_template: bool = False
     arch: dict[str, Any] = field(default_factory=dict)
     train: RewardTrainConfig = field(default_factory=RewardTrainConfig)
@@ -295,7 +297,7 @@ POSITIVE = [
 NON_NEGATIVE = [
     "trainer.weight_decay", "trainer.warmup_steps", "trainer.beta", "trainer.epsilon_low",
     "trainer.epsilon_high", "policy.warm_start.steps", "reward.train.steps", "reward.train.group_weight",
-    "reward.train.edits_per_sample", "reward.train.trainable_layers",
+    "reward.train.edits_per_sample", "reward.train.trainable_layers", "reward.train.lora_r",
 ]
 
 

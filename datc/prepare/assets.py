@@ -23,8 +23,10 @@ from datc.config import ConfigError, TrainConfig
 from datc.data.prompts import load_prompts
 from datc.hashing import config_hash
 from datc.models.build import build_causal_lm, build_reward_model, load_pretrained
+from datc.models.reward_delta import apply_delta, delta_path, load_delta, save_delta
 from datc.models.tokenizer import build_testbed_tokenizer, load_tokenizer
 from datc.prepare.testbed import PREP_SEED, train_reward_model, warm_start
+from datc.run.fingerprint import file_fingerprint
 from datc.tasks import TASKS, Task
 from datc.utils import deterministic_mode, quiet_libraries
 
@@ -104,6 +106,33 @@ def _build_pinned(cfg: TrainConfig) -> None:
     proc.join()
     if proc.exitcode != 0:
         raise RuntimeError(f"prepare: the pinned prepare process failed (exit code {proc.exitcode}); its log is above")
+
+
+DELTA_FILE = "delta.safetensors"  # beside a reward model trained with reward.train.lora_r: what reward.delta loads
+
+
+def from_delta(cfg: TrainConfig, policy_path: str, tok, delta_file: Path, reward_path: str) -> dict[str, Any]:
+    """The reward model as the policy's weights, a one-output head, and ``delta_file`` applied
+    (:func:`datc.models.reward_delta.apply_delta`: the same bits on any machine), saved to
+    ``reward_path``; returns its report: the fit measured when the delta was trained."""
+    t0 = time.time()
+    delta = load_delta(delta_file)
+    base = file_fingerprint(Path(policy_path) / "model.safetensors")["sha256"]
+    if delta.meta.get("base") not in (None, base):
+        raise ConfigError(f"reward.delta: {delta_file} was trained on a policy whose weights hash {delta.meta['base'][:12]}, "
+                          f"this policy's hash {base[:12]} ({policy_path})")
+    torch.manual_seed(cfg.prepare_seed)
+    rm = load_pretrained("reward", policy_path, "policy.path", torch.float32, num_labels=1)
+    rm.config.pad_token_id = tok.pad_token_id
+    apply_delta(rm, delta)
+    report = {**delta.meta.get("report", {}), "delta": delta_file.name, "measured": "when the delta was trained",
+              "seconds": round(time.time() - t0, 1)}
+    with atomic_dir(reward_path) as tmp:
+        rm.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        atomic_write_json(tmp / "rm_report.json", report)
+    log.info("reward model from %s in %.0fs -> %s", delta_file, time.time() - t0, reward_path)
+    return report
 
 
 @dataclass
@@ -290,16 +319,21 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
             if train_key[k] == default:
                 del train_key[k]
         rm_key = {"v": PREPARE_VERSION, "arch": dict(cfg.reward.arch), "train": train_key, "policy": policy_id}
+        delta_file = delta_path(cfg) if cfg.reward.delta is not None else None
+        if delta_file is not None:  # made from the delta, not trained: its contents are the key
+            rm_key = {"v": PREPARE_VERSION, "delta": file_fingerprint(delta_file)["sha256"], "policy": policy_id}
         if task is not None and task.version != 1:  # the reward model's data changed (version 1 keeps old keys)
             rm_key["task_v"] = task.version
         if seed != PREP_SEED:
             rm_key["prepare_seed"] = seed
         if cfg.reward.init != "scratch":
             rm_key.update(init=cfg.reward.init, data=data_key, T=cfg.trainer.max_new_tokens, chat=cfg.policy.chat_template)
-        if pins_kernels(cfg):  # made under PINNED_ENV: a reward model made with a machine's own kernels is another one
+        if pins_kernels(cfg) and delta_file is None:  # made under PINNED_ENV: a reward model made with a machine's own kernels is another one
             rm_key["kernels"] = PINNED_KEY
         reward_path = str(cache / "reward" / f"{cfg.reward.name}-{cfg.policy.name}-{cfg.data.name}-{config_hash(rm_key)}")
         report_file = Path(reward_path) / "rm_report.json"
+        if not report_file.exists() and delta_file is not None:
+            rm_report = from_delta(cfg, policy_path, tok, delta_file, reward_path)
         if not report_file.exists() and pins_kernels(cfg) and not kernels_pinned():
             _build_pinned(cfg)  # fills the cache; read back below
         if not report_file.exists():
@@ -318,14 +352,17 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
                 rm_report = train_reward_model(rm, policy, tok, task, list(train_ds), list(eval_ds), cfg.reward.train,
                                                cfg.trainer.max_new_tokens, seed, cfg.trainer.progress, encoder)
             rm_report["seconds"] = round(time.time() - t0, 1)
+            delta = rm_report.pop("delta", None)
             with atomic_dir(reward_path) as tmp:
                 rm.save_pretrained(tmp)
                 tok.save_pretrained(tmp)
+                if delta is not None:  # what reward.delta loads: the fit as measured here, and the base it applies to
+                    delta.meta.update(report={k: v for k, v in rm_report.items() if k != "seconds"},  # the same bytes each build
+                                      base=file_fingerprint(Path(policy_path) / "model.safetensors")["sha256"])
+                    save_delta(delta, tmp / DELTA_FILE)
                 atomic_write_json(tmp / "rm_report.json", rm_report)
             log.info("trained reward model in %.0fs: within-group corr with gold %.3f -> %s",
                      rm_report["seconds"], rm_report["heldout_within_group_corr"], reward_path)
-        else:
-            import json
-
+        elif rm_report is None:
             rm_report = json.loads(report_file.read_text())
     return Assets(tok_path, policy_path, reward_path, rm_report, train_ds, eval_ds, task, data_source(cfg))

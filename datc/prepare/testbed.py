@@ -16,6 +16,8 @@ from tqdm.auto import tqdm
 from datc.batch import encode_prompts, position_ids
 from datc.engines.generate import sample_groups
 from datc.math.metrics import pearson, within_group_corr
+from datc.models.lora import DEFAULT_TARGETS
+from datc.models.reward_delta import add_adapters, take_delta
 from datc.models.rm_inputs import build_rm_inputs
 from datc.models.shared_prompt import PromptGroups, forward_after_prompts, prompt_groups
 from datc.rewards.model import as_score, rm_forward, score
@@ -167,13 +169,16 @@ class _FrozenBottom:
     through the repeated cache). Same function up to float rounding; about half the tokens at
     2 prompts x 8 responses of ~45 + ~30 tokens."""
 
-    def __init__(self, rm, k: int, tok, max_new_tokens: int, encoder=None, share: bool = False):
+    def __init__(self, rm, k: int, tok, max_new_tokens: int, encoder=None, share: bool = False, lora_r: int = 0):
         for p in rm.parameters():
             p.requires_grad_(False)
         self.top = top_layers_view(rm, k)
-        for m in (*self.top.model.layers, self.top.model.norm, self.top.score):
+        for m in (self.top.model.norm, self.top.score, *(() if lora_r else self.top.model.layers)):
             for p in m.parameters():
                 p.requires_grad_(True)
+        if lora_r:  # the top blocks as LoRA adapters (datc.models.reward_delta): a small file any machine merges alike
+            n = len(rm.model.layers)
+            add_adapters(rm, list(range(n - k, n)), DEFAULT_TARGETS[rm.config.model_type], lora_r, 2.0 * lora_r, PREP_SEED)
         self.rm, self.k, self.tok, self.T, self.encoder, self.share = rm, k, tok, max_new_tokens, encoder, share
         # (group, response) -> (L, d) valid positions; shared: the prompt's last token and the response
         self.cache: dict[tuple[int, int], torch.Tensor] = {}
@@ -264,7 +269,8 @@ def train_reward_model(rm, policy, tok, task: Task, train_rows, eval_rows, rcfg,
     mean): GRPO only ever compares responses to one prompt, so that ranking is what the reward
     model must get right. Reports the fit on fresh warm-policy samples of held-out prompts.
     ``progress``: progress bars (sampling the pool; steps, loss, time left) on stderr.
-    ``rcfg.trainable_layers = k > 0`` trains only the top k blocks, final norm and head (the
+    ``rcfg.trainable_layers = k > 0`` trains only the top k blocks (with ``rcfg.lora_r``: rank-r
+    LoRA adapters on them, returned as ``"delta"``, merged), final norm and head (the
     lower blocks' output is computed once per response); with ``rcfg.share_prompts`` each prompt
     is forwarded once for its responses there and in the held-out scoring (same function up to
     float rounding); ``encoder`` renders prompts with the policy's chat template, for sampling
@@ -276,7 +282,7 @@ def train_reward_model(rm, policy, tok, task: Task, train_rows, eval_rows, rcfg,
     log.info("reward-model pool: %d responses in %.0fs", sum(len(r) for _, r, _ in pool), time.time() - t0)
     frozen = None
     if rcfg.trainable_layers > 0:
-        frozen = _FrozenBottom(rm, rcfg.trainable_layers, tok, max_new_tokens, encoder, rcfg.share_prompts)
+        frozen = _FrozenBottom(rm, rcfg.trainable_layers, tok, max_new_tokens, encoder, rcfg.share_prompts, rcfg.lora_r)
         frozen.fill(pool)
         log.info("cached the frozen blocks' output in %.0fs", time.time() - t0)
     rng = torch.Generator().manual_seed(seed)
@@ -311,22 +317,31 @@ def train_reward_model(rm, policy, tok, task: Task, train_rows, eval_rows, rcfg,
         losses.append(loss.item())
         bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
     rm.eval()
+    delta = None
+    if rcfg.lora_r:  # the adapters as integer factors, merged as any machine merges them: the model tested is the one saved
+        whole = [n for n, p in rm.named_parameters() if p.requires_grad and "lora_" not in n]
+        delta = take_delta(rm, rcfg.lora_r, 2.0 * rcfg.lora_r, whole)
     for p in rm.parameters():
         p.requires_grad_(True)
-    # Held-out test: RM_GROUP samples of the warm policy per eval prompt, as GRPO will see them.
+    return {"train_pool": sum(len(r) for _, r, _ in pool),
+            "final_train_loss": sum(losses[-50:]) / len(losses[-50:]) if losses else None,
+            **heldout_fit(rm, policy, tok, task, eval_rows, rcfg, max_new_tokens, encoder),
+            **({"delta": delta} if delta is not None else {})}  # the caller saves it (datc.prepare.assets)
+
+
+def heldout_fit(rm, policy, tok, task: Task, eval_rows, rcfg, max_new_tokens: int, encoder=None) -> dict[str, float]:
+    """The reward model's fit to gold on ``RM_GROUP`` fresh samples of the warm policy for each of
+    ``rcfg.test_prompts`` held-out prompts, as GRPO will see them (drawn from the global random
+    state as it is: after the pool's sampling, whatever the training, so LoRA and whole blocks
+    are tested on the same draw)."""
     test = _rm_pool(policy, tok, task, eval_rows[: rcfg.test_prompts], RM_GROUP, max_new_tokens, encoder=encoder)
     ex = [e for e, resp, _ in test for _ in resp]
     resp = [r for _, rs, _ in test for r in rs]
     gold = torch.cat([g for _, _, g in test])
     with torch.no_grad():
         pred = _test_scores(rm, tok, ex, resp, max_new_tokens, encoder, rcfg.share_prompts)
-    return {
-        "train_pool": sum(len(r) for _, r, _ in pool),
-        "final_train_loss": sum(losses[-50:]) / len(losses[-50:]) if losses else None,
-        "heldout_corr": pearson(pred, gold),
-        "heldout_within_group_corr": within_group_corr(pred, gold, RM_GROUP),
-        "heldout_gold_mean": float(gold.mean()),
-    }
+    return {"heldout_corr": pearson(pred, gold), "heldout_within_group_corr": within_group_corr(pred, gold, RM_GROUP),
+            "heldout_gold_mean": float(gold.mean())}
 
 
 def _log_every_tenth(progress: bool, what: str, i: int, steps: int, losses: list[float]) -> None:

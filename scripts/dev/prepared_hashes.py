@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(a.pinned)
     if a.write:
         from datc.atomic import atomic_write_json
-        atomic_write_json(path, {**got, "machine": {**machine(), **processor()}})
+        kept = [o for o in got["overrides"] if not o.startswith("cache_dir=")]  # where the cache is changes no file
+        atomic_write_json(path, {**got, "overrides": kept, "machine": {**machine(), **processor()}})
         print(f"pinned {len(got['files'])} files in {path}")
         return 0
     pinned = json.loads(path.read_text())

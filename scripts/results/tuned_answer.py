@@ -26,10 +26,13 @@ OUT = TUNED / "answer.md"
 # a column's tables and records under results/tuned/: <s>/ and records/<s>/, or for a superseded
 # study (its reward model not re-creatable) legacy_<rm>/<s>/ and legacy_<rm>/records/<s>/
 SETTINGS = ["keywords-tiny_gpt2", "keywords-tiny_llama", "arithmetic-tiny_gpt2", "arithmetic-tiny_llama",
-            "reviews-smollm2_135m_instruct", "legacy_rm09ab3fe7/reviews-smollm2_135m_instruct"]
+            "reviews-smollm2_135m_instruct", "legacy_rm5e1e6828/reviews-smollm2_135m_instruct",
+            "legacy_rm09ab3fe7/reviews-smollm2_135m_instruct"]
 TITLES = {"keywords-tiny_gpt2": "keywords / tiny GPT-2", "keywords-tiny_llama": "keywords / tiny Llama",
           "arithmetic-tiny_gpt2": "arithmetic / tiny GPT-2", "arithmetic-tiny_llama": "arithmetic / tiny Llama",
-          "reviews-smollm2_135m_instruct": "reviews / SmolLM2-135M (real; pinned reward model {pinned_rm})",
+          "reviews-smollm2_135m_instruct": "reviews / SmolLM2-135M (real; reward model {pinned_rm}, from the committed delta)",
+          "legacy_rm5e1e6828/reviews-smollm2_135m_instruct": "reviews / SmolLM2-135M (real; earlier reward model 5e1e6828, "
+                                                             "not re-creatable)",
           "legacy_rm09ab3fe7/reviews-smollm2_135m_instruct": "reviews / SmolLM2-135M (real; old reward model 09ab3fe7, lr from 1e-5)"}
 
 

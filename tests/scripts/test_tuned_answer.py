@@ -37,9 +37,9 @@ def test_a_matched_kl_control_still_running_says_on_how_many_pairs():
 
 def test_the_real_models_column_names_the_reward_model_pinned_in_prepared_json(tmp_path, monkeypatch):
     pinned = json.loads(tuned_answer.PREPARED.read_text())["files"]["reward/model.safetensors"]
-    assert f"pinned reward model {pinned[:8]})" in tuned_answer.title("reviews-smollm2_135m_instruct")
+    assert f"reward model {pinned[:8]}, from the committed delta)" in tuned_answer.title("reviews-smollm2_135m_instruct")
     other = tmp_path / "prepared.json"
     other.write_text(json.dumps({"files": {"reward/model.safetensors": "ab" * 32}}))
     monkeypatch.setattr(tuned_answer, "PREPARED", other)
-    assert tuned_answer.title("reviews-smollm2_135m_instruct").endswith("pinned reward model abababab)")
+    assert tuned_answer.title("reviews-smollm2_135m_instruct").endswith("reward model abababab, from the committed delta)")
     assert tuned_answer.title("keywords-tiny_gpt2") == "keywords / tiny GPT-2"

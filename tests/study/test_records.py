@@ -34,26 +34,31 @@ def test_the_committed_tables_regenerate_byte_for_byte(records, baseline, commit
 
 
 def test_every_setting_is_checked():
-    # the four testbed settings, the real model's superseded study (reward model 09ab3fe7); a
+    # the four testbed settings, the real model's superseded studies (reward models 09ab3fe7, 5e1e6828); a
     # study in progress (no tables yet) is not a case until its tables are committed
     assert {_id(c) for c in CASES if c[1] == "grpo"} >= {
         "keywords-tiny_gpt2-vs-grpo", "keywords-tiny_llama-vs-grpo", "arithmetic-tiny_gpt2-vs-grpo",
-        "arithmetic-tiny_llama-vs-grpo", "legacy_rm09ab3fe7/reviews-smollm2_135m_instruct-vs-grpo"}
+        "arithmetic-tiny_llama-vs-grpo", "legacy_rm09ab3fe7/reviews-smollm2_135m_instruct-vs-grpo",
+        "legacy_rm5e1e6828/reviews-smollm2_135m_instruct-vs-grpo"}
     assert len(CASES) >= 13
 
 
-def test_the_real_models_runs_trained_on_the_pinned_files():
-    # results/real_model/prepared.json pins the real preset's prepared files and keeps, beside each
-    # sha256, the hash a run records of it in inputs.json: every committed run of the study on the
-    # pinned reward model (finished or in progress) names those files, so its pairs span sessions
+@pytest.mark.parametrize("pin, folders, at_least", [
+    ("../real_model/prepared.json", ["records", "in_progress"], 0),  # the study on the committed delta, as it lands
+    ("legacy_rm5e1e6828/prepared.json", ["legacy_rm5e1e6828/records"], 90),
+], ids=["current", "legacy_rm5e1e6828"])
+def test_the_real_models_runs_trained_on_the_pinned_files(pin, folders, at_least):
+    # a pin keeps, beside each prepared file's sha256, the hash a run records of it in inputs.json:
+    # every committed run of a real-model study (finished or in progress) names its pin's files, so
+    # its pairs span sessions (results/real_model/prepared.json: the committed delta's reward model;
+    # legacy_rm5e1e6828/prepared.json: the earlier one, which no machine can build again)
     import json
 
-    pin = json.loads((TUNED.parent / "real_model" / "prepared.json").read_text())["run_hashes"]
-    runs = sorted(TUNED.glob("*/reviews-smollm2_135m_instruct/*/*/inputs.json"))
-    runs = [p for p in runs if "legacy_" not in p.as_posix()]
-    assert len(runs) >= 50
+    want = json.loads((TUNED / pin).read_text())["run_hashes"]
+    runs = sorted(p for f in folders for p in TUNED.glob(f"{f}/reviews-smollm2_135m_instruct/*/*/inputs.json"))
+    assert len(runs) >= at_least
     for p in runs:
         inputs = json.loads(p.read_text())["inputs"]
-        for name, want in pin.items():
+        for name, rec in want.items():
             label, file = name.split("/")
-            assert inputs[label]["files"][file]["sha256"] == want["sha256"], f"{p}: {name}"
+            assert inputs[label]["files"][file]["sha256"] == rec["sha256"], f"{p}: {name}"
