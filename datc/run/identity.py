@@ -54,11 +54,17 @@ def identity(cfg: dict[str, Any]) -> dict[str, Any]:
     elif isinstance(ident.get("policy"), dict) and (lora := ident["policy"].get("lora")).get("alpha") == 2 * lora["r"]:
         # alpha written out at its default (2 r) is the same run as alpha: null
         ident["policy"] = {**ident["policy"], "lora": {**lora, "alpha": None}}
+    if isinstance(ident.get("reward"), dict) and ident["reward"].get("delta", 0) is None:
+        # the reward model trained, not loaded from a delta (reward.delta: null, the default): a run keeps
+        # the identity it had before the option
+        ident["reward"] = {k: v for k, v in ident["reward"].items() if k != "delta"}
     train = (ident.get("reward") or {}).get("train") if isinstance(ident.get("reward"), dict) else None
-    if isinstance(train, dict) and not train.get("share_prompts", True):
-        # the reward model's prepare without shared prompts (the default): a run keeps the identity it
-        # had before the option
-        ident["reward"] = {**ident["reward"], "train": {k: v for k, v in train.items() if k != "share_prompts"}}
+    # the reward model's prepare without shared prompts, with its blocks trained whole (the defaults):
+    # a run keeps the identity it had before the options
+    at_default = {"share_prompts": False, "lora_r": 0}
+    if isinstance(train, dict) and any(k in train and train[k] == v for k, v in at_default.items()):
+        ident["reward"] = {**ident["reward"], "train": {k: v for k, v in train.items()
+                                                        if not (k in at_default and v == at_default[k])}}
     return ident
 
 

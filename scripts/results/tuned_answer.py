@@ -64,14 +64,15 @@ def _iv(d: dict | None) -> str:
 
 def _setting(name: str) -> dict:
     folder = TUNED / name
-    report = json.loads((folder / "evaluation" / "report.json").read_text())
     tuned = json.loads((folder / "tuned.json").read_text())["settings"][0]
-    rows = {r["scheme"]: r for r in report["rows"]}
+    evaluated = (folder / "evaluation" / "report.json").is_file()  # a study under way: its selection only, so far
+    rows = {r["scheme"]: r for r in json.loads((folder / "evaluation" / "report.json").read_text())["rows"]} if evaluated else {}
     matched = {m["scheme"]: m for m in tuned.get("matched_kl", [])}
     walls = [json.loads(p.read_text()).get("wall_time_s") for p in _records(name).rglob("summary.json")]
     walls = [w for w in walls if isinstance(w, (int, float))]
     grpo = rows.get("grpo", {}).get("metrics", {}).get("final_gold")
     return {"rows": rows, "matched": matched, "runs": len(walls), "hours": sum(walls) / 3600,
+            "under_way": set() if evaluated else set(tuned["schemes"]),
             "median_s": statistics.median(walls) if walls else None, "grpo": grpo,
             "pairs": len(rows.get("grpo", {}).get("seeds", []))}
 
@@ -79,7 +80,7 @@ def _setting(name: str) -> dict:
 def _cell(s: dict, scheme: str) -> str:
     row = s["rows"].get(scheme)
     if row is None:
-        return "not run"
+        return "under way (no evaluation yet)" if scheme in s.get("under_way", ()) else "not run"
     vs = row.get("vs_baseline", {}).get("final_gold")
     text = _iv(vs)
     m = s["matched"].get(scheme)
@@ -107,11 +108,13 @@ def answer_md() -> str:
     cols = list(settings)
     lines = ["| scheme | " + " | ".join(title(c) for c in cols) + " |", "|---|" + "---|" * len(cols)]
     lines.append("| tuned `grpo`: final gold (pairs) | " + " | ".join(
-        f"{settings[c]['grpo']['mean']:.3f} ({settings[c]['pairs']})" if settings[c]["grpo"] else "n/a" for c in cols) + " |")
+        f"{settings[c]['grpo']['mean']:.3f} ({settings[c]['pairs']})" if settings[c]["grpo"]
+        else _cell(settings[c], "grpo") for c in cols) + " |")
     for scheme in ORDER:
         lines.append(f"| `{scheme}` | " + " | ".join(_cell(settings[c], scheme) for c in cols) + " |")
     lines.append("| runs (training wall time, median a run) | " + " | ".join(
-        f"{settings[c]['runs']} ({settings[c]['hours']:.1f} h, {settings[c]['median_s']:.0f} s)" for c in cols) + " |")
+        f"{settings[c]['runs']} ({settings[c]['hours']:.1f} h, {settings[c]['median_s']:.0f} s)" if settings[c]["runs"]
+        else "0" for c in cols) + " |")
     return "\n".join(lines) + "\n"
 
 

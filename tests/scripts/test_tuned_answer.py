@@ -43,3 +43,22 @@ def test_the_real_models_column_names_the_reward_model_pinned_in_prepared_json(t
     monkeypatch.setattr(tuned_answer, "PREPARED", other)
     assert tuned_answer.title("reviews-smollm2_135m_instruct").endswith("reward model abababab, from the committed delta)")
     assert tuned_answer.title("keywords-tiny_gpt2") == "keywords / tiny GPT-2"
+
+
+def test_a_study_whose_selection_only_has_landed_says_which_schemes_are_under_way(tmp_path, monkeypatch):
+    # Before: a setting with tables but no evaluation yet (a long study landed after its rate stage)
+    # failed the whole answer (no evaluation/report.json).
+    name = "reviews-smollm2_135m_instruct"
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "tuned.json").write_text(json.dumps({"settings": [{"schemes": {"grpo": {}, "datc": {}},
+                                                                           "matched_kl": []}]}))
+    run = tmp_path / "records" / name / "select" / "run-a"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"wall_time_s": 480.0}))
+    monkeypatch.setattr(tuned_answer, "TUNED", tmp_path)
+    monkeypatch.setattr(tuned_answer, "SETTINGS", [name])
+    rows = {line.split(" | ")[0]: line for line in tuned_answer.answer_md().splitlines()}
+    assert rows["| tuned `grpo`: final gold (pairs)"].endswith("| under way (no evaluation yet) |")
+    assert rows["| `datc`"].endswith("| under way (no evaluation yet) |")
+    assert rows["| `oracle`"].endswith("| not run |")
+    assert rows["| runs (training wall time, median a run)"].endswith("| 1 (0.1 h, 480 s) |")
