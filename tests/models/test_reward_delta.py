@@ -151,3 +151,19 @@ def test_bad_delta_settings_name_the_field_before_any_model_loads(overrides, say
         cfg = compose(config_name="train", overrides=["experiment=real_smollm2", "reward.delta=null", *overrides])
     with pytest.raises(ConfigError, match=says.replace("(", r"\(")):
         validate(cfg)
+
+
+def test_a_delta_made_for_another_policy_is_refused_before_a_model_is_built(tmp_path):
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from datc.prepare.assets import from_delta
+
+    policy = tmp_path / "policy"
+    LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, head_dim=8)).save_pretrained(policy)
+    save_delta(RewardDelta(2, 4.0, meta={"base": "0" * 64}), tmp_path / "d.safetensors")
+    with pytest.raises(ConfigError, match="reward.delta: .* was trained on a policy whose weights hash 000000000000"):
+        from_delta(SimpleNamespace(prepare_seed=0), str(policy), None, tmp_path / "d.safetensors", str(tmp_path / "rm"))
+    assert not (tmp_path / "rm").exists()
