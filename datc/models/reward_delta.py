@@ -7,9 +7,10 @@ LoRA factors ``A`` (r, d_in) and ``B`` (d_out, r) of the top blocks' projections
 16-bit integers times a power of two, and the few small tensors trained whole (final norm, score
 head) as float32. :func:`apply_delta` adds ``(alpha / r) B A`` to the base weights with integer
 arithmetic held exactly in float64 (every product and partial sum of the integer factors is an
-integer below 2**53, whatever order a BLAS adds them in) and one rounding to float32 per weight:
-the merged weights are the same bits on any machine, so the reward model's file hash can be
-pinned and checked anywhere.
+integer below 2**53, whatever order a BLAS adds them in), scaled by powers of two (exact), then
+element-wise IEEE operations only (the scale ``alpha / r``, the sum with the base weight in float64,
+the rounding to float32: each correctly rounded, so the same on any machine): the merged weights
+are the same bits everywhere, so the reward model's file hash can be pinned and checked anywhere.
 
 LoRA as ``peft`` computes it (Hu et al. 2021, arXiv:2106.09685): ``W x + (alpha / r) B A x``.
 Training (:func:`add_adapters`, :func:`take_delta`) uses ``peft``'s layers; the merge is this
@@ -54,13 +55,13 @@ def quantize(x: Tensor) -> tuple[Tensor, int]:
     if amax == 0.0:
         return torch.zeros(x.shape, dtype=torch.int16), 0
     e = math.ceil(math.log2(amax / QMAX))
-    q = torch.round(torch.ldexp(x, torch.tensor(-e, dtype=torch.float64))).clamp_(-QMAX, QMAX)
+    q = torch.round(x * math.ldexp(1.0, -e)).clamp_(-QMAX, QMAX)  # a power of two: exact
     return q.to(torch.int16), e
 
 
 def dequantize(q: Tensor, e: int) -> Tensor:
     """``q * 2**e`` in float64 (exact)."""
-    return torch.ldexp(q.double(), torch.tensor(e, dtype=torch.float64))
+    return q.double() * math.ldexp(1.0, e)
 
 
 def delta_weight(a: Tensor, ea: int, b: Tensor, eb: int, scaling: float) -> Tensor:
@@ -68,19 +69,25 @@ def delta_weight(a: Tensor, ea: int, b: Tensor, eb: int, scaling: float) -> Tens
     product of integers whose every partial sum is an integer below 2**53 (exact in float64
     in any order of addition), then scaled by ``2**(ea + eb)`` (exact) and by ``scaling`` (one
     rounding)."""
+    if a.dtype != torch.int16 or b.dtype != torch.int16 or a.shape[0] != b.shape[1]:
+        raise ValueError(f"reward delta: factors must be int16 of one rank, got A {a.dtype} {tuple(a.shape)}, "
+                         f"B {b.dtype} {tuple(b.shape)}")
     if a.shape[0] > 2 ** 22:
         raise ValueError(f"rank {a.shape[0]} too large for an exact float64 sum")
     prod = b.double() @ a.double()
-    return torch.ldexp(prod, torch.tensor(ea + eb, dtype=torch.float64)) * scaling
+    return prod * math.ldexp(1.0, ea + eb) * scaling
 
 
 def apply_delta(model: nn.Module, delta: RewardDelta) -> None:
     """Add ``delta`` to ``model``'s weights in place: ``W <- float32(W + (alpha / r) B A)`` for each
-    adapted module, the whole tensors copied. Refuses a name the model lacks or a shape that
-    differs, before changing anything."""
+    adapted module, the whole tensors copied. Refuses a name the model lacks, a shape that differs
+    or factors that are not int16 of the delta's rank, before changing anything."""
     params = dict(model.named_parameters())
     scaling = delta.alpha / delta.rank
     for name, (a, _, b, _) in delta.factors.items():
+        if a.dtype != torch.int16 or b.dtype != torch.int16 or a.shape[0] != delta.rank or b.shape[1] != delta.rank:
+            raise ValueError(f"reward delta: {name}'s factors are not int16 of rank {delta.rank} "
+                             f"(A {a.dtype} {tuple(a.shape)}, B {b.dtype} {tuple(b.shape)})")
         w = params.get(f"{name}.weight")
         if w is None:
             raise ValueError(f"reward delta: the model has no module {name!r}")
@@ -137,6 +144,8 @@ def take_delta(model: nn.Module, rank: int, alpha: float, whole: list[str], meta
         delta.factors[name] = (a, ea, b, eb)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, mod.get_base_layer())
+    if hasattr(model, "peft_config"):  # peft's record of the adapters, gone with them
+        del model.peft_config
     params = dict(model.named_parameters())
     delta.whole = {n: params[n].detach().float().clone() for n in whole}
     apply_delta(model, delta)
@@ -179,16 +188,16 @@ def load_delta(path: str | Path) -> RewardDelta:
 
 
 def delta_path(cfg) -> Path:
-    """``reward.delta`` as a file: the path as given (absolute, or from the current folder), else
-    from the package's ``configs/reward/`` (where the presets keep theirs)."""
+    """``reward.delta`` as a file: a name in the package's ``configs/reward/`` (where the presets
+    keep theirs), else the path as given (absolute, or from the current folder)."""
     from datc.paths import CONFIG_DIR
 
     given = Path(cfg.reward.delta)
-    for p in (given, Path(CONFIG_DIR) / "reward" / given):
+    for p in (Path(CONFIG_DIR) / "reward" / given, given):
         if p.is_file():
             return p
-    raise ConfigError(f"reward.delta: no file {cfg.reward.delta!r} (looked in the current folder and in "
-                      f"{Path(CONFIG_DIR) / 'reward'}); null trains the reward model instead")
+    raise ConfigError(f"reward.delta: no file {cfg.reward.delta!r} (looked in {Path(CONFIG_DIR) / 'reward'} and the "
+                      "current folder); null trains the reward model instead")
 
 
 def check_reward_delta(c) -> None:

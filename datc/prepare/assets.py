@@ -26,7 +26,7 @@ from datc.models.build import build_causal_lm, build_reward_model, load_pretrain
 from datc.models.reward_delta import apply_delta, delta_path, load_delta, save_delta
 from datc.models.tokenizer import build_testbed_tokenizer, load_tokenizer
 from datc.prepare.testbed import PREP_SEED, train_reward_model, warm_start
-from datc.run.fingerprint import file_fingerprint
+from datc.run.fingerprint import sha256_file
 from datc.tasks import TASKS, Task
 from datc.utils import deterministic_mode, quiet_libraries
 
@@ -108,6 +108,16 @@ def _build_pinned(cfg: TrainConfig) -> None:
         raise RuntimeError(f"prepare: the pinned prepare process failed (exit code {proc.exitcode}); its log is above")
 
 
+def train_key(rcfg) -> dict[str, Any]:
+    """``reward.train`` as the reward model's cache key holds it: the options added later left out at
+    their defaults, so adding them changed no cache entry's key."""
+    key = asdict(rcfg)
+    for k, default in (("trainable_layers", 0), ("test_prompts", 64), ("share_prompts", False), ("lora_r", 0)):
+        if key[k] == default:
+            del key[k]
+    return key
+
+
 DELTA_FILE = "delta.safetensors"  # beside a reward model trained with reward.train.lora_r: what reward.delta loads
 
 
@@ -117,10 +127,10 @@ def from_delta(cfg: TrainConfig, policy_path: str, tok, delta_file: Path, reward
     ``reward_path``; returns its report: the fit measured when the delta was trained."""
     t0 = time.time()
     delta = load_delta(delta_file)
-    base = file_fingerprint(Path(policy_path) / "model.safetensors")["sha256"]
-    if delta.meta.get("base") not in (None, base):
-        raise ConfigError(f"reward.delta: {delta_file} was trained on a policy whose weights hash {delta.meta['base'][:12]}, "
-                          f"this policy's hash {base[:12]} ({policy_path})")
+    base = sha256_file(Path(policy_path) / "model.safetensors")
+    if delta.meta.get("base_sha256") not in (None, base):
+        raise ConfigError(f"reward.delta: {delta_file} was trained on a policy whose weights' sha256 is "
+                          f"{delta.meta['base_sha256'][:12]}, this policy's is {base[:12]} ({policy_path})")
     torch.manual_seed(cfg.prepare_seed)
     rm = load_pretrained("reward", policy_path, "policy.path", torch.float32, num_labels=1)
     rm.config.pad_token_id = tok.pad_token_id
@@ -314,14 +324,10 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
         # path (or moved) is still hit.
         policy_id = (config_hash(pol_key) if cfg.policy.path is None
                      else Path(policy_path).name if cfg.policy.gguf_file is not None else cfg.policy.path)
-        train_key = asdict(cfg.reward.train)
-        for k, default in (("trainable_layers", 0), ("test_prompts", 64), ("share_prompts", False)):  # defaults keep the testbed's old keys
-            if train_key[k] == default:
-                del train_key[k]
-        rm_key = {"v": PREPARE_VERSION, "arch": dict(cfg.reward.arch), "train": train_key, "policy": policy_id}
+        rm_key = {"v": PREPARE_VERSION, "arch": dict(cfg.reward.arch), "train": train_key(cfg.reward.train), "policy": policy_id}
         delta_file = delta_path(cfg) if cfg.reward.delta is not None else None
         if delta_file is not None:  # made from the delta, not trained: its contents are the key
-            rm_key = {"v": PREPARE_VERSION, "delta": file_fingerprint(delta_file)["sha256"], "policy": policy_id}
+            rm_key = {"v": PREPARE_VERSION, "delta": sha256_file(delta_file), "policy": policy_id}
         if task is not None and task.version != 1:  # the reward model's data changed (version 1 keeps old keys)
             rm_key["task_v"] = task.version
         if seed != PREP_SEED:
@@ -358,7 +364,7 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
                 tok.save_pretrained(tmp)
                 if delta is not None:  # what reward.delta loads: the fit as measured here, and the base it applies to
                     delta.meta.update(report={k: v for k, v in rm_report.items() if k != "seconds"},  # the same bytes each build
-                                      base=file_fingerprint(Path(policy_path) / "model.safetensors")["sha256"])
+                                      base_sha256=sha256_file(Path(policy_path) / "model.safetensors"))
                     save_delta(delta, tmp / DELTA_FILE)
                 atomic_write_json(tmp / "rm_report.json", rm_report)
             log.info("trained reward model in %.0fs: within-group corr with gold %.3f -> %s",

@@ -169,7 +169,8 @@ class _FrozenBottom:
     through the repeated cache). Same function up to float rounding; about half the tokens at
     2 prompts x 8 responses of ~45 + ~30 tokens."""
 
-    def __init__(self, rm, k: int, tok, max_new_tokens: int, encoder=None, share: bool = False, lora_r: int = 0):
+    def __init__(self, rm, k: int, tok, max_new_tokens: int, encoder=None, share: bool = False, lora_r: int = 0,
+                 seed: int = PREP_SEED):
         for p in rm.parameters():
             p.requires_grad_(False)
         self.top = top_layers_view(rm, k)
@@ -178,7 +179,7 @@ class _FrozenBottom:
                 p.requires_grad_(True)
         if lora_r:  # the top blocks as LoRA adapters (datc.models.reward_delta): a small file any machine merges alike
             n = len(rm.model.layers)
-            add_adapters(rm, list(range(n - k, n)), DEFAULT_TARGETS[rm.config.model_type], lora_r, 2.0 * lora_r, PREP_SEED)
+            add_adapters(rm, list(range(n - k, n)), DEFAULT_TARGETS[rm.config.model_type], lora_r, 2.0 * lora_r, seed)
         self.rm, self.k, self.tok, self.T, self.encoder, self.share = rm, k, tok, max_new_tokens, encoder, share
         # (group, response) -> (L, d) valid positions; shared: the prompt's last token and the response
         self.cache: dict[tuple[int, int], torch.Tensor] = {}
@@ -282,7 +283,7 @@ def train_reward_model(rm, policy, tok, task: Task, train_rows, eval_rows, rcfg,
     log.info("reward-model pool: %d responses in %.0fs", sum(len(r) for _, r, _ in pool), time.time() - t0)
     frozen = None
     if rcfg.trainable_layers > 0:
-        frozen = _FrozenBottom(rm, rcfg.trainable_layers, tok, max_new_tokens, encoder, rcfg.share_prompts, rcfg.lora_r)
+        frozen = _FrozenBottom(rm, rcfg.trainable_layers, tok, max_new_tokens, encoder, rcfg.share_prompts, rcfg.lora_r, seed)
         frozen.fill(pool)
         log.info("cached the frozen blocks' output in %.0fs", time.time() - t0)
     rng = torch.Generator().manual_seed(seed)

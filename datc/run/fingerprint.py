@@ -31,6 +31,15 @@ NOT_READ = {"warm_start.json", "rm_report.json", "source.json"}  # how a cache e
 VERSION = 1
 
 
+def sha256_file(path: str | Path) -> str:
+    """The SHA-256 of the whole file, however large (about a second for 540 MB)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(2**20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def file_fingerprint(path: str | Path) -> dict[str, Any]:
     """``{"size", "mtime_ns", "sha256", "hashed": "whole" | "edges"}`` of one file."""
     st = os.stat(path)

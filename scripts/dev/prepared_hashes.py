@@ -1,7 +1,7 @@
 """The real preset's prepared files against their pinned sha256 (``results/real_model/prepared.json``).
 The reduced prepare of ``tests/prepare/test_prepare_hash.py`` checks the same code path in the
-suite; this checks the full-size files a study's runs train on (about 25 minutes to prepare on 2
-idle cores, nothing when the cache holds them).
+suite; this checks the full-size files a study's runs train on (about 15 s to prepare from the committed
+delta, nothing when the cache holds them).
 
     python -m scripts.dev.prepared_hashes                    # prepare if needed, compare; exit 1 on a difference
     python -m scripts.dev.prepared_hashes --write            # pin what this machine prepared (after a change
@@ -20,12 +20,12 @@ by either. The check compares both.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from datc.run.fingerprint import sha256_file
 from datc.run.provenance import machine, processor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,14 +33,6 @@ PINNED = ROOT / "results" / "real_model" / "prepared.json"
 PINNED_FILES = {"data": ("train.jsonl", "eval.jsonl"), "policy": ("model.safetensors", "config.json"),
                 "reward": ("model.safetensors", "config.json")}
 REPORT_KEYS = ("heldout_within_group_corr", "heldout_corr", "heldout_gold_mean", "final_train_loss", "train_pool")
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def prepared(overrides: list[str]) -> dict[str, Any]:
@@ -60,7 +52,7 @@ def prepared(overrides: list[str]) -> dict[str, Any]:
     report = json.loads((dirs["reward"] / "rm_report.json").read_text())
     names = [(k, name) for k, names in PINNED_FILES.items() for name in names]
     return {"overrides": overrides,
-            "files": {f"{k}/{name}": sha256(dirs[k] / name) for k, name in names},
+            "files": {f"{k}/{name}": sha256_file(dirs[k] / name) for k, name in names},
             "run_hashes": {f"{k}/{name}": {key: fp[key] for key in ("sha256", "hashed")}
                            for k, name in names for fp in [file_fingerprint(dirs[k] / name)]},
             "rm_report": {k: report.get(k) for k in REPORT_KEYS}}

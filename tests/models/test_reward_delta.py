@@ -48,10 +48,10 @@ def test_the_merged_delta_does_not_depend_on_the_order_of_addition():
     by_hand = torch.zeros_like(ref)
     for k in reversed(range(qa.shape[0])):  # one rank at a time, last first
         by_hand += torch.outer(qb[:, k].double(), qa[k].double())
-    by_hand = torch.ldexp(by_hand, torch.tensor(ea + eb, dtype=torch.float64)) * 2.0
+    by_hand = by_hand * 2.0 ** (ea + eb) * 2.0
     exact = (qb.long() @ qa.long()).double()  # integer arithmetic
     assert torch.equal(ref, by_hand)
-    assert torch.equal(ref, torch.ldexp(exact, torch.tensor(ea + eb, dtype=torch.float64)) * 2.0)
+    assert torch.equal(ref, exact * 2.0 ** (ea + eb) * 2.0)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -163,7 +163,52 @@ def test_a_delta_made_for_another_policy_is_refused_before_a_model_is_built(tmp_
     policy = tmp_path / "policy"
     LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8)).save_pretrained(policy)
-    save_delta(RewardDelta(2, 4.0, meta={"base": "0" * 64}), tmp_path / "d.safetensors")
-    with pytest.raises(ConfigError, match="reward.delta: .* was trained on a policy whose weights hash 000000000000"):
+    save_delta(RewardDelta(2, 4.0, meta={"base_sha256": "0" * 64}), tmp_path / "d.safetensors")
+    with pytest.raises(ConfigError, match="reward.delta: .* was trained on a policy whose weights' sha256 is 000000000000"):
         from_delta(SimpleNamespace(prepare_seed=0), str(policy), None, tmp_path / "d.safetensors", str(tmp_path / "rm"))
     assert not (tmp_path / "rm").exists()
+
+
+def test_factors_that_are_not_int16_of_the_deltas_rank_are_refused():
+    rm = _tiny_reward_model()
+    a, b = torch.ones(2, 32, dtype=torch.int16), torch.ones(32, 2, dtype=torch.int16)
+    for factors, rank in [((a.int(), 0, b, 0), 2), ((a.float(), 0, b.float(), 0), 2), ((a, 0, b, 0), 3)]:
+        with pytest.raises(ValueError, match="not int16 of rank"):
+            apply_delta(rm, RewardDelta(rank, 4.0, {"model.layers.0.self_attn.q_proj": factors}))
+    with pytest.raises(ValueError, match="int16 of one rank"):
+        delta_weight(a.float(), 0, b, 0, 2.0)
+
+
+def test_the_frozen_bottom_with_lora_trains_the_top_blocks_adapters_norm_and_head_only():
+    from datc.prepare.testbed import _FrozenBottom
+
+    rm = _tiny_reward_model()
+    _FrozenBottom(rm, 2, None, 8, lora_r=4)
+    trainable = {n for n, p in rm.named_parameters() if p.requires_grad}
+    assert {"model.norm.weight", "score.weight"} <= trainable
+    adapters = trainable - {"model.norm.weight", "score.weight"}
+    assert adapters and all("lora_" in n and n.startswith(("model.layers.1.", "model.layers.2.")) for n in adapters)
+    assert len(adapters) == 2 * 2 * 7  # A and B of seven projections in each of the top two blocks
+    whole = _tiny_reward_model()
+    _FrozenBottom(whole, 2, None, 8)  # lora_r=0: the top blocks train whole, no adapter
+    assert not any("lora_" in n for n, _ in whole.named_parameters())
+    assert {n for n, p in whole.named_parameters() if p.requires_grad} >= {"model.layers.2.mlp.up_proj.weight", "score.weight"}
+
+
+def test_the_options_at_their_defaults_change_no_cache_key_and_no_run_identity():
+    # Before: reward.train.lora_r: 0 joined the reward model's cache key (every testbed reward model
+    # built again) and reward.delta/lora_r the run identity (every run renamed).
+    from dataclasses import asdict
+
+    from datc.config import RewardTrainConfig
+    from datc.prepare.assets import train_key
+    from datc.run.identity import identity
+
+    assert set(train_key(RewardTrainConfig())) == {"steps", "lr", "batch_size", "n_prompts", "samples_per_prompt",
+                                                   "group_weight", "edits_per_sample", "perturbations"}
+    assert train_key(RewardTrainConfig(lora_r=16))["lora_r"] == 16
+    old = {"trainer": {}, "reward": {"name": "testbed", "train": {k: v for k, v in asdict(RewardTrainConfig()).items()
+                                                                  if k not in ("lora_r", "share_prompts")}}}
+    new = {"trainer": {}, "reward": {**old["reward"], "delta": None, "train": asdict(RewardTrainConfig())}}
+    assert identity(new) == identity(old)
+    assert identity({**new, "reward": {**new["reward"], "delta": "x.safetensors"}}) != identity(old)
