@@ -324,10 +324,10 @@ def ensure_assets(cfg: TrainConfig) -> Assets:
         # path (or moved) is still hit.
         policy_id = (config_hash(pol_key) if cfg.policy.path is None
                      else Path(policy_path).name if cfg.policy.gguf_file is not None else cfg.policy.path)
-        rm_key = {"v": PREPARE_VERSION, "arch": dict(cfg.reward.arch), "train": train_key(cfg.reward.train), "policy": policy_id}
         delta_file = delta_path(cfg) if cfg.reward.delta is not None else None
-        if delta_file is not None:  # made from the delta, not trained: its contents are the key
-            rm_key = {"v": PREPARE_VERSION, "delta": sha256_file(delta_file), "policy": policy_id}
+        made = ({"delta": sha256_file(delta_file)} if delta_file is not None  # made from the delta, not trained: its contents
+                else {"arch": dict(cfg.reward.arch), "train": train_key(cfg.reward.train)})
+        rm_key = {"v": PREPARE_VERSION, **made, "policy": policy_id}
         if task is not None and task.version != 1:  # the reward model's data changed (version 1 keeps old keys)
             rm_key["task_v"] = task.version
         if seed != PREP_SEED:

@@ -43,18 +43,14 @@ def sha256_file(path: str | Path) -> str:
 def file_fingerprint(path: str | Path) -> dict[str, Any]:
     """``{"size", "mtime_ns", "sha256", "hashed": "whole" | "edges"}`` of one file."""
     st = os.stat(path)
+    if st.st_size <= WHOLE_HASH_BYTES:
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256_file(path), "hashed": "whole"}
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        if st.st_size <= WHOLE_HASH_BYTES:
-            for block in iter(lambda: f.read(2**20), b""):
-                h.update(block)
-            hashed = "whole"
-        else:
-            h.update(f.read(EDGE_BYTES))
-            f.seek(st.st_size - EDGE_BYTES)
-            h.update(f.read(EDGE_BYTES))
-            hashed = "edges"
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest(), "hashed": hashed}
+        h.update(f.read(EDGE_BYTES))
+        f.seek(st.st_size - EDGE_BYTES)
+        h.update(f.read(EDGE_BYTES))
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest(), "hashed": "edges"}
 
 
 def path_fingerprint(path: str | Path) -> dict[str, dict[str, Any]]:

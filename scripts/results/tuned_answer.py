@@ -65,8 +65,9 @@ def _iv(d: dict | None) -> str:
 def _setting(name: str) -> dict:
     folder = TUNED / name
     tuned = json.loads((folder / "tuned.json").read_text())["settings"][0]
-    evaluated = (folder / "evaluation" / "report.json").is_file()  # a study under way: its selection only, so far
-    rows = {r["scheme"]: r for r in json.loads((folder / "evaluation" / "report.json").read_text())["rows"]} if evaluated else {}
+    report = folder / "evaluation" / "report.json"
+    evaluated = report.is_file()  # a study under way: its selection only, so far
+    rows = {r["scheme"]: r for r in json.loads(report.read_text())["rows"]} if evaluated else {}
     matched = {m["scheme"]: m for m in tuned.get("matched_kl", [])}
     walls = [json.loads(p.read_text()).get("wall_time_s") for p in _records(name).rglob("summary.json")]
     walls = [w for w in walls if isinstance(w, (int, float))]

@@ -138,6 +138,7 @@ def test_load_delta_refuses_another_file(tmp_path):
 @pytest.mark.parametrize("overrides, says", [
     (["reward.delta=nowhere.safetensors"], "reward.delta: no file 'nowhere.safetensors'"),
     (["reward.delta=x.safetensors", "reward.init=scratch"], "reward.init must be policy"),
+    (["reward.delta=x.safetensors", "reward.path=some/rm"], "not to reward.path='some/rm'; set one of them to null"),
     (["reward.train.lora_r=4", "reward.train.trainable_layers=0"], "set trainable_layers > 0"),
     (["reward.train.lora_r=-1"], "reward.train.lora_r: must be >= 0"),
 ])

@@ -14,16 +14,15 @@ on one and two threads, and the delta it saves rebuilds that model bit for bit."
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import pytest
 
 from datc.paths import default_cache_dir
+from datc.run.fingerprint import sha256_file
 
 CACHE = Path(default_cache_dir())
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 TINY = ["reward.delta=null", "reward.train.lora_r=4", "reward.train.steps=4", "reward.train.n_prompts=2",
@@ -52,10 +51,6 @@ def _fresh_cache(path: Path) -> Path:
     return path
 
 
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def test_the_presets_prepared_files_are_the_pinned_ones(tmp_path):
     from scripts.dev.prepared_hashes import PINNED, differences, prepared
 
@@ -73,12 +68,12 @@ def test_the_reward_models_recipe_is_deterministic_and_its_delta_rebuilds_it(tmp
         # from an unpinned process (as here and in CI) the build runs in a spawned, pinned one
         a = ensure_assets(_config(_fresh_cache(tmp_path / f"threads{threads}"), *TINY, f"trainer.threads={threads}"))
         built.append(Path(a.reward_path))
-    shas = [_sha(p / "model.safetensors") for p in built]
+    shas = [sha256_file(p / "model.safetensors") for p in built]
     assert shas[0] == shas[1], f"one thread gave {shas[0]}, two threads {shas[1]}: the build is not deterministic"
-    assert _sha(built[0] / DELTA_FILE) == _sha(built[1] / DELTA_FILE)
+    assert sha256_file(built[0] / DELTA_FILE) == sha256_file(built[1] / DELTA_FILE)
     loaded = ensure_assets(_config(_fresh_cache(tmp_path / "loaded"), *TINY, f"reward.delta={built[0] / DELTA_FILE}"))
     assert Path(loaded.reward_path) != built[0]  # another cache entry, made from the file, not trained
-    assert _sha(Path(loaded.reward_path) / "model.safetensors") == shas[0]
+    assert sha256_file(Path(loaded.reward_path) / "model.safetensors") == shas[0]
     assert loaded.rm_report["heldout_within_group_corr"] == json.loads((built[0] / "rm_report.json").read_text())[
         "heldout_within_group_corr"]
 
