@@ -5,7 +5,9 @@ machine kind, torch or MKL version: docs/real-models.md) makes another reward mo
 started on it would be another study's, refused by the tables only after hours of compute. So the
 driver prepares (or finds in the cache) the assets of each draw (``prepare_seed``) its finished runs
 used, as a run does, and compares their hashes with those runs' ``inputs.json``: a difference is
-refused (exit 2) before any run starts, with the files named."""
+refused (exit 2) before any run starts, with the files named. So is a cache folder other than the
+one the finished runs' names were made with, where their identity holds a path inside it (the real
+preset's ``policy.path``): every run would be named anew and run again."""
 
 from __future__ import annotations
 
@@ -41,6 +43,31 @@ def finished_assets(folder: Path) -> dict[int, tuple[str, dict[str, str]]]:
     return out
 
 
+def cache_in_names(folder: Path) -> tuple[str, str, str] | None:
+    """The first finished run whose identity (so its name) holds a path inside its own cache folder:
+    (its name, that folder, the field), or None."""
+    from omegaconf import OmegaConf
+
+    for d in RUN_DIRS:
+        for run in sorted((folder / d).glob("*/")):
+            if state(run) == "todo":
+                continue
+            try:
+                ident = json.loads((run / "run.json").read_text())["identity"]
+                cache = str(OmegaConf.load(run / "config.yaml").get("cache_dir") or "")
+            except Exception:  # no readable record: passed over
+                continue
+            if cache and (field := _path_inside(ident, cache.rstrip("/") + "/")):
+                return f"{d}/{run.name}", cache, field
+    return None
+
+
+def _path_inside(x: Any, prefix: str, at: str = "") -> str | None:
+    if isinstance(x, dict):
+        return next((f for k, v in x.items() if (f := _path_inside(v, prefix, f"{at}{k}."))), None)
+    return at.rstrip(".") if isinstance(x, str) and x.startswith(prefix) else None
+
+
 def prepared_assets(cfg: Any) -> dict[str, str]:
     """The hashes of the files a run of ``cfg`` loads, prepared here (or found in the cache), as the
     run records them."""
@@ -56,8 +83,17 @@ def check_assets(folder: Path, compose: Callable[[int], Any], prepare: Callable[
     prepares for them. ``compose(draw)``: the validated config of a run of that draw; ``prepare``:
     :func:`prepared_assets` unless given."""
     prepare = prepare or prepared_assets
+    held = cache_in_names(folder)
     for draw, (name, landed) in sorted(finished_assets(folder).items()):
-        mine = prepare(compose(draw))
+        cfg = compose(draw)
+        here = getattr(cfg, "cache_dir", None)
+        if held and here and Path(str(here)).absolute() != Path(held[1]).absolute():
+            raise Refused(
+                f"{folder}: the finished runs' names hold a path inside their cache folder {held[1]} ({held[2]} in "
+                f"{held[0]}'s identity) and this study's cache folder is {here}: every run would be named anew and "
+                f"run again. Set DATC_CACHE={held[1]} (or pass cache_dir={held[1]}) to continue this study, or start "
+                "another root")
+        mine = prepare(cfg)
         differ = sorted(k for k in landed.keys() & mine.keys() if landed[k] != mine[k])
         if differ:
             raise Refused(

@@ -62,3 +62,23 @@ def test_datc_study_refuses_before_its_first_run_on_other_prepared_files(tmp_pat
     err = capsys.readouterr().err
     assert e.value.code == 2 and "this machine prepares other files than the study's finished runs" in err, err
     assert "reward/model.safetensors ffffffffffff" in err
+
+
+def test_a_cache_folder_other_than_the_one_in_the_finished_runs_names_is_refused(tmp_path):
+    from types import SimpleNamespace
+
+    _run(tmp_path, "a", 0, "a" * 64)
+    run = tmp_path / "select" / "a"
+    (run / "run.json").write_text(json.dumps({"identity": {"prepare_seed": 0, "policy": {"path": "/c1/wheels/w"}}}))
+    (run / "config.yaml").write_text("cache_dir: /c1\n")
+    assert assets.cache_in_names(tmp_path) == ("select/a", "/c1", "policy.path")
+    files = {"reward/model.safetensors": "a" * 64}
+    with pytest.raises(Refused, match=r"cache folder /c1 \(policy.path in select/a's identity\) and this study's "
+                                      r"cache folder is /c2: .*Set DATC_CACHE=/c1"):
+        assets.check_assets(tmp_path, lambda d: SimpleNamespace(cache_dir="/c2"), lambda cfg: pytest.fail("prepared"))
+    said = []
+    assets.check_assets(tmp_path, lambda d: SimpleNamespace(cache_dir="/c1"), lambda cfg: files, said.append)
+    assert "1 compared" in said[0]
+    (run / "config.yaml").write_text("cache_dir: /c3\n")  # a name that holds no path inside its cache folder
+    assert assets.cache_in_names(tmp_path) is None
+    assets.check_assets(tmp_path, lambda d: SimpleNamespace(cache_dir="/c2"), lambda cfg: files, said.append)
