@@ -72,10 +72,18 @@ def _setting(name: str) -> dict:
     walls = [json.loads(p.read_text()).get("wall_time_s") for p in _records(name).rglob("summary.json")]
     walls = [w for w in walls if isinstance(w, (int, float))]
     grpo = rows.get("grpo", {}).get("metrics", {}).get("final_gold")
+    manifest = _records(name) / "tuning.json"
+    planned = sum(len(v) for v in (json.loads(manifest.read_text()).get("evaluation") or {}).get("seeds", {}).values()) \
+        if manifest.is_file() else 0
     return {"rows": rows, "matched": matched, "runs": len(walls), "hours": sum(walls) / 3600,
             "under_way": set() if evaluated else set(tuned["schemes"]),
             "median_s": statistics.median(walls) if walls else None, "grpo": grpo,
-            "pairs": len(rows.get("grpo", {}).get("seeds", []))}
+            "pairs": len(rows.get("grpo", {}).get("seeds", [])), "planned": planned}
+
+
+def _partial(s: dict, n: int | None) -> bool:
+    """An evaluation still under way: fewer pairs than the study's evaluation seeds (no claim yet)."""
+    return bool(s.get("planned")) and n is not None and n < s["planned"]
 
 
 def _cell(s: dict, scheme: str) -> str:
@@ -83,6 +91,8 @@ def _cell(s: dict, scheme: str) -> str:
     if row is None:
         return "under way (no evaluation yet)" if scheme in s.get("under_way", ()) else "not run"
     vs = row.get("vs_baseline", {}).get("final_gold")
+    if vs and _partial(s, vs.get("n")):  # no bold, no matched KL: the interval of a part is no claim
+        return f"under way ({vs['n']} of {s['planned']} pairs: {_iv({**vs, 'half_width': None})} so far)"
     text = _iv(vs)
     m = s["matched"].get(scheme)
     if m is not None and m.get("lr") is None:
@@ -109,7 +119,9 @@ def answer_md() -> str:
     cols = list(settings)
     lines = ["| scheme | " + " | ".join(title(c) for c in cols) + " |", "|---|" + "---|" * len(cols)]
     lines.append("| tuned `grpo`: final gold (pairs) | " + " | ".join(
-        f"{settings[c]['grpo']['mean']:.3f} ({settings[c]['pairs']})" if settings[c]["grpo"]
+        f"{settings[c]['grpo']['mean']:.3f} ({settings[c]['pairs']}"
+        + (f" of {settings[c]['planned']}, under way)" if _partial(settings[c], settings[c]['pairs']) else ")")
+        if settings[c]["grpo"]
         else _cell(settings[c], "grpo") for c in cols) + " |")
     for scheme in ORDER:
         lines.append(f"| `{scheme}` | " + " | ".join(_cell(settings[c], scheme) for c in cols) + " |")

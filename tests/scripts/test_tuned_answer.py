@@ -62,3 +62,15 @@ def test_a_study_whose_selection_only_has_landed_says_which_schemes_are_under_wa
     assert rows["| `datc`"].endswith("| under way (no evaluation yet) |")
     assert rows["| `oracle`"].endswith("| not run |")
     assert rows["| runs (training wall time, median a run)"].endswith("| 1 (0.1 h, 480 s) |")
+
+
+def test_an_evaluation_under_way_says_on_how_many_pairs_and_claims_nothing():
+    # Before: one landed pair of twelve showed as the setting's answer (and an interval excluding zero
+    # on a few pairs would have been bold).
+    gain = {"mean": -0.9, "half_width": 0.2, "n": 3}
+    s = {"rows": {"grpo": {}, "datc": {"vs_baseline": {"final_gold": gain}}}, "matched": {}, "planned": 12}
+    assert tuned_answer._cell(s, "datc") == "under way (3 of 12 pairs: -0.900 so far)"
+    s["planned"] = 3  # every evaluation seed landed: the claim, bold where its interval excludes zero
+    assert tuned_answer._cell(s, "datc") == "**-0.900 ± 0.200**"
+    s["planned"] = 0  # a study without its manifest: as before
+    assert tuned_answer._cell(s, "datc") == "**-0.900 ± 0.200**"
